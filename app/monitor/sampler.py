@@ -1,0 +1,189 @@
+"""Periodic snapshots on the asyncio loop (Qt-free; qasync runs it in the UI).
+
+Ticks are scheduled against a deadline, ``next = anchor + k * interval``: a
+slow tick makes the sampler skip the ticks it missed instead of running them
+back to back, and a tick never overlaps the previous one (one task runs them
+in sequence). The interval is ``interval`` (1 s), or ``busy_interval``
+(0.25 s) while any slot of the last snapshot is busy. ``pause()`` stops ticks
+(the window calls it when hidden or minimised); ``resume()`` ticks at once.
+
+Every exception inside a tick is logged and delivered as an error snapshot
+(:func:`app.monitor.snapshot.error_snapshot`), never lost silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from app.monitor.snapshot import Snapshot, error_snapshot
+
+__all__ = ["Sampler"]
+
+log = logging.getLogger(__name__)
+
+SnapshotFn = Callable[[], Awaitable[Snapshot]]
+OnSnapshot = Callable[[Snapshot], Any]
+
+
+class Sampler:
+    """Runs ``take()`` (a zero-argument coroutine function, e.g. a lambda around
+    :func:`take_snapshot` that reads the current restored counts) on ticks.
+
+    ``on_snapshot`` is called with every snapshot, on the loop thread; it may be
+    a plain function or a coroutine function. Its exceptions are logged.
+    """
+
+    def __init__(
+        self,
+        take: SnapshotFn,
+        *,
+        on_snapshot: OnSnapshot | None = None,
+        interval: float = 1.0,
+        busy_interval: float = 0.25,
+        tick_timeout: float = 30.0,
+        url: str = "",
+        cache_ram_mib: int | None = None,
+    ) -> None:
+        if interval <= 0 or busy_interval <= 0:
+            raise ValueError("intervals must be positive")
+        self._take = take
+        self.on_snapshot = on_snapshot
+        self.interval = float(interval)
+        self.busy_interval = float(busy_interval)
+        self.tick_timeout = float(tick_timeout)
+        self.url = url
+        self.cache_ram_mib = cache_ram_mib
+        self._task: asyncio.Task[None] | None = None
+        self._running = asyncio.Event()  # set = not paused
+        self._running.set()
+        self._wake = asyncio.Event()
+        self._busy = False
+        self.last_snapshot: Snapshot | None = None
+        self.ticks = 0
+        self.skipped_ticks = 0
+
+    # -- control -----------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @property
+    def current_interval(self) -> float:
+        return self.busy_interval if self._busy else self.interval
+
+    def start(self) -> None:
+        """Start ticking (idempotent). Must be called with a running loop."""
+        if self.is_running:
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="kv-valet-sampler")
+        self._task.add_done_callback(self._on_task_done)
+
+    async def stop(self) -> None:
+        """Cancel the loop and wait for it; idempotent, leaves no task behind."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            # Our own cancel; re-raise only if *we* are being cancelled.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+        except Exception:
+            log.exception("sampler task ended with an error")
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        if not self._running.is_set():
+            self._running.set()
+            self._wake.set()
+
+    def request_tick(self) -> None:
+        """Tick now (e.g. right after a park/resume) instead of at the deadline."""
+        self._wake.set()
+
+    @staticmethod
+    def _on_task_done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("sampler loop died", exc_info=task.exception())
+
+    # -- loop --------------------------------------------------------------
+
+    async def _tick(self) -> Snapshot:
+        try:
+            snap = await asyncio.wait_for(self._take(), self.tick_timeout)
+            if not isinstance(snap, Snapshot):
+                raise TypeError(f"take() returned {type(snap).__name__}, not Snapshot")
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            log.warning("sampler tick timed out after %.1f s", self.tick_timeout)
+            snap = error_snapshot(self.url, f"tick timed out after {self.tick_timeout:g} s", self.cache_ram_mib)
+        except Exception as exc:
+            log.exception("sampler tick failed")
+            snap = error_snapshot(self.url, exc, self.cache_ram_mib)
+        return snap
+
+    async def _deliver(self, snap: Snapshot) -> None:
+        self.last_snapshot = snap
+        self.ticks += 1
+        cb = self.on_snapshot
+        if cb is None:
+            return
+        try:
+            result = cb(snap)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("on_snapshot callback failed")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        anchor: float | None = None
+        k = 0
+        cur_interval = None
+        while True:
+            if not self._running.is_set():
+                await self._running.wait()
+                anchor = None  # resumed: re-anchor on this tick
+            self._wake.clear()
+            tick_start = loop.time()
+            snap = await self._tick()
+            await self._deliver(snap)
+            self._busy = bool(getattr(snap, "any_busy", False))
+
+            interval = self.current_interval
+            if anchor is None or interval != cur_interval:
+                anchor, k, cur_interval = tick_start, 0, interval
+            now = loop.time()
+            # The next deadline after now; ticks missed while this one ran are
+            # skipped, not piled up.
+            due = max(k + 1, math.floor((now - anchor) / interval) + 1)
+            self.skipped_ticks += due - (k + 1)
+            k = due
+            delay = anchor + k * interval - now
+            if delay > 0 and not self._wake.is_set():
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                    anchor = None  # woken early: re-anchor
+                except asyncio.TimeoutError:
+                    pass
+            elif self._wake.is_set():
+                anchor = None

@@ -1,0 +1,177 @@
+"""The one HTTP client for llama-server (async, httpx).
+
+One long-lived ``httpx.AsyncClient`` per server URL. Every request has a
+timeout; slot save/restore get a long one of their own because 100K-token
+states take minutes on real GPUs. Errors become ``ServerError`` (the server
+answered with an error body) or ``ServerUnreachable`` (no answer at all).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+DEFAULT_TIMEOUT = 10.0
+SLOT_ACTION_TIMEOUT = 30 * 60.0  # 100K-token states: minutes, not seconds
+COMPLETION_TIMEOUT = 60 * 60.0  # a full re-prefill of 100K tokens took 12 min in the seeds
+
+
+class ServerError(Exception):
+    """The server answered with an error (``{"error": {"code","message","type"}}``)."""
+
+    def __init__(self, status: int, message: str, type_: str = "", path: str = ""):
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.path = path
+        super().__init__(f"{path}: HTTP {status}: {message}" if path else f"HTTP {status}: {message}")
+
+
+class ServerUnreachable(Exception):
+    def __init__(self, url: str, reason: str):
+        self.url = url
+        self.reason = reason
+        self.status = None
+        self.message = reason
+        super().__init__(f"cannot reach {url}: {reason}")
+
+
+@dataclass(frozen=True)
+class Health:
+    status: int  # HTTP status; 0 when unreachable
+    ok: bool
+    loading: bool
+    message: str
+
+
+class LlamaClient:
+    def __init__(self, base_url: str, api_key: str | None = None, *, transport: httpx.AsyncBaseTransport | None = None):
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=DEFAULT_TIMEOUT,
+            transport=transport,
+            # Loopback server: never route through a proxy from the environment.
+            trust_env=False,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> "LlamaClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
+                       params: dict | None = None) -> httpx.Response:
+        try:
+            return await self._client.request(
+                method, path, json=json, params=params,
+                timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
+            )
+        except httpx.TimeoutException as e:
+            raise ServerUnreachable(self.base_url, f"timed out ({type(e).__name__})") from None
+        except httpx.TransportError as e:
+            raise ServerUnreachable(self.base_url, _transport_reason(e)) from None
+
+    async def _json(self, method: str, path: str, **kw) -> Any:
+        r = await self._request(method, path, **kw)
+        return _decode(r, path)
+
+    # -- endpoints -----------------------------------------------------
+    async def health(self, timeout: float = 2.0) -> Health:
+        try:
+            r = await self._request("GET", "/health", timeout=timeout)
+        except ServerUnreachable as e:
+            return Health(0, False, False, e.reason)
+        if r.status_code == 200:
+            return Health(200, True, False, "ok")
+        msg = _error_message(r)
+        return Health(r.status_code, False, r.status_code == 503, msg)
+
+    async def props(self) -> dict:
+        return await self._json("GET", "/props")
+
+    async def slots(self) -> list[dict]:
+        return await self._json("GET", "/slots")
+
+    async def save_slot(self, slot_id: int, filename: str) -> dict:
+        return await self._slot_action(slot_id, "save", {"filename": filename})
+
+    async def restore_slot(self, slot_id: int, filename: str) -> dict:
+        return await self._slot_action(slot_id, "restore", {"filename": filename})
+
+    async def erase_slot(self, slot_id: int) -> dict:
+        return await self._slot_action(slot_id, "erase", None)
+
+    async def _slot_action(self, slot_id: int, action: str, body: dict | None) -> dict:
+        return await self._json(
+            "POST", f"/slots/{int(slot_id)}", params={"action": action}, json=body,
+            timeout=SLOT_ACTION_TIMEOUT,
+        )
+
+    async def completion(self, prompt: str | list[int], *, slot_id: int | None = None, n_predict: int = 8,
+                         cache_prompt: bool = True, extra: dict | None = None) -> dict:
+        body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": cache_prompt,
+                                "stream": False}
+        if slot_id is not None:
+            body["id_slot"] = slot_id
+        if extra:
+            body.update(extra)
+        t0 = time.perf_counter()
+        result = await self._json("POST", "/completion", json=body, timeout=COMPLETION_TIMEOUT)
+        result.setdefault("_client_ms", (time.perf_counter() - t0) * 1000.0)
+        return result
+
+    async def tokenize(self, content: str) -> list[int]:
+        return (await self._json("POST", "/tokenize", json={"content": content}))["tokens"]
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return (await self._json("POST", "/detokenize", json={"tokens": tokens}))["content"]
+
+    async def metrics(self) -> str:
+        r = await self._request("GET", "/metrics")
+        if r.status_code != 200:
+            raise ServerError(r.status_code, _error_message(r), path="/metrics")
+        return r.text
+
+
+def _decode(r: httpx.Response, path: str) -> Any:
+    if r.status_code >= 400:
+        body = _safe_json(r)
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict):
+            raise ServerError(r.status_code, str(err.get("message", "")), str(err.get("type", "")), path)
+        raise ServerError(r.status_code, r.text[:300] or r.reason_phrase, "", path)
+    body = _safe_json(r)
+    if body is None:
+        raise ServerError(r.status_code, f"not JSON: {r.text[:200]!r}", "", path)
+    return body
+
+
+def _safe_json(r: httpx.Response) -> Any:
+    try:
+        return r.json()
+    except ValueError:
+        return None
+
+
+def _error_message(r: httpx.Response) -> str:
+    body = _safe_json(r)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", ""))
+    return r.text[:200]
+
+
+def _transport_reason(e: Exception) -> str:
+    text = str(e) or type(e).__name__
+    if "Connection refused" in text or "ConnectError" in type(e).__name__:
+        return "connection refused (is the server running?)"
+    return text

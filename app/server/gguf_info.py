@@ -1,0 +1,191 @@
+"""Model identity and memory kind, read from the GGUF metadata.
+
+The memory kind decides whether a parked session can resume cheaply: a dense
+model keeps every position, so a restore is enough; a sliding-window or
+recurrent/hybrid model can only roll back to a context checkpoint, which the
+state file does not hold (PR #13194 comment, upstream #25913), so it needs a
+checkpoint sidecar (turboquant PR #206). A state file also restores only into
+the same model file, hence the cached SHA-256.
+
+Metadata is read with ``gguf.GGUFReader`` (memory-mapped: tensors are not read).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+GGUF_MAGIC = b"GGUF"
+HASH_CHUNK = 1024 * 1024
+
+# Architectures whose memory holds recurrent state (SSM, RWKV, short-conv) alone
+# or next to attention (hybrids). Keys such as ``<arch>.ssm.*`` catch new ones.
+RECURRENT_ARCHITECTURES = frozenset({
+    "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1",
+    "granitehybrid", "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe", "plamo2",
+    "qwen3next", "qwen35", "qwen35moe",
+})
+RECURRENT_KEY_MARKERS = (".ssm.", ".shortconv.", ".wkv.")
+
+
+class MemoryKind(str, enum.Enum):
+    DENSE = "dense"
+    SLIDING_WINDOW = "sliding-window"
+    RECURRENT_HYBRID = "recurrent-hybrid"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    size: int
+    mtime: float
+    architecture: str
+    name: str
+    memory_kind: MemoryKind
+    n_swa: int | None
+    context_length: int | None
+    file_type: int | None
+
+
+class ModelFileError(Exception):
+    """The model file is missing, unreadable or not GGUF (message is user-facing)."""
+
+
+def _value(reader, key: str):
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    try:
+        value = field.contents()
+    except Exception:  # malformed field: treat as absent
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    return value
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def classify_memory(architecture: str, keys, n_swa: int | None) -> MemoryKind:
+    """Recurrent/hybrid wins over SWA (both need checkpoints, recurrent state more so)."""
+    if architecture in RECURRENT_ARCHITECTURES or any(
+        marker in key for key in keys for marker in RECURRENT_KEY_MARKERS
+    ):
+        return MemoryKind.RECURRENT_HYBRID
+    if n_swa:
+        return MemoryKind.SLIDING_WINDOW
+    return MemoryKind.DENSE
+
+
+def read_model_info(path: str | os.PathLike) -> ModelInfo:
+    path = Path(path)
+    try:
+        st = path.stat()
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except FileNotFoundError:
+        raise ModelFileError(f"model file not found: {path}") from None
+    except IsADirectoryError:
+        raise ModelFileError(f"model path is a folder, not a GGUF file: {path}") from None
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF model file (magic {magic!r}): {path}")
+
+    import gguf  # heavy import, only when a model is actually read
+
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:
+        raise ModelFileError(f"cannot parse GGUF file {path}: {exc}") from None
+    try:
+        arch = _value(reader, "general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise ModelFileError(f"GGUF file has no general.architecture: {path}")
+        name = _value(reader, "general.name")
+        n_swa = _int(_value(reader, f"{arch}.attention.sliding_window"))
+        keys = list(reader.fields)
+        return ModelInfo(
+            path=path,
+            size=st.st_size,
+            mtime=st.st_mtime,
+            architecture=arch,
+            name=name if isinstance(name, str) and name else path.stem,
+            memory_kind=classify_memory(arch, keys, n_swa),
+            n_swa=n_swa if n_swa else None,
+            context_length=_int(_value(reader, f"{arch}.context_length")),
+            file_type=_int(_value(reader, "general.file_type")),
+        )
+    finally:
+        mm = getattr(reader, "data", None)
+        mmap_obj = getattr(mm, "_mmap", None)
+        if mmap_obj is not None:
+            try:
+                mmap_obj.close()
+            except Exception:
+                pass
+
+
+def _load_cache(cache_file: Path) -> dict:
+    try:
+        data = json.loads(cache_file.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def model_sha256(
+    path: str | os.PathLike,
+    cache_file: str | os.PathLike,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> str:
+    """SHA-256 of the model file, computed once per (absolute path, size, mtime_ns).
+
+    Hashing a 100 GB model takes minutes, so the digest is cached in a small JSON
+    file; any change of size or mtime invalidates it.
+    """
+    path = Path(path).absolute()
+    cache_file = Path(cache_file)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    key = str(path)
+    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    cache = _load_cache(cache_file)
+    entry = cache.get(key)
+    if isinstance(entry, dict) and entry.get("size") == stamp["size"] and entry.get("mtime_ns") == stamp["mtime_ns"]:
+        digest = entry.get("sha256")
+        if isinstance(digest, str) and len(digest) == 64:
+            return digest
+
+    h = hashlib.sha256()
+    done = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(HASH_CHUNK):
+                h.update(chunk)
+                done += len(chunk)
+                if on_progress is not None:
+                    on_progress(done, st.st_size)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    digest = h.hexdigest()
+
+    cache = _load_cache(cache_file)  # re-read: another process may have added entries
+    cache[key] = {**stamp, "sha256": digest}
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_file.with_name(cache_file.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, cache_file)
+    return digest

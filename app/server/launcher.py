@@ -1,0 +1,100 @@
+"""From a profile to a supervised server: checks first, then the Supervisor.
+
+Everything that can be refused is refused here, before a process exists:
+bad profile values, a missing binary, a flag or KV type the binary lacks,
+a taken port.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from app import paths
+from app.core.argv import server_env, to_argv
+from app.core.helptext import BinaryCaps, unsupported
+from app.core.profile import FieldError, LaunchProfile, ProfileError, validate
+from app.server.discovery import (DiscoveryError, binary_info, build_id, default_model_path,
+                                  ensure_default_model, find_server_binary)
+from app.server.supervisor import Supervisor
+
+# Cache events (checkpoints, full re-processing) are logged at trace level in build 11434.
+CACHE_EVENTS_VERBOSITY = 4
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    profile: LaunchProfile
+    binary: str
+    binary_source: str
+    caps: BinaryCaps
+    version: str
+    build: str
+    argv: list[str]
+    env: dict[str, str]
+    slot_save_path: str
+    url: str
+
+
+def slot_save_path_for(profile: LaunchProfile) -> str:
+    path = profile.slot_save_path or str(paths.sessions_dir(profile.name))
+    return path if path.endswith("/") else path + "/"
+
+
+def plan_launch(profile: LaunchProfile, *, on_model_progress: Callable[[int, int], None] | None = None,
+                check_files: bool = True) -> LaunchPlan:
+    if check_files and profile.model == str(default_model_path()) and not Path(profile.model).is_file():
+        ensure_default_model(on_model_progress)
+    errors = validate(profile, check_files=check_files)
+    if errors:
+        raise ProfileError(errors, profile.name)
+    try:
+        found = find_server_binary(profile.server_binary)
+        caps, version = binary_info(found.path)
+    except DiscoveryError as e:
+        raise ProfileError(FieldError("server_binary", str(e)), profile.name) from None
+    bad = unsupported(profile, caps, found.path)
+    if bad:
+        raise ProfileError(bad, profile.name)
+    save_dir = slot_save_path_for(profile)
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    verbosity = CACHE_EVENTS_VERBOSITY if caps.has("-lv") else None
+    argv = to_argv(profile, found.path, slot_save_path=save_dir, default_verbosity=verbosity)
+    env = server_env(profile)
+    return LaunchPlan(profile, found.path, found.source, caps, version, build_id(version), argv, env,
+                      save_dir, profile.url)
+
+
+def pid_record_path(profile_name: str) -> Path:
+    return paths.runtime_dir() / f"{profile_name}.json"
+
+
+def make_supervisor(plan: LaunchPlan, **kw) -> Supervisor:
+    p = plan.profile
+    host = p.host.split(",")[0].strip()
+    return Supervisor(
+        plan.argv,
+        url=plan.url,
+        env=plan.env,
+        api_key=p.api_key or _read_key_file(p.api_key_file),
+        profile_name=p.name,
+        pid_record_path=pid_record_path(p.name),
+        auto_restart=p.auto_restart,
+        check_port=(host, p.port) if not host.startswith("/") else None,
+        **kw,
+    )
+
+
+def _read_key_file(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        for line in Path(os.path.expanduser(path)).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                return line
+    except OSError:
+        return None
+    return None

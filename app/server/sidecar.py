@@ -1,0 +1,296 @@
+"""Checkpoint sidecars: the files that make a parked SWA/hybrid session resumable.
+
+A model whose memory cannot be truncated (sliding-window attention, recurrent or
+hybrid state) can only roll back to a *context checkpoint*. Checkpoints live in
+process memory and are not in the state file, so after a restart the server
+re-prefills everything (upstream #25913, #28194, #26676). Builds that persist
+them write a sidecar; there is no upstream format yet, so each convention is
+recognised by its magic:
+
+* turboquant PR #206 (merged in the fork): ``<state>.ckpt``, ``u32 magic
+  0x4C434B50`` (bytes ``PKCL``), ``u32 version = 1``, ``u32 count`` (<= 1024),
+  then per checkpoint ``i64 n_tokens, i32 pos_min, i32 pos_max, u64 n_tgt,
+  u64 n_dft`` followed by ``n_tgt + n_dft`` bytes. Written after the state
+  file, not atomically, never removed: a stale one can sit next to a new save.
+* upstream PR #24028 (open): ``<state>.ckpt``, ``magic[8] = "LSCKPT2\\0"``,
+  ``u64 count``, per checkpoint ``i32 pos_min, i32 pos_max, i64 n_tokens,
+  u64 size_tgt, u64 size_dft``, then the bytes.
+* upstream PR #20819 (open): a ``<state>.checkpoints`` companion file whose
+  layout is not documented: reported as present but unverified.
+* upstream PR #26004 (open): checkpoints appended inside the state file; see
+  :func:`appended_checkpoints`.
+
+Headers are walked with ``seek()``; checkpoint payloads (7.5 MB each for a
+270M model, far more for big ones) are never read. Stdlib only: the fake
+llama-server imports the writers.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+PKCL_MAGIC = 0x4C434B50  # bytes b"PKCL" on disk
+PKCL_MAGIC_BYTES = struct.pack("<I", PKCL_MAGIC)
+PKCL_VERSION = 1
+LSCKPT2_MAGIC = b"LSCKPT2\0"
+MAX_CHECKPOINTS = 1024
+
+_PKCL_HEADER = struct.Struct("<III")
+_PKCL_ENTRY = struct.Struct("<qiiQQ")  # n_tokens, pos_min, pos_max, n_tgt, n_dft
+_LS_HEADER = struct.Struct("<8sQ")
+_LS_ENTRY = struct.Struct("<iiqQQ")  # pos_min, pos_max, n_tokens, size_tgt, size_dft
+
+KIND_PKCL = "PKCL v1"
+KIND_LSCKPT2 = "LSCKPT2"
+KIND_COMPANION = "companion"
+
+
+class SidecarStatus(enum.Enum):
+    PRESENT_VALID = "present"
+    PRESENT_UNVERIFIED = "present, unverified"  # PR #20819 companion: layout unknown
+    MISSING = "missing"
+    INVALID = "invalid"
+    NOT_NEEDED = "not needed"  # dense model: every position stays in the KV cache
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    n_tokens: int
+    pos_min: int
+    pos_max: int
+    size_tgt: int
+    size_dft: int
+
+    @property
+    def size(self) -> int:
+        return self.size_tgt + self.size_dft
+
+
+@dataclass(frozen=True)
+class SidecarReport:
+    status: SidecarStatus
+    kind: str | None
+    path: Path | None
+    size: int
+    checkpoints: tuple[Checkpoint, ...]
+    reason: str  # one user-facing sentence, for every status
+
+
+class SidecarError(Exception):
+    """The sidecar is not what its magic claims (message is user-facing)."""
+
+
+def sidecar_candidates(state_path: str | os.PathLike) -> list[Path]:
+    """Where a build may have put the checkpoints of ``state_path``."""
+    state_path = Path(state_path)
+    return [
+        state_path.with_name(state_path.name + ".ckpt"),
+        state_path.with_name(state_path.name + ".checkpoints"),
+    ]
+
+
+def appended_checkpoints() -> None:
+    """Checkpoints appended inside the state file (upstream PR #26004, open).
+
+    They are only visible as ``n_written`` / ``n_read`` larger than a plain
+    state would be, which nothing on disk lets us tell apart reliably; so this
+    detector always answers None ("unknown") until that PR settles a layout.
+    """
+    return None
+
+
+def _walk(f, file_size: int, start: int, count: int, entry: struct.Struct, decode) -> tuple[Checkpoint, ...]:
+    checkpoints = []
+    offset = start
+    for i in range(count):
+        f.seek(offset)
+        raw = f.read(entry.size)
+        if len(raw) != entry.size:
+            raise SidecarError(
+                f"truncated: checkpoint {i + 1} of {count} has no complete header "
+                f"(file ends at {file_size:,} bytes)"
+            )
+        cp = decode(entry.unpack(raw))
+        end = offset + entry.size + cp.size
+        if end > file_size:
+            raise SidecarError(
+                f"truncated: checkpoint {i + 1} of {count} needs bytes up to {end:,} "
+                f"but the file has {file_size:,}"
+            )
+        checkpoints.append(cp)
+        offset = end
+    if offset != file_size:
+        raise SidecarError(f"sizes add up to {offset:,} bytes but the file has {file_size:,}")
+    return tuple(checkpoints)
+
+
+def _check_count(count: int) -> None:
+    if count > MAX_CHECKPOINTS:
+        raise SidecarError(f"corrupt header: {count:,} checkpoints (at most {MAX_CHECKPOINTS})")
+
+
+def _read_pkcl(f, file_size: int) -> tuple[Checkpoint, ...]:
+    raw = f.read(_PKCL_HEADER.size)
+    if len(raw) != _PKCL_HEADER.size:
+        raise SidecarError(f"truncated: {file_size} bytes, shorter than the PKCL header")
+    magic, version, count = _PKCL_HEADER.unpack(raw)
+    if magic != PKCL_MAGIC:
+        raise SidecarError(f"not a PKCL sidecar (magic {raw[:4]!r})")
+    if version != PKCL_VERSION:
+        raise SidecarError(f"PKCL version {version}, only version {PKCL_VERSION} is known")
+    _check_count(count)
+    return _walk(f, file_size, _PKCL_HEADER.size, count, _PKCL_ENTRY,
+                 lambda v: Checkpoint(n_tokens=v[0], pos_min=v[1], pos_max=v[2], size_tgt=v[3], size_dft=v[4]))
+
+
+def _read_lsckpt2(f, file_size: int) -> tuple[Checkpoint, ...]:
+    raw = f.read(_LS_HEADER.size)
+    if len(raw) != _LS_HEADER.size:
+        raise SidecarError(f"truncated: {file_size} bytes, shorter than the LSCKPT2 header")
+    magic, count = _LS_HEADER.unpack(raw)
+    if magic != LSCKPT2_MAGIC:
+        raise SidecarError(f"not an LSCKPT2 sidecar (magic {magic!r})")
+    _check_count(count)
+    return _walk(f, file_size, _LS_HEADER.size, count, _LS_ENTRY,
+                 lambda v: Checkpoint(n_tokens=v[2], pos_min=v[0], pos_max=v[1], size_tgt=v[3], size_dft=v[4]))
+
+
+def _read_any(path: Path) -> tuple[str, tuple[Checkpoint, ...]]:
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        f.seek(0)
+        if head[:4] == PKCL_MAGIC_BYTES:
+            return KIND_PKCL, _read_pkcl(f, file_size)
+        if head == LSCKPT2_MAGIC:
+            return KIND_LSCKPT2, _read_lsckpt2(f, file_size)
+        raise SidecarError(f"unknown sidecar format (magic {head[:8]!r})")
+
+
+def read_pkcl(path: str | os.PathLike) -> tuple[Checkpoint, ...]:
+    """Checkpoint headers of a turboquant PR #206 sidecar; raises SidecarError."""
+    with open(path, "rb") as f:
+        return _read_pkcl(f, os.fstat(f.fileno()).st_size)
+
+
+def read_lsckpt2(path: str | os.PathLike) -> tuple[Checkpoint, ...]:
+    """Checkpoint headers of an upstream PR #24028 sidecar; raises SidecarError."""
+    with open(path, "rb") as f:
+        return _read_lsckpt2(f, os.fstat(f.fileno()).st_size)
+
+
+def validate_checkpoints(checkpoints: tuple[Checkpoint, ...], saved_tokens: int | None) -> None:
+    """Checks that tie a sidecar to its state file (nothing else does, PR #206)."""
+    for i, cp in enumerate(checkpoints, 1):
+        if cp.pos_min < 0 or cp.pos_min > cp.pos_max or cp.n_tokens < 0:
+            raise SidecarError(
+                f"checkpoint {i} is corrupt (pos_min {cp.pos_min:,}, pos_max {cp.pos_max:,}, "
+                f"n_tokens {cp.n_tokens:,})"
+            )
+        if saved_tokens is not None and (cp.n_tokens > saved_tokens or cp.pos_max >= saved_tokens):
+            raise SidecarError(
+                f"checkpoint {i} reaches token {cp.n_tokens:,} but the state file holds "
+                f"{saved_tokens:,}: the sidecar is stale or belongs to another save"
+            )
+
+
+def latest_covering_checkpoint(checkpoints, target_pos: int) -> Checkpoint | None:
+    """The checkpoint a server would roll back to so it can resume at ``target_pos``.
+
+    llama.cpp must process at least one token, so it needs a checkpoint that
+    ends strictly before the resume point and takes the newest such one. In the
+    real capture a follow-up with n_past 2884 (of 2,892 saved) rolled back to the
+    checkpoint with pos_max 2880 and resumed at n_past 2880. Returns the
+    checkpoint with the largest ``pos_max < target_pos``, or None (full re-prefill).
+    """
+    best = None
+    for cp in checkpoints:
+        if cp.pos_max < target_pos and (best is None or cp.pos_max > best.pos_max):
+            best = cp
+    return best
+
+
+def _missing_reason(memory_kind: str) -> str:
+    if memory_kind == "recurrent-hybrid":
+        why = "this model keeps recurrent state that cannot be rolled back"
+    else:
+        why = "this model uses sliding-window attention"
+    return (
+        f"no sidecar next to the state file: {why}, so the first query after a "
+        "restart will re-prefill"
+    )
+
+
+def _valid_reason(checkpoints: tuple[Checkpoint, ...], saved_tokens: int | None) -> str:
+    n = len(checkpoints)
+    if n == 0:
+        return "the sidecar holds no checkpoints, so the first query after a restart will re-prefill"
+    last = max(cp.pos_max for cp in checkpoints)
+    of = f" of {saved_tokens:,}" if saved_tokens is not None else ""
+    return f"{n} checkpoint{'s' if n != 1 else ''}, the last at token {last:,}{of}"
+
+
+def inspect_sidecar(state_path: str | os.PathLike, saved_tokens: int | None, memory_kind: str) -> SidecarReport:
+    """Find and check the sidecar of ``state_path`` for a model of ``memory_kind``
+    ("dense", "sliding-window" or "recurrent-hybrid")."""
+    memory_kind = getattr(memory_kind, "value", memory_kind)
+    dense = memory_kind == "dense"
+    ckpt, companion = sidecar_candidates(state_path)
+    if ckpt.is_file():
+        size = ckpt.stat().st_size
+        try:
+            kind, checkpoints = _read_any(ckpt)
+            validate_checkpoints(checkpoints, saved_tokens)
+        except SidecarError as exc:
+            if dense:
+                return SidecarReport(SidecarStatus.NOT_NEEDED, None, ckpt, size, (),
+                                     f"not needed for a dense model (and the sidecar there is invalid: {exc})")
+            return SidecarReport(SidecarStatus.INVALID, None, ckpt, size, (), f"invalid: {exc}")
+        except OSError as exc:
+            return SidecarReport(SidecarStatus.INVALID, None, ckpt, size, (),
+                                 f"invalid: cannot read {ckpt.name}: {exc.strerror or exc}")
+        reason = _valid_reason(checkpoints, saved_tokens)
+        if dense:
+            return SidecarReport(SidecarStatus.NOT_NEEDED, kind, ckpt, size, checkpoints,
+                                 f"not needed for a dense model ({reason})")
+        return SidecarReport(SidecarStatus.PRESENT_VALID, kind, ckpt, size, checkpoints, reason)
+    if companion.is_file():
+        size = companion.stat().st_size
+        status = SidecarStatus.NOT_NEEDED if dense else SidecarStatus.PRESENT_UNVERIFIED
+        return SidecarReport(status, KIND_COMPANION, companion, size, (),
+                             f"{companion.name} is present ({size:,} bytes) but its format is not "
+                             "documented (upstream PR #20819), so it cannot be checked")
+    if dense:
+        return SidecarReport(SidecarStatus.NOT_NEEDED, None, None, 0, (),
+                             "no sidecar needed: a dense model keeps every position in the state file")
+    return SidecarReport(SidecarStatus.MISSING, None, None, 0, (), _missing_reason(memory_kind))
+
+
+def write_pkcl(path: str | os.PathLike, checkpoints) -> int:
+    """Write a PKCL v1 sidecar from ``(Checkpoint, bytes_tgt, bytes_dft)`` items;
+    sizes come from the byte strings. Returns the file size. For the fake
+    server and tests."""
+    items = list(checkpoints)
+    with open(path, "wb") as f:
+        f.write(_PKCL_HEADER.pack(PKCL_MAGIC, PKCL_VERSION, len(items)))
+        for cp, tgt, dft in items:
+            f.write(_PKCL_ENTRY.pack(cp.n_tokens, cp.pos_min, cp.pos_max, len(tgt), len(dft)))
+            f.write(tgt)
+            f.write(dft)
+        return f.tell()
+
+
+def write_lsckpt2(path: str | os.PathLike, checkpoints) -> int:
+    """Write an upstream PR #24028 LSCKPT2 sidecar (same items as write_pkcl)."""
+    items = list(checkpoints)
+    with open(path, "wb") as f:
+        f.write(_LS_HEADER.pack(LSCKPT2_MAGIC, len(items)))
+        for cp, tgt, dft in items:
+            f.write(_LS_ENTRY.pack(cp.pos_min, cp.pos_max, cp.n_tokens, len(tgt), len(dft)))
+            f.write(tgt)
+            f.write(dft)
+        return f.tell()

@@ -1,0 +1,476 @@
+"""Launch and watch one llama-server process (Qt-free, asyncio).
+
+States: Stopped → Starting → Loading → Ready → Stopping → Stopped, or Crashed
+with an ``Outcome``. The server runs in its own process group (session) so a
+stop can take down anything it spawned, and so that Ctrl-C in the terminal that
+ran ``kv-valet serve`` reaches the app first, which then stops the server in
+order. Stop = SIGTERM to the group, wait, SIGKILL (as Vorta does).
+
+A pid record (pid + process start time, never pid alone: pids are recycled)
+lets the next start of the app find a server that outlived an app crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from app.server.client import LlamaClient
+from app.server.logparse import LogEvent, parse_line
+from app.server.outcome import Cause, Outcome, classify
+
+log = logging.getLogger(__name__)
+
+
+class ServerState(str, enum.Enum):
+    STOPPED = "Stopped"
+    STARTING = "Starting"
+    LOADING = "Loading"
+    READY = "Ready"
+    STOPPING = "Stopping"
+    CRASHED = "Crashed"
+
+
+class LaunchError(Exception):
+    """Refused before launching (nothing was started)."""
+
+
+class StartFailed(Exception):
+    def __init__(self, outcome: Outcome):
+        self.outcome = outcome
+        super().__init__(outcome.summary())
+
+
+@dataclass(frozen=True)
+class LogLine:
+    seq: int
+    at: float
+    event: LogEvent
+
+
+class LogBuffer:
+    """Bounded ring buffer of parsed log lines; readers poll by sequence number."""
+
+    def __init__(self, capacity: int = 20000):
+        self._lines: deque[LogLine] = deque(maxlen=capacity)
+        self.seq = 0
+
+    def append(self, text: str) -> LogLine:
+        self.seq += 1
+        item = LogLine(self.seq, time.time(), parse_line(text))
+        self._lines.append(item)
+        return item
+
+    def since(self, seq: int) -> list[LogLine]:
+        if not self._lines or seq >= self.seq:
+            return []
+        first = self._lines[0].seq
+        start = max(0, seq + 1 - first)
+        return list(self._lines)[start:]
+
+    def tail(self, n: int) -> list[str]:
+        return [item.event.line for item in list(self._lines)[-n:]]
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise LaunchError naming the port (and its owner, if known) when taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    addr = host.strip("[]")
+    if addr in ("", "localhost"):
+        addr = "127.0.0.1"
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((addr, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            owner = port_owner(port)
+            raise LaunchError(
+                f"port {port} on {addr} is already in use" + (f" by {owner}" if owner else "")
+                + ": stop that program or choose another port"
+            ) from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise LaunchError(f"host {host} is not an address of this machine") from None
+        raise LaunchError(f"cannot use {addr}:{port}: {e.strerror}") from None
+    finally:
+        s.close()
+
+
+def port_owner(port: int) -> str:
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                try:
+                    return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+                except psutil.Error:
+                    return f"pid {c.pid}"
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+# -- pid records -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PidRecord:
+    pid: int
+    create_time: float
+    url: str
+    profile: str
+    argv: tuple[str, ...]
+    started_at: float
+
+    def is_alive(self) -> bool:
+        """The same process (pid *and* start time), still running."""
+        try:
+            p = psutil.Process(self.pid)
+            return abs(p.create_time() - self.create_time) < 0.05 and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def write_pid_record(path: Path, rec: PidRecord) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec.__dict__ | {"argv": list(rec.argv)}))
+    os.replace(tmp, path)
+
+
+def read_pid_record(path: Path) -> PidRecord | None:
+    try:
+        d = json.loads(path.read_text())
+        return PidRecord(int(d["pid"]), float(d["create_time"]), d["url"], d["profile"], tuple(d["argv"]),
+                         float(d["started_at"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def find_leftover_server(path: Path) -> PidRecord | None:
+    """A server this app launched that outlived the app; stale records are removed."""
+    rec = read_pid_record(path)
+    if rec is None:
+        return None
+    if rec.is_alive():
+        return rec
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
+
+
+def terminate_leftover(rec: PidRecord, timeout: float = 10.0) -> None:
+    if not rec.is_alive():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(rec.pid, signal.SIGTERM)
+    try:
+        psutil.Process(rec.pid).wait(timeout)
+    except psutil.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(rec.pid, signal.SIGKILL)
+    except psutil.Error:
+        pass
+
+
+# -- the supervisor ----------------------------------------------------------
+
+StateCallback = Callable[[ServerState, "Outcome | None"], None]
+LineCallback = Callable[[LogLine], None]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        url: str,
+        env: dict[str, str] | None = None,
+        api_key: str | None = None,
+        profile_name: str = "",
+        pid_record_path: Path | None = None,
+        auto_restart: bool = False,
+        max_restarts: int = 3,
+        restart_window_s: float = 300.0,
+        backoff_s: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0),
+        load_timeout_s: float = 900.0,
+        stop_timeout_s: float = 10.0,
+        health_interval_s: float = 0.2,
+        log_capacity: int = 20000,
+        check_port: tuple[str, int] | None = None,
+    ):
+        self.argv = list(argv)
+        self.url = url
+        self.env = env
+        self.profile_name = profile_name
+        self.pid_record_path = pid_record_path
+        self.auto_restart = auto_restart
+        self.max_restarts = max_restarts
+        self.restart_window_s = restart_window_s
+        self.backoff_s = backoff_s
+        self.load_timeout_s = load_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.health_interval_s = health_interval_s
+        self.check_port = check_port
+        self.log = LogBuffer(log_capacity)
+        self.state = ServerState.STOPPED
+        self.outcome: Outcome | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.started_at: float | None = None
+        self.restart_times: list[float] = []
+        self._client = LlamaClient(url, api_key)
+        self._state_cbs: list[StateCallback] = []
+        self._line_cbs: list[LineCallback] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._ready: asyncio.Future | None = None
+        self._stopping_by_user = False
+        self._start_lock = asyncio.Lock()
+        self._exited = asyncio.Event()
+        self._exited.set()
+        self._restart_task: asyncio.Task | None = None
+
+    # -- observers --------------------------------------------------------
+    def on_state(self, cb: StateCallback) -> None:
+        self._state_cbs.append(cb)
+
+    def on_line(self, cb: LineCallback) -> None:
+        self._line_cbs.append(cb)
+
+    def _set_state(self, state: ServerState) -> None:
+        if state == self.state:
+            return
+        self.state = state
+        for cb in list(self._state_cbs):
+            try:
+                cb(state, self.outcome)
+            except Exception:  # an observer must never break supervision
+                log.exception("state observer failed")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc and self.proc.returncode is None else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    # -- start ------------------------------------------------------------
+    async def start(self) -> None:
+        """Start and return once Ready. Raises LaunchError (refused, nothing
+        started) or StartFailed (the process ended during start). Idempotent:
+        a second call while starting awaits the same start."""
+        async with self._start_lock:
+            if self.state == ServerState.READY and self.running:
+                return
+            if not self.running:
+                self._spawn_checks()
+                await self._spawn()
+            fut = self._ready
+        assert fut is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.load_timeout_s)
+        except asyncio.TimeoutError:
+            await self.stop()
+            raise StartFailed(Outcome(None, None, Cause.EXITED,
+                                      f"not ready after {self.load_timeout_s:.0f} s; stopped",
+                                      tuple(self.log.tail(40)))) from None
+
+    def _spawn_checks(self) -> None:
+        exe = self.argv[0]
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise LaunchError(f"server binary not found or not executable: {exe}")
+        if self.check_port:
+            check_port_free(*self.check_port)
+
+    async def _spawn(self) -> None:
+        self.outcome = None
+        self._stopping_by_user = False
+        self._exited.clear()
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._set_state(ServerState.STARTING)
+        env = dict(os.environ)
+        if self.env is not None:
+            env.update(self.env)
+            if "LLAMA_API_KEY" not in self.env:
+                env.pop("LLAMA_API_KEY", None)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                limit=1 << 20,
+            )
+        except OSError as e:
+            self._exited.set()
+            self.outcome = Outcome(None, None, Cause.EXITED, f"could not run {self.argv[0]}: {e.strerror or e}")
+            self._set_state(ServerState.CRASHED)
+            raise LaunchError(self.outcome.detail) from None
+        self.started_at = time.time()
+        self._write_pid_record()
+        self._spawn_task(self._read_output(self.proc))
+        self._spawn_task(self._watch_exit(self.proc))
+        self._spawn_task(self._watch_health(self.proc))
+
+    def _spawn_task(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervisor task failed", exc_info=task.exception())
+
+    def _write_pid_record(self) -> None:
+        if not self.pid_record_path or not self.proc:
+            return
+        try:
+            ct = psutil.Process(self.proc.pid).create_time()
+        except psutil.Error:
+            return
+        from app.core.argv import masked_argv
+
+        write_pid_record(self.pid_record_path, PidRecord(self.proc.pid, ct, self.url, self.profile_name,
+                                                         tuple(masked_argv(self.argv)), time.time()))
+
+    async def _read_output(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while True:
+            try:
+                raw = await proc.stdout.readline()
+            except ValueError:  # a line over the limit: take what is there
+                raw = await proc.stdout.read(1 << 20)
+            if not raw:
+                return
+            item = self.log.append(raw.decode("utf-8", "replace"))
+            for cb in list(self._line_cbs):
+                try:
+                    cb(item)
+                except Exception:
+                    log.exception("log observer failed")
+
+    async def _watch_health(self, proc: asyncio.subprocess.Process) -> None:
+        while proc.returncode is None:
+            h = await self._client.health(timeout=2.0)
+            if proc.returncode is not None:
+                return
+            if h.ok:
+                if self.state in (ServerState.STARTING, ServerState.LOADING):
+                    self._set_state(ServerState.READY)
+                    if self._ready and not self._ready.done():
+                        self._ready.set_result(None)
+                return
+            if h.loading and self.state == ServerState.STARTING:
+                self._set_state(ServerState.LOADING)
+            await asyncio.sleep(self.health_interval_s)  # polling interval, not synchronisation
+
+    async def _watch_exit(self, proc: asyncio.subprocess.Process) -> None:
+        rc = await proc.wait()
+        # Let the reader drain the pipe so the outcome sees the last lines.
+        for t in list(self._tasks):
+            if t.get_coro().__name__ == "_read_output":
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(t), 2.0)
+        by_user = self._stopping_by_user
+        self.outcome = classify(rc, self.log.tail(40), by_user)
+        # Anything the server started in its group goes with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if self.pid_record_path:
+            with contextlib.suppress(OSError):
+                self.pid_record_path.unlink()
+        self._exited.set()
+        if self._ready and not self._ready.done():
+            self._ready.set_exception(StartFailed(self.outcome))
+            self._ready.exception()  # mark retrieved: start() may not be waiting
+        if by_user or self.outcome.cause == Cause.EXITED_CLEANLY and self.state == ServerState.STOPPING:
+            self._set_state(ServerState.STOPPED)
+            return
+        self._set_state(ServerState.CRASHED)
+        if self.auto_restart and self._may_restart():
+            self._restart_task = self._spawn_task(self._auto_restart())
+
+    def _may_restart(self) -> bool:
+        now = time.time()
+        self.restart_times = [t for t in self.restart_times if now - t < self.restart_window_s]
+        return len(self.restart_times) < self.max_restarts
+
+    async def _auto_restart(self) -> None:
+        delay = self.backoff_s[min(len(self.restart_times), len(self.backoff_s) - 1)]
+        self.restart_times.append(time.time())
+        log.warning("server crashed (%s); restarting in %.1f s", self.outcome and self.outcome.summary(), delay)
+        await asyncio.sleep(delay)  # backoff, not synchronisation
+        if self.state != ServerState.CRASHED:
+            return  # the user did something meanwhile
+        with contextlib.suppress(LaunchError, StartFailed):
+            await self.start()
+
+    # -- stop -------------------------------------------------------------
+    async def stop(self) -> Outcome | None:
+        """SIGTERM the process group, wait, then SIGKILL. Idempotent."""
+        if self._restart_task and not self._restart_task.done():
+            self._restart_task.cancel()
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            await self._exited.wait()
+            if self.state == ServerState.CRASHED:
+                self._set_state(ServerState.STOPPED)
+            return self.outcome
+        self._stopping_by_user = True
+        self._set_state(ServerState.STOPPING)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self._exited.wait(), self.stop_timeout_s)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await self._exited.wait()
+        return self.outcome
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    async def aclose(self) -> None:
+        """Stop the server and release everything (no orphan, no leaked task)."""
+        await self.stop()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self._client.aclose()
+
+    async def wait_state(self, *states: ServerState, timeout: float = 60.0) -> ServerState:
+        """Wait until the supervisor is in one of ``states`` (event-driven)."""
+        if self.state in states:
+            return self.state
+        ev = asyncio.Event()
+        cb = lambda s, o: ev.set() if s in states else None  # noqa: E731
+        self._state_cbs.append(cb)
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        finally:
+            self._state_cbs.remove(cb)
+        return self.state

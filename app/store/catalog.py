@@ -1,0 +1,538 @@
+"""The session catalog: what was parked, where, from which server, and how resumes went.
+
+One SQLite file (``app.paths.catalog_path()``), stdlib ``sqlite3`` only.
+
+Why these choices:
+
+* **WAL mode** so the GUI can read while a park/resume job writes, and a crash
+  mid-write leaves the previous committed state intact.
+* **Every write is one explicit transaction** (``BEGIN IMMEDIATE`` ... ``COMMIT``,
+  ``ROLLBACK`` on any exception), so a crash or an exception never leaves half a
+  record (e.g. a session without its history cleanup, or a re-park half applied).
+* **``PRAGMA user_version``** holds the schema version; :func:`_migrate` brings an
+  older file forward step by step and refuses a file written by a newer app
+  rather than guessing at it.
+* **Foreign keys on**: history rows reference their session by id. That is why a
+  re-park of the same name UPDATEs the row in place (keeps the id) instead of
+  delete + insert: the resume/check/A-B history stays attached to the session.
+* **One connection per Catalog**, opened with ``check_same_thread=False`` and
+  guarded by a ``threading.Lock``: the app calls it from the Qt thread and from
+  ``asyncio.to_thread`` workers, and sqlite3 connections are not safe to use
+  from two threads at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+
+#: Memory kinds whose parks say something about sidecar support. A dense model
+#: keeps every KV position and never needs checkpoints, so its parks tell nothing.
+_CHECKPOINTED_KINDS = frozenset({"sliding-window", "recurrent-hybrid"})
+
+EVENT_KINDS = frozenset({"resume", "check", "ab", "baseline"})
+
+#: Prefill samples shorter than this are dominated by fixed per-request overhead.
+MIN_PREFILL_TOKENS = 32
+#: How many recent prefill samples per profile are kept and used for the median.
+PREFILL_WINDOW = 20
+
+
+class CatalogError(Exception):
+    """A catalog operation that cannot be done (name conflict, unknown id, bad file)."""
+
+
+@dataclass
+class SessionRecord:
+    """One parked slot state ("session") and everything needed to judge a resume.
+
+    All fields have defaults so callers can build records by keyword; ``id`` is
+    ``None`` until the record is stored.
+    """
+
+    id: int | None = None
+    name: str = ""
+    profile: str = ""  # profile name, or the server URL in attach mode
+    state_file: str = ""  # file name inside the server's --slot-save-path
+    save_dir: str = ""  # absolute folder holding state_file (and the sidecar)
+    sidecar_file: str | None = None
+    state_size: int = 0
+    sidecar_size: int = 0
+    n_tokens: int = 0
+    save_ms: float = 0.0
+    server_build: str = ""
+    model_path: str = ""
+    model_size: int = 0
+    model_sha256: str = ""
+    cache_type_k: str = ""
+    cache_type_v: str = ""
+    n_ctx_slot: int = 0
+    flash_attn: str = ""
+    swa_full: bool = False
+    memory_kind: str = "dense"  # "dense" / "sliding-window" / "recurrent-hybrid"
+    sidecar_status: str = "not needed"  # "present" / "missing" / "invalid" / "not needed"
+    sidecar_reason: str = ""
+    sidecar_count: int = 0
+    slot_id: int = 0  # the slot it was parked from
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    last_restore_ms: float | None = None
+    last_n_restored: int | None = None
+    last_restore_at: float | None = None
+    last_verdict: str | None = None
+    last_verdict_reason: str | None = None
+    notes: str = ""
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.save_dir) / self.state_file
+
+
+@dataclass
+class HistoryEvent:
+    """One resume, check, A/B run or baseline measurement of a session."""
+
+    id: int | None = None
+    session_id: int | None = None
+    kind: str = "resume"  # "resume" / "check" / "ab" / "baseline"
+    at: float = 0.0
+    server_build: str = ""
+    restore_ms: float | None = None
+    prompt_ms: float | None = None
+    prompt_n: int | None = None
+    cache_n: int | None = None
+    ttft_ms: float | None = None
+    verdict: str | None = None
+    reason: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+_SESSION_COLS = [f.name for f in fields(SessionRecord) if f.name != "id"]
+_EVENT_COLS = [f.name for f in fields(HistoryEvent) if f.name != "id"]
+
+
+# --------------------------------------------------------------------------- schema
+
+_SCHEMA_V1 = """
+CREATE TABLE sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    state_file TEXT NOT NULL,
+    save_dir TEXT NOT NULL,
+    sidecar_file TEXT,
+    state_size INTEGER NOT NULL DEFAULT 0,
+    sidecar_size INTEGER NOT NULL DEFAULT 0,
+    n_tokens INTEGER NOT NULL DEFAULT 0,
+    save_ms REAL NOT NULL DEFAULT 0,
+    server_build TEXT NOT NULL DEFAULT '',
+    model_path TEXT NOT NULL DEFAULT '',
+    model_size INTEGER NOT NULL DEFAULT 0,
+    model_sha256 TEXT NOT NULL DEFAULT '',
+    cache_type_k TEXT NOT NULL DEFAULT '',
+    cache_type_v TEXT NOT NULL DEFAULT '',
+    n_ctx_slot INTEGER NOT NULL DEFAULT 0,
+    flash_attn TEXT NOT NULL DEFAULT '',
+    swa_full INTEGER NOT NULL DEFAULT 0,
+    memory_kind TEXT NOT NULL DEFAULT 'dense',
+    sidecar_status TEXT NOT NULL DEFAULT 'not needed',
+    sidecar_reason TEXT NOT NULL DEFAULT '',
+    sidecar_count INTEGER NOT NULL DEFAULT 0,
+    slot_id INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    last_restore_ms REAL,
+    last_n_restored INTEGER,
+    last_restore_at REAL,
+    last_verdict TEXT,
+    last_verdict_reason TEXT,
+    notes TEXT NOT NULL DEFAULT '',
+    UNIQUE (profile, name)
+);
+CREATE TABLE history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    server_build TEXT NOT NULL DEFAULT '',
+    restore_ms REAL,
+    prompt_ms REAL,
+    prompt_n INTEGER,
+    cache_n INTEGER,
+    ttft_ms REAL,
+    verdict TEXT,
+    reason TEXT,
+    details TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX history_session ON history(session_id, at);
+CREATE TABLE builds (
+    build TEXT PRIMARY KEY,
+    checkpointed_parks INTEGER NOT NULL DEFAULT 0,
+    sidecars_written INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE prefill_samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    profile TEXT NOT NULL,
+    n_tokens INTEGER NOT NULL,
+    ms REAL NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX prefill_profile ON prefill_samples(profile, id);
+CREATE TABLE pending (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
+#: _MIGRATIONS[n] takes a file at version n to version n + 1.
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring the file to SCHEMA_VERSION, one step per transaction.
+
+    Each step and its ``user_version`` bump commit together, so an interrupted
+    migration restarts cleanly from the last finished step.
+    """
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise CatalogError(
+            f"the catalog was written by a newer KV Valet (schema {version}, "
+            f"this version knows {SCHEMA_VERSION}); refusing to touch it"
+        )
+    while version < SCHEMA_VERSION:
+        script = _MIGRATIONS[version]
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in script.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        version += 1
+
+
+# --------------------------------------------------------------------------- catalog
+
+
+class Catalog:
+    """The SQLite catalog of parked sessions, their history and learned facts."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so transaction
+        # boundaries are exactly what the code says.
+        self._conn = sqlite3.connect(
+            str(path), check_same_thread=False, isolation_level=None, timeout=10.0
+        )
+        self._conn.row_factory = sqlite3.Row
+        try:
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            _migrate(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._conn.execute("PRAGMA user_version").fetchone()[0]
+
+    # -- plumbing
+
+    @contextmanager
+    def _tx(self) -> Iterator[Any]:
+        """Lock + one write transaction; rolled back on any exception."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, args).fetchall()
+
+    @staticmethod
+    def _to_record(row: sqlite3.Row) -> SessionRecord:
+        data = dict(row)
+        data["swa_full"] = bool(data["swa_full"])
+        return SessionRecord(**data)
+
+    @staticmethod
+    def _to_event(row: sqlite3.Row) -> HistoryEvent:
+        data = dict(row)
+        data["details"] = json.loads(data["details"] or "{}")
+        return HistoryEvent(**data)
+
+    # -- sessions
+
+    def add_or_replace(self, rec: SessionRecord) -> SessionRecord:
+        """Store a park. A re-park of the same (profile, name) replaces the row in
+        place, keeping its id (and so its history) and its original created_at.
+
+        Returns the stored record (a new object with ``id`` and timestamps set).
+        """
+        now = time.time()
+        values = {c: getattr(rec, c) for c in _SESSION_COLS}
+        values["swa_full"] = int(bool(rec.swa_full))
+        values["updated_at"] = rec.updated_at or now
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT id, created_at FROM sessions WHERE profile = ? AND name = ?",
+                (rec.profile, rec.name),
+            ).fetchone()
+            if row is None:
+                values["created_at"] = rec.created_at or now
+                cols = ", ".join(values)
+                marks = ", ".join("?" for _ in values)
+                cur = conn.execute(
+                    f"INSERT INTO sessions ({cols}) VALUES ({marks})", tuple(values.values())
+                )
+                sid = cur.lastrowid
+            else:
+                sid = row["id"]
+                values["created_at"] = row["created_at"]
+                sets = ", ".join(f"{c} = ?" for c in values)
+                conn.execute(
+                    f"UPDATE sessions SET {sets} WHERE id = ?", (*values.values(), sid)
+                )
+            stored = conn.execute("SELECT * FROM sessions WHERE id = ?", (sid,)).fetchone()
+            return self._to_record(stored)
+
+    def get(self, profile: str, name: str) -> SessionRecord | None:
+        rows = self._read(
+            "SELECT * FROM sessions WHERE profile = ? AND name = ?", (profile, name)
+        )
+        return self._to_record(rows[0]) if rows else None
+
+    def get_by_id(self, session_id: int) -> SessionRecord | None:
+        rows = self._read("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        return self._to_record(rows[0]) if rows else None
+
+    def list(self, profile: str | None = None) -> list[SessionRecord]:
+        """Sessions, most recently parked first (all profiles when profile is None)."""
+        order = " ORDER BY updated_at DESC, id DESC"
+        if profile is None:
+            rows = self._read("SELECT * FROM sessions" + order)
+        else:
+            rows = self._read("SELECT * FROM sessions WHERE profile = ?" + order, (profile,))
+        return [self._to_record(r) for r in rows]
+
+    def rename(self, profile: str, old: str, new: str) -> SessionRecord:
+        """Rename a session (the catalog name only; the state file keeps its name)."""
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT id FROM sessions WHERE profile = ? AND name = ?", (profile, old)
+            ).fetchone()
+            if row is None:
+                raise CatalogError(f"no session named '{old}' in profile '{profile}'")
+            if new != old:
+                clash = conn.execute(
+                    "SELECT 1 FROM sessions WHERE profile = ? AND name = ?", (profile, new)
+                ).fetchone()
+                if clash:
+                    raise CatalogError(
+                        f"a session named '{new}' already exists in profile '{profile}'"
+                    )
+                conn.execute(
+                    "UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?",
+                    (new, time.time(), row["id"]),
+                )
+            return self._to_record(
+                conn.execute("SELECT * FROM sessions WHERE id = ?", (row["id"],)).fetchone()
+            )
+
+    def delete(self, profile: str, name: str) -> bool:
+        """Remove a session and its history. Returns False if there was none.
+
+        Deleting the files on disk is the caller's job (do it after this commits).
+        """
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT id FROM sessions WHERE profile = ? AND name = ?", (profile, name)
+            ).fetchone()
+            if row is None:
+                return False
+            # Explicit, though ON DELETE CASCADE would do it too: the intent is visible
+            # and it holds even if a connection ever ran without foreign_keys.
+            conn.execute("DELETE FROM history WHERE session_id = ?", (row["id"],))
+            conn.execute("DELETE FROM sessions WHERE id = ?", (row["id"],))
+            return True
+
+    def update_restore(
+        self, session_id: int, restore_ms: float, n_restored: int, at: float
+    ) -> None:
+        self._update(
+            session_id,
+            last_restore_ms=restore_ms,
+            last_n_restored=n_restored,
+            last_restore_at=at,
+        )
+
+    def update_verdict(self, session_id: int, verdict: str, reason: str) -> None:
+        self._update(session_id, last_verdict=verdict, last_verdict_reason=reason)
+
+    def _update(self, session_id: int, **values: Any) -> None:
+        sets = ", ".join(f"{c} = ?" for c in values)
+        with self._tx() as conn:
+            cur = conn.execute(
+                f"UPDATE sessions SET {sets} WHERE id = ?", (*values.values(), session_id)
+            )
+            if cur.rowcount == 0:
+                raise CatalogError(f"no session with id {session_id}")
+
+    # -- history
+
+    def add_event(self, ev: HistoryEvent) -> HistoryEvent:
+        """Append a resume/check/A-B/baseline event; returns it with id (and at) set."""
+        if ev.kind not in EVENT_KINDS:
+            raise CatalogError(f"unknown history event kind '{ev.kind}'")
+        values = {c: getattr(ev, c) for c in _EVENT_COLS}
+        values["at"] = ev.at or time.time()
+        values["details"] = json.dumps(ev.details or {})
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self._tx() as conn:
+            try:
+                cur = conn.execute(
+                    f"INSERT INTO history ({cols}) VALUES ({marks})", tuple(values.values())
+                )
+            except sqlite3.IntegrityError as exc:
+                raise CatalogError(f"no session with id {ev.session_id}") from exc
+            row = conn.execute("SELECT * FROM history WHERE id = ?", (cur.lastrowid,)).fetchone()
+            return self._to_event(row)
+
+    def history(self, session_id: int) -> list[HistoryEvent]:
+        """Events of a session, oldest first."""
+        rows = self._read(
+            "SELECT * FROM history WHERE session_id = ? ORDER BY at, id", (session_id,)
+        )
+        return [self._to_event(r) for r in rows]
+
+    # -- per-build checkpoint persistence
+
+    def record_sidecar_observation(
+        self, build: str, wrote_sidecar: bool, memory_kind: str
+    ) -> None:
+        """Note whether a park on ``build`` wrote a checkpoint sidecar.
+
+        Only SWA/hybrid parks count: a dense model holds no checkpoints, so a dense
+        park without a sidecar says nothing about the build. The caller should only
+        report SWA/hybrid parks of slots that actually held checkpoints.
+        """
+        if memory_kind not in _CHECKPOINTED_KINDS:
+            return
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO builds (build, checkpointed_parks, sidecars_written) "
+                "VALUES (?, 1, ?) ON CONFLICT(build) DO UPDATE SET "
+                "checkpointed_parks = checkpointed_parks + 1, "
+                "sidecars_written = sidecars_written + excluded.sidecars_written",
+                (build, int(bool(wrote_sidecar))),
+            )
+
+    def build_persists_checkpoints(self, build: str) -> bool | None:
+        """True if the build ever wrote a sidecar; False if it parked at least one
+        SWA/hybrid slot and never wrote one; None if it was never observed."""
+        rows = self._read(
+            "SELECT checkpointed_parks, sidecars_written FROM builds WHERE build = ?",
+            (build,),
+        )
+        if not rows or rows[0]["checkpointed_parks"] == 0:
+            return None
+        return rows[0]["sidecars_written"] > 0
+
+    # -- per-profile prefill rate
+
+    def record_prefill(self, profile: str, n_tokens: int, ms: float) -> None:
+        """Keep a prefill measurement (prompt_n, prompt_ms) for the profile.
+
+        Samples under MIN_PREFILL_TOKENS tokens or with ms <= 0 are dropped: they
+        are dominated by per-request overhead and timer noise. Only the last
+        PREFILL_WINDOW samples per profile are kept.
+        """
+        if n_tokens < MIN_PREFILL_TOKENS or ms <= 0:
+            return
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO prefill_samples (profile, n_tokens, ms, at) VALUES (?, ?, ?, ?)",
+                (profile, int(n_tokens), float(ms), time.time()),
+            )
+            conn.execute(
+                "DELETE FROM prefill_samples WHERE profile = ? AND id NOT IN ("
+                "SELECT id FROM prefill_samples WHERE profile = ? ORDER BY id DESC LIMIT ?)",
+                (profile, profile, PREFILL_WINDOW),
+            )
+
+    def prefill_rate(self, profile: str) -> float | None:
+        """Tokens/s: the **median** of the per-sample rates of the last 20 samples.
+
+        Median rather than a mean because one prefill slowed by a competing job (or
+        sped up by a partial cache hit) should not move the estimate. None until a
+        sample exists.
+        """
+        rows = self._read(
+            "SELECT n_tokens, ms FROM prefill_samples WHERE profile = ? "
+            "ORDER BY id DESC LIMIT ?",
+            (profile, PREFILL_WINDOW),
+        )
+        if not rows:
+            return None
+        return statistics.median(r["n_tokens"] * 1000.0 / r["ms"] for r in rows)
+
+    # -- pending-operations journal
+
+    def add_pending(self, kind: str, payload: dict[str, Any]) -> int:
+        """Journal an operation before touching files (park, A/B moving a sidecar
+        aside), so a crash can be undone or finished at the next start."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                "INSERT INTO pending (kind, payload, created_at) VALUES (?, ?, ?)",
+                (kind, json.dumps(payload), time.time()),
+            )
+            return int(cur.lastrowid)
+
+    def list_pending(self) -> list[tuple[int, str, dict[str, Any], float]]:
+        """Open journal entries, oldest first: (id, kind, payload, created_at)."""
+        rows = self._read("SELECT * FROM pending ORDER BY id")
+        return [(r["id"], r["kind"], json.loads(r["payload"]), r["created_at"]) for r in rows]
+
+    def remove_pending(self, pending_id: int) -> None:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM pending WHERE id = ?", (pending_id,))

