@@ -25,3 +25,45 @@ def isolated_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("KV_VALET_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("LLAMA_API_KEY", raising=False)
     yield
+
+
+@pytest.fixture
+def qloop(qapp):
+    """A qasync event loop on the test's QApplication (as the app runs)."""
+    import asyncio
+
+    import qasync
+
+    loop = qasync.QEventLoop(qapp, already_running=False)
+    asyncio.set_event_loop(loop)
+    yield loop
+    try:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    finally:
+        loop.close()  # also shuts down its QThread executor
+        asyncio.set_event_loop(None)
+
+
+def signal_future(signal, predicate=lambda *args: True):
+    """An asyncio future resolved with the args of the first emission that matches."""
+    import asyncio
+
+    fut = asyncio.get_event_loop().create_future()
+
+    def handler(*args):
+        if not fut.done() and predicate(*args):
+            fut.set_result(args)
+
+    signal.connect(handler)
+    fut.add_done_callback(lambda _f: signal.disconnect(handler))
+    return fut
+
+
+def run(loop, coro_or_future, timeout=60):
+    import asyncio
+
+    return loop.run_until_complete(asyncio.wait_for(coro_or_future, timeout))

@@ -92,9 +92,9 @@ class ServerController(QObject):
         if self.supervisor:
             await self.supervisor.aclose()
         self.plan = plan
-        self.sig_plan.emit(plan)
         self.supervisor = make_supervisor(plan)
         self.supervisor.on_state(self._on_state)
+        self.sig_plan.emit(plan)
         try:
             await self.supervisor.start()
         except LaunchError as e:

@@ -1,0 +1,128 @@
+"""Supervisor against the fake llama-server: fast fault injection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+import psutil
+import pytest
+
+from app.core.profile import LaunchProfile, ProfileError
+from app.server.launcher import make_supervisor, pid_record_path, plan_launch
+from app.server.outcome import Cause
+from app.server.supervisor import LaunchError, ServerState, StartFailed, find_leftover_server
+
+FAKE = os.path.join(os.path.dirname(__file__), "fake_llama_server.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def profile(tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 64)
+    return LaunchProfile(name="fake", model=str(model), server_binary=FAKE, port=free_port(), ctx_size=2048,
+                         parallel=2)
+
+
+def recorder(sup):
+    states = []
+    sup.on_state(lambda s, o: states.append(s))
+    return states
+
+
+async def test_start_reaches_ready_through_loading_and_stop_leaves_no_process(profile, monkeypatch):
+    monkeypatch.setenv("FAKE_LOAD_SECONDS", "0.5")
+    plan = plan_launch(profile)
+    assert plan.argv[-2:] == ["-lv", "4"]  # cache events are trace-level in build 11434
+    sup = make_supervisor(plan)
+    states = recorder(sup)
+    try:
+        await sup.start()
+        assert sup.state == ServerState.READY
+        assert states[:3] == [ServerState.STARTING, ServerState.LOADING, ServerState.READY]
+        pid = sup.pid
+        assert find_leftover_server(pid_record_path("fake")).pid == pid
+        assert any("listening on" in line for line in sup.log.tail(50))
+    finally:
+        await sup.aclose()
+    assert states[-2:] == [ServerState.STOPPING, ServerState.STOPPED]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert sup.outcome.cause == Cause.STOPPED_BY_USER
+    assert find_leftover_server(pid_record_path("fake")) is None
+
+
+async def test_kill_9_gives_crashed_with_outcome_and_auto_restart_recovers(profile):
+    sup = make_supervisor(plan_launch(profile.replace(auto_restart=True)), backoff_s=(0.05,))
+    try:
+        await sup.start()
+        first = sup.pid
+        crashed = asyncio.ensure_future(sup.wait_state(ServerState.CRASHED, timeout=20))
+        await asyncio.sleep(0)
+        os.kill(first, signal.SIGKILL)
+        await crashed
+        assert sup.outcome.cause == Cause.KILLED and sup.outcome.signal == signal.SIGKILL
+        await sup.wait_state(ServerState.READY, timeout=30)
+        assert sup.pid != first and sup.restart_times
+    finally:
+        await sup.aclose()
+
+
+async def test_assert_abort_is_classified_with_its_text(profile, monkeypatch):
+    monkeypatch.setenv("FAKE_ABORT_ON_SAVE", "1")
+    sup = make_supervisor(plan_launch(profile))
+    try:
+        await sup.start()
+        from app.server.client import LlamaClient, ServerUnreachable
+
+        async with LlamaClient(sup.url) as c:
+            with pytest.raises(ServerUnreachable):
+                await c.save_slot(0, "x.bin")
+        await sup.wait_state(ServerState.CRASHED, timeout=20)
+        assert sup.outcome.cause == Cause.ASSERT
+        assert "tensor not allocated" in sup.outcome.detail
+    finally:
+        await sup.aclose()
+
+
+async def test_port_in_use_refused_before_launch_naming_the_port(profile):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", profile.port))
+        s.listen()
+        sup = make_supervisor(plan_launch(profile))
+        with pytest.raises(LaunchError, match=f"port {profile.port} on 127.0.0.1 is already in use"):
+            await sup.start()
+        assert sup.proc is None
+        await sup.aclose()
+
+
+async def test_missing_model_is_refused_before_launch(profile):
+    with pytest.raises(ProfileError, match="model file not found"):
+        plan_launch(profile.replace(model="/nonexistent/model.gguf"))
+
+
+async def test_model_that_fails_to_load_is_reported_at_once(profile, tmp_path):
+    # The file exists (so the profile check passes) but the server cannot load it.
+    sup = make_supervisor(plan_launch(profile), load_timeout_s=120)
+    os.unlink(profile.model)
+    with pytest.raises(StartFailed) as e:
+        await sup.start()
+    assert e.value.outcome.cause == Cause.MODEL_UNREADABLE
+    assert sup.state == ServerState.CRASHED
+    await sup.aclose()
+
+
+async def test_second_start_awaits_the_first(profile):
+    sup = make_supervisor(plan_launch(profile))
+    try:
+        await asyncio.gather(sup.start(), sup.start())
+        assert sup.state == ServerState.READY
+    finally:
+        await sup.aclose()

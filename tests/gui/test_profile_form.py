@@ -1,0 +1,61 @@
+"""The profile form: edits update the preview; errors name the field; secrets stay masked."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.profile import LaunchProfile
+from app.store.profiles import ProfileStore
+from app.ui.main_window import MainWindow
+
+pytestmark = pytest.mark.gui
+
+
+@pytest.fixture
+def window(qtbot, qloop, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    store = ProfileStore()
+    store.save(LaunchProfile(name="mine", model=str(model), port=8099))
+    w = MainWindow(store)
+    qtbot.addWidget(w)
+    w.profiles.set_profiles(store.load_all()[0], select="mine")
+    return w
+
+
+def test_editing_the_form_updates_the_preview(window, qtbot):
+    p = window.profiles
+    assert "--port 8099" in p.preview.toPlainText()
+    p.w["parallel"].clear()
+    qtbot.keyClicks(p.w["parallel"], "4")
+    p.w["cache_type_k"].setCurrentText("q8_0")
+    p.w["kv_unified"].setCurrentText("on")
+    text = p.preview.toPlainText()
+    assert "-np 4" in text and "-ctk q8_0" in text and "-kvu" in text
+    assert "kvu" in p.warnings.text().lower() or "unified" in p.warnings.text().lower()
+
+
+def test_bad_value_names_the_field_and_secret_is_masked(window, qtbot):
+    p = window.profiles
+    p.w["parallel"].setText("-3")
+    assert "Slots:" in p.errors.text() and "negative" in p.errors.text()
+    p.w["parallel"].setText("two")
+    assert "Slots: 'two' is not a whole number" in p.errors.text()
+    p.w["parallel"].setText("1")
+    p.w["api_key"].setText("hunter2")
+    p.w["extra_args"].setText("--api-key hunter2 --jinja")
+    assert "hunter2" not in p.preview.toPlainText()
+    assert p.errors.text() == ""
+
+
+def test_save_writes_the_profile_file(window, qtbot):
+    p = window.profiles
+    p.w["ctx_size"].setText("32768")
+    qtbot.mouseClick(p.save_button, _left())
+    assert ProfileStore().load("mine").ctx_size == 32768
+
+
+def _left():
+    from PySide6.QtCore import Qt
+
+    return Qt.LeftButton
