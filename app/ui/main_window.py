@@ -11,7 +11,8 @@ from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QProgressBar, Q
                                QWidget)
 
 from app.core.profile import LaunchProfile, ProfileError
-from app.server.discovery import DiscoveryError, find_server_binary
+from app.server.discovery import DiscoveryError, binary_info, find_server_binary
+from app.server.launcher import CACHE_EVENTS_VERBOSITY
 from app.server.outcome import Outcome
 from app.server.supervisor import ServerState
 from app.store.profiles import ProfileStore
@@ -73,8 +74,10 @@ class MainWindow(QMainWindow):
         self.last_message = ""
         self.reload_profiles()
         try:
-            self.profiles.set_binary(find_server_binary("").path)
-        except DiscoveryError:
+            binary = find_server_binary("").path
+            caps, _version = binary_info(binary)  # cached per binary path + mtime
+            self.profiles.set_binary(binary, CACHE_EVENTS_VERBOSITY if caps.has("-lv") else None)
+        except (DiscoveryError, OSError):
             pass
 
     def add_panel(self, widget: QWidget, title: str) -> None:

@@ -73,6 +73,7 @@ class ProfilePanel(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self._binary = "llama-server"
+        self._default_verbosity: int | None = None
         self._loading = False
         self.list = QListWidget()
         self.list.setToolTip("Your launch profiles. Each is a file you can also edit by hand.")
@@ -190,8 +191,10 @@ class ProfilePanel(QWidget):
                 self.list.setCurrentItem(items[0])
                 self._on_select(target)
 
-    def set_binary(self, binary: str) -> None:
+    def set_binary(self, binary: str, default_verbosity: int | None = None) -> None:
+        """The discovered binary, and the -lv the launcher adds for it (so the preview is exact)."""
         self._binary = binary
+        self._default_verbosity = default_verbosity
         self._changed()
 
     def _on_select(self, name: str) -> None:
@@ -276,7 +279,8 @@ class ProfilePanel(QWidget):
             errs = [e for e in errs if e.field != "model"]
         self.errors.setText("\n".join(f"{FIELDS.get(e.field, (e.field,))[0]}: {e.message}" for e in errs))
         self.warnings.setText("\n".join("⚠ " + h.text for h in hazards(p)))
-        argv = to_argv(p, p.server_binary or self._binary, slot_save_path=slot_save_path_for(p))
+        argv = to_argv(p, p.server_binary or self._binary, slot_save_path=slot_save_path_for(p),
+                       default_verbosity=self._default_verbosity)
         self.preview.setPlainText(preview(argv))
 
     def _confirm_exposure(self, p: LaunchProfile) -> LaunchProfile | None:
