@@ -1,0 +1,59 @@
+"""The CLI on the real server: serve in the foreground, status, Ctrl-C stops cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from app.store.profiles import ProfileStore
+
+pytestmark = pytest.mark.real_server
+
+
+def test_serve_status_and_ctrl_c(real_profile):
+    ProfileStore().save(real_profile)
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "real", "--quiet"],
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        for line in proc.stderr:  # blocks on the child's own output, no sleeps
+            if "ready at" in line or "error" in line:
+                break
+        assert "ready at" in line, line
+        server = [c for c in psutil.Process(proc.pid).children(recursive=True) if "llama-server" in c.name()]
+        assert len(server) == 1
+
+        out = subprocess.run([sys.executable, "-m", "app.cli", "status", "real", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        snap = json.loads(out.stdout)
+        assert snap["health"] == "ok" and [s["id"] for s in snap["slots"]] == [0, 1]
+        assert snap["process"]["pid"] == server[0].pid and snap["process"]["alive"]
+        assert snap["gpu"]["available"] is False and "no NVIDIA GPU found" in snap["gpu"]["message"]
+
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=60) == 0
+        assert "server stopped" in rest
+        assert not server[0].is_running() or server[0].status() == psutil.STATUS_ZOMBIE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_profiles_import_and_show_mask_the_key(capsys):
+    from app.cli import main
+
+    rc = main(["profiles", "import", "llama-server -m /m/x.gguf -c 4096 -np 2 --api-key s3cret --jinja",
+               "--name", "imp"])
+    assert rc == 0
+    assert main(["profiles", "show", "imp"]) == 0
+    out = capsys.readouterr().out
+    assert "s3cret" not in out and "--jinja" in out and "-np 2" in out
+    assert main(["profiles", "import", "llama-server -m x -np two"]) == 1
+    assert "whole number" in capsys.readouterr().err
