@@ -50,6 +50,10 @@ def run_gui() -> int:
     attach_panels(window)
     window.show()
     result = {"code": 0}
+    if not smoke:
+        from PySide6.QtCore import QTimer
+
+        QTimer.singleShot(0, window.check_leftover_servers)
 
     if smoke:
         async def smoke_run():

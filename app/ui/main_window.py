@@ -7,14 +7,15 @@ import logging
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStatusBar, QTabWidget,
+from PySide6.QtWidgets import (QInputDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStatusBar, QTabWidget,
                                QWidget)
 
 from app.core.profile import LaunchProfile, ProfileError
 from app.server.discovery import DiscoveryError, binary_info, find_server_binary
 from app.server.launcher import CACHE_EVENTS_VERBOSITY
 from app.server.outcome import Outcome
-from app.server.supervisor import ServerState
+from app.server.launcher import pid_record_path
+from app.server.supervisor import ServerState, find_leftover_server, terminate_leftover
 from app.store.profiles import ProfileStore
 from app.ui.log_panel import LogPanel
 from app.ui.profile_panel import ProfilePanel
@@ -72,6 +73,7 @@ class MainWindow(QMainWindow):
         self.controller.sig_progress.connect(self._on_progress)
         self.controller.sig_plan.connect(lambda plan: self.log_panel.set_buffer(self.controller.log_buffer))
         self.last_message = ""
+        self._build_menu()
         self.reload_profiles()
         try:
             binary = find_server_binary("").path
@@ -79,6 +81,45 @@ class MainWindow(QMainWindow):
             self.profiles.set_binary(binary, CACHE_EVENTS_VERBOSITY if caps.has("-lv") else None)
         except (DiscoveryError, OSError):
             pass
+
+    def _build_menu(self) -> None:
+        menu = self.menuBar().addMenu("&Server")
+        self.attach_action = menu.addAction("Attach to a running server…")
+        self.attach_action.setToolTip("Watch a llama-server started elsewhere, without owning it.")
+        self.attach_action.triggered.connect(self._on_attach)
+        self.detach_action = menu.addAction("Detach")
+        self.detach_action.triggered.connect(lambda: asyncio.ensure_future(self.controller.detach_async()))
+        menu.addSeparator()
+        quit_action = menu.addAction("Quit")
+        quit_action.triggered.connect(self.close)
+
+    def _on_attach(self) -> None:
+        url, ok = QInputDialog.getText(self, "Attach to a server", "Server URL:", text="http://127.0.0.1:8080")
+        if ok and url.strip():
+            asyncio.ensure_future(self.controller.attach_async(url.strip()))
+
+    def check_leftover_servers(self, ask: bool = True) -> list:
+        """Servers launched by an earlier KV Valet that is gone (pid + start time match)."""
+        found = []
+        for name in self.store.names():
+            rec = find_leftover_server(pid_record_path(name))
+            if rec is None:
+                continue
+            found.append(rec)
+            if not ask:
+                continue
+            box = QMessageBox(QMessageBox.Question, "Server still running",
+                              f"The server of profile '{name}' (pid {rec.pid}, {rec.url}) is still running: it "
+                              "outlived an earlier KV Valet. Its live slots are intact.", parent=self)
+            attach = box.addButton("Attach", QMessageBox.AcceptRole)
+            stop = box.addButton("Stop it", QMessageBox.DestructiveRole)
+            box.addButton("Leave it", QMessageBox.RejectRole)
+            box.exec()
+            if box.clickedButton() is attach:
+                asyncio.ensure_future(self.controller.attach_async(rec.url, leftover=rec))
+            elif box.clickedButton() is stop:
+                asyncio.ensure_future(asyncio.to_thread(terminate_leftover, rec))
+        return found
 
     def add_panel(self, widget: QWidget, title: str) -> None:
         self.extra_panels.append(widget)
@@ -146,7 +187,8 @@ class MainWindow(QMainWindow):
     # -- closing ----------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         """Normal quit never leaves an orphan server: stop it first."""
-        if self.controller.state in (ServerState.READY, ServerState.LOADING, ServerState.STARTING) \
+        if self.controller.owned and self.controller.state in (ServerState.READY, ServerState.LOADING,
+                                                               ServerState.STARTING) \
                 and not getattr(self, "_closing", False):
             if not getattr(self, "confirm_quit", True) or QMessageBox.question(
                     self, "Quit KV Valet", "Quitting stops the server; live slots that are not parked are lost. "

@@ -12,6 +12,7 @@ import logging
 from PySide6.QtCore import QObject, Signal
 
 from app.core.profile import LaunchProfile, ProfileError
+from app.server.attach import AttachedServer
 from app.server.launcher import LaunchPlan, make_supervisor, plan_launch
 from app.server.outcome import Outcome
 from app.server.supervisor import LaunchError, LogBuffer, ServerState, StartFailed, Supervisor
@@ -31,6 +32,7 @@ class ServerController(QObject):
         self.supervisor: Supervisor | None = None
         self.plan: LaunchPlan | None = None
         self.profile: LaunchProfile | None = None
+        self.attached: AttachedServer | None = None
         self._task: asyncio.Task | None = None
         self._empty_log = LogBuffer(1)
 
@@ -40,11 +42,42 @@ class ServerController(QObject):
 
     @property
     def state(self) -> ServerState:
+        if self.attached:
+            return self.attached.state
         return self.supervisor.state if self.supervisor else ServerState.STOPPED
 
     @property
     def url(self) -> str | None:
+        if self.attached:
+            return self.attached.url
         return self.plan.url if self.plan else None
+
+    @property
+    def pid(self) -> int | None:
+        if self.attached:
+            return self.attached.pid
+        return self.supervisor.pid if self.supervisor else None
+
+    @property
+    def owned(self) -> bool:
+        """True when the app launched the server (and so may stop it)."""
+        return self.attached is None and self.supervisor is not None
+
+    async def attach_async(self, url: str, api_key: str | None = None, leftover=None) -> ServerState:
+        """Watch a server at ``url`` without owning it."""
+        await self.detach_async()
+        if self.supervisor and self.supervisor.running:
+            await self.supervisor.stop()
+        self.attached = AttachedServer(url, api_key, leftover=leftover)
+        self.attached.on_state(self._on_state)
+        self.sig_state.emit(ServerState.STARTING.value, f"attaching to {url}…")
+        return await self.attached.start()
+
+    async def detach_async(self) -> None:
+        if self.attached:
+            att, self.attached = self.attached, None
+            await att.aclose()
+            self.sig_state.emit(ServerState.STOPPED.value, "detached")
 
     def start(self, profile: LaunchProfile) -> asyncio.Task:
         self._task = asyncio.ensure_future(self.start_async(profile))
@@ -66,6 +99,7 @@ class ServerController(QObject):
         return self._task
 
     async def start_async(self, profile: LaunchProfile) -> bool:
+        await self.detach_async()
         if self.supervisor and self.supervisor.running:
             if self.profile == profile:
                 await self.supervisor.start()
@@ -106,12 +140,18 @@ class ServerController(QObject):
         return True
 
     async def stop_async(self) -> None:
+        if self.attached:
+            if self.attached.leftover is not None:
+                await self.attached.stop_server()
+            await self.detach_async()
+            return
         if self.supervisor:
             await self.supervisor.stop()
 
     async def aclose(self) -> None:
         if self._task and not self._task.done():
             self._task.cancel()
+        await self.detach_async()
         if self.supervisor:
             await self.supervisor.aclose()
 
@@ -119,8 +159,8 @@ class ServerController(QObject):
         detail = ""
         if state == ServerState.CRASHED and outcome is not None:
             detail = outcome.summary()
-        elif state == ServerState.READY and self.plan:
-            detail = self.plan.url
+        elif state == ServerState.READY and self.url:
+            detail = self.url + (" (attached)" if self.attached else "")
         self.sig_state.emit(state.value, detail)
         if state == ServerState.CRASHED and outcome is not None:
             self.sig_crashed.emit(outcome)
