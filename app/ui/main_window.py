@@ -156,7 +156,9 @@ class MainWindow(QMainWindow):
         url = self.controller.url
         if state == "Crashed":
             self.url_label.setText(detail)
-        elif state in ("Ready", "Loading", "Starting") and url:
+        elif state == "Ready":
+            self.url_label.setText(detail or url or "")
+        elif state in ("Loading", "Starting") and url:
             self.url_label.setText(url if state != "Starting" or not detail else detail)
         else:
             self.url_label.setText(detail)
