@@ -185,8 +185,12 @@ def validate(profile: LaunchProfile, *, check_files: bool = True) -> list[FieldE
         err("verbosity", f"{profile.verbosity}: use 1 (errors) to 5 (debug)")
     if profile.api_key and any(c in profile.api_key for c in "\r\n"):
         err("api_key", "the API key may not contain line breaks")
-    if check_files and profile.api_key_file and not Path(profile.api_key_file).expanduser().is_file():
-        err("api_key_file", f"API key file not found: {profile.api_key_file}")
+    if check_files and profile.api_key_file:
+        kf = Path(profile.api_key_file).expanduser()
+        if not kf.is_file():
+            err("api_key_file", f"API key file not found: {kf}")
+        elif kf.stat().st_mode & 0o077:
+            err("api_key_file", f"{kf} can be read by other users: run chmod 600 on it")
     if not is_loopback(profile.host) and not profile.has_api_key and not profile.expose_acknowledged:
         err("host", exposure_warning(profile) + " Set an API key, or confirm that this is what you want.")
     return errors

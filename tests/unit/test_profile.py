@@ -112,3 +112,13 @@ def test_seed_hazards_are_reported():
     kvu = LaunchProfile(name="k", model="m", kv_unified=True, parallel=8)
     assert "kvu-idle-slots" in {h.key for h in hazards(kvu)}
     assert "kvu-idle-slots" not in {h.key for h in hazards(kvu.replace(cache_idle_slots=False))}
+
+
+def test_api_key_file_must_be_private(tmp_path, model):
+    kf = tmp_path / "key"
+    kf.write_text("k\n")
+    os.chmod(kf, 0o644)
+    errs = validate(LaunchProfile(name="x", model=model, api_key_file=str(kf)))
+    assert [e.field for e in errs] == ["api_key_file"] and "chmod 600" in errs[0].message
+    os.chmod(kf, 0o600)
+    assert validate(LaunchProfile(name="x", model=model, api_key_file=str(kf))) == []
