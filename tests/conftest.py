@@ -36,16 +36,33 @@ def qloop(qapp):
 
     loop = qasync.QEventLoop(qapp, already_running=False)
     asyncio.set_event_loop(loop)
-    yield loop
+    # In the app the loop runs for the whole session. A test runs it in bursts
+    # (run_until_complete), and qasync dispatches pending Qt events once more
+    # after each burst, and pytest-qt does at teardown: keep the loop marked as
+    # running in between so a task step dispatched then still finds it.
+    original_run_forever = loop.run_forever
+
+    def run_forever():
+        try:
+            return original_run_forever()
+        finally:
+            asyncio.events._set_running_loop(loop)
+
+    loop.run_forever = run_forever
+    asyncio.events._set_running_loop(loop)
     try:
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        yield loop
     finally:
-        loop.close()  # also shuts down its QThread executor
-        asyncio.set_event_loop(None)
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        finally:
+            asyncio.events._set_running_loop(None)
+            loop.close()  # also shuts down its QThread executor
+            asyncio.set_event_loop(None)
 
 
 def signal_future(signal, predicate=lambda *args: True):

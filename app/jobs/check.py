@@ -1,0 +1,615 @@
+""""Check resume": prove whether a parked session really skips the prefill.
+
+* :func:`check_resume` restores the session and sends one short question, twice:
+  (a) the state file's exact tokens + the question's tokens (the best case), and
+  (b) the saved tokens detokenised + the question as text (what a chat client
+  does; re-tokenising can move the tail). Each probe starts from a fresh restore
+  and is judged from the first query's ``cache_n`` / ``prompt_n``.
+* :func:`ab_check` runs the seed's A/B on the same state file: once with its
+  checkpoint sidecar, once with the sidecar moved aside (``<state>.ckpt`` →
+  ``<state>.ckpt.kvv-hidden``), optionally plus a baseline full prefill in an
+  empty slot. Hiding is journaled in the catalog *before* the rename and always
+  undone in ``finally``; :func:`recover_hidden_sidecars` undoes it after a crash.
+* :func:`to_markdown` / :func:`to_csv` / :func:`to_json` export the same figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import inspect
+import io
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from app.jobs.target import ServerTarget
+from app.jobs.verdict import Verdict, VerdictKind, worst
+from app.jobs.watch import judge_from_completion, scan_events
+from app.server.client import ServerError
+from app.server.logparse import Kind
+from app.server.sidecar import SidecarStatus, inspect_sidecar, sidecar_candidates
+from app.server.statefile import StateFileError, read_state_header, read_state_tokens
+from app.store.catalog import Catalog, HistoryEvent, SessionRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUESTION = "\nIn one short sentence, what was this about?"
+HIDDEN_SUFFIX = ".kvv-hidden"
+PENDING_KIND = "ab-hide"
+
+ARM_WITH = "with sidecar"
+ARM_HIDDEN = "sidecar hidden"
+ARM_BASELINE = "baseline (empty slot)"
+PROBE_EXACT = "exact tokens"
+PROBE_TEXT = "text"
+
+
+class CheckError(Exception):
+    """The check cannot run (message is user-facing)."""
+
+
+# --------------------------------------------------------------------------- reports
+
+@dataclass
+class ProbeRow:
+    """One restore + first query (or the baseline prefill)."""
+
+    name: str
+    restore_ms: float | None
+    prompt_ms: float | None
+    prompt_n: int | None
+    cache_n: int | None
+    ttft_ms: float | None
+    n_restored: int | None
+    checkpoints_loaded: int | None
+    verdict: Verdict
+    prompt_tokens: int | None = None
+
+    @property
+    def total_ms(self) -> float | None:
+        if self.prompt_ms is None:
+            return None
+        return (self.restore_ms or 0.0) + self.prompt_ms
+
+
+@dataclass
+class ABReport:
+    session: str
+    profile: str
+    build: str
+    slot_id: int
+    n_restored: int
+    sidecar_status: str
+    sidecar_count: int
+    rows: list[ProbeRow]
+    delta_prefill_speedup: float | None  # prompt_ms hidden / prompt_ms with sidecar
+    end_to_end_speedup: float | None  # (restore + prompt) hidden / (restore + prompt) with
+    baseline_speedup: float | None = None  # baseline prompt_ms / (restore + prompt) with sidecar
+    note: str = ""
+    had_sidecar: bool = True
+    at: float = field(default_factory=time.time)
+
+    def row(self, name: str) -> ProbeRow | None:
+        return next((r for r in self.rows if r.name == name), None)
+
+
+@dataclass
+class CheckReport:
+    session: str
+    profile: str
+    build: str
+    slot_id: int
+    n_restored: int
+    sidecar_status: str
+    sidecar_count: int
+    question: str
+    probes: list[ProbeRow]
+    verdict: Verdict  # the worst of the probes
+    warnings: list[str] = field(default_factory=list)
+    ab: ABReport | None = None
+    at: float = field(default_factory=time.time)
+
+    def probe(self, name: str) -> ProbeRow | None:
+        return next((r for r in self.probes if r.name == name), None)
+
+
+# --------------------------------------------------------------------------- preparation
+
+@dataclass
+class _Ctx:
+    target: ServerTarget
+    record: SessionRecord
+    slot_id: int
+    state_path: Path
+    tokens: list[int]
+    sidecar_status: str
+    sidecar_count: int
+    sidecar_path: Path | None
+    build_persists: bool | None
+    bos_text: str
+    warnings: list[str]
+
+
+def state_path_of(target: ServerTarget, record: SessionRecord) -> Path:
+    p = Path(target.save_dir) / record.state_file
+    if not p.exists() and record.save_dir:
+        alt = record.state_path
+        if alt.exists():
+            return alt
+    return p
+
+
+async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int) -> _Ctx:
+    path = state_path_of(target, record)
+    try:
+        header = read_state_header(path)
+        tokens = read_state_tokens(path)
+    except StateFileError as exc:
+        raise CheckError(f"session '{record.name}': {exc}") from None
+    if not tokens:
+        raise CheckError(f"session '{record.name}' holds no tokens")
+    slots = await target.client.slots()
+    ids = [s.get("id") for s in slots]
+    if slot_id not in ids:
+        raise CheckError(f"slot {slot_id} does not exist on this server (slots: "
+                         f"{', '.join(str(i) for i in ids) or 'none'})")
+    slot = next(s for s in slots if s.get("id") == slot_id)
+    if slot.get("is_processing"):
+        raise CheckError(f"slot {slot_id} is busy: wait until it is idle or pick another slot")
+    n_ctx = int(slot.get("n_ctx") or 0)
+    if n_ctx and header.token_count + 64 > n_ctx:
+        raise CheckError(f"session '{record.name}' holds {header.token_count:,} tokens but slot {slot_id} has "
+                         f"only {n_ctx:,} of context (the question needs room too)")
+    warnings = []
+    if slot.get("id_task") is not None and int(slot.get("n_prompt_tokens") or 0) > 0:
+        warnings.append(f"slot {slot_id} held {int(slot['n_prompt_tokens']):,} tokens; the check replaced them")
+    report = inspect_sidecar(path, header.token_count, record.memory_kind or "dense")
+    status = report.status.value
+    count = len(report.checkpoints)
+    if report.status is SidecarStatus.INVALID:
+        warnings.append(f"sidecar {report.reason}")
+    sidecar_path = report.path
+    build_persists = target.catalog.build_persists_checkpoints(target.build)
+    if (build_persists is None and status == SidecarStatus.MISSING.value and record.server_build
+            and record.server_build == target.build and (record.sidecar_count or 0) == 0):
+        # this very build parked this SWA/hybrid session and wrote no sidecar
+        build_persists = False
+    bos_text = ""
+    try:
+        props = await target.client.props()
+        bos_text = str(props.get("bos_token") or "")
+    except ServerError:
+        pass
+    return _Ctx(target, record, slot_id, path, tokens, status, count, sidecar_path, build_persists, bos_text,
+                warnings)
+
+
+def _log_seq(target: ServerTarget) -> int | None:
+    if target.log is None:
+        return None
+    poll = getattr(target.log, "poll", None)
+    if poll is not None:
+        poll()
+    return target.log.seq
+
+
+async def _log_since(target: ServerTarget, seq: int | None, slot_id: int, wait_for_eval: bool) -> list | None:
+    """The server log lines of this slot since ``seq`` (None without a log).
+    The log is read asynchronously, so wait briefly for the query's timing line."""
+    if target.log is None or seq is None:
+        return None
+    deadline = time.monotonic() + (2.0 if wait_for_eval else 0.0)
+    while True:
+        events = [ll.event for ll in target.log.since(seq) if ll.event.slot == slot_id]
+        if not wait_for_eval or any(e.kind == Kind.PROMPT_EVAL for e in events) or time.monotonic() >= deadline:
+            return events
+        await asyncio.sleep(0.02)
+
+
+def _ttft(timings: dict) -> float | None:
+    pm = timings.get("prompt_ms")
+    if pm is None:
+        return None
+    n = timings.get("predicted_n") or 0
+    if n >= 1:
+        per = timings.get("predicted_per_token_ms")
+        if per is None and timings.get("predicted_ms") is not None:
+            per = timings["predicted_ms"] / n
+        return pm + (per or 0.0)
+    return pm
+
+
+async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
+    """Restore the session into the slot; (restore_ms, n_restored, log seq before)."""
+    t = ctx.target
+    seq = _log_seq(t)
+    t0 = time.perf_counter()
+    try:
+        resp = await t.client.restore_slot(ctx.slot_id, ctx.record.state_file)
+    except ServerError as exc:
+        raise CheckError(f"restore of '{ctx.record.name}' into slot {ctx.slot_id} failed: {exc.message}") from None
+    wall = (time.perf_counter() - t0) * 1000.0
+    restore_ms = float((resp.get("timings") or {}).get("restore_ms") or wall)
+    n = int(resp.get("n_restored") or len(ctx.tokens))
+    t.restored[ctx.slot_id] = (n, ctx.record.name, None)
+    return restore_ms, n, seq
+
+
+async def _prompt_for(ctx: _Ctx, mode: str, question: str) -> tuple[Any, list[int] | None]:
+    """The probe's prompt and, when known, its tokens (for the common prefix)."""
+    client = ctx.target.client
+    if mode == "exact":
+        q = await client.tokenize(question)
+        toks = list(ctx.tokens) + list(q)
+        return toks, toks
+    text = await client.detokenize(list(ctx.tokens))
+    had_bos = False
+    if ctx.bos_text and text.startswith(ctx.bos_text):
+        # the server adds BOS itself; keeping it in the text would give two
+        text = text[len(ctx.bos_text):]
+        had_bos = True
+    prompt = text + question
+    toks = None
+    try:
+        toks = await client.tokenize(prompt)
+        if had_bos:
+            toks = [ctx.tokens[0], *toks]
+    except ServerError:
+        toks = None
+    return prompt, toks
+
+
+async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: int = 1,
+                 sidecar_status: str | None = None, checkpoints_expected: int | None = None) -> ProbeRow:
+    restore_ms, n_restored, seq = await _restore(ctx)
+    prompt, toks = await _prompt_for(ctx, mode, question)
+    try:
+        resp = await ctx.target.client.completion(prompt, slot_id=ctx.slot_id, n_predict=n_predict)
+    except ServerError as exc:
+        raise CheckError(f"the probe query failed: {exc.message}") from None
+    finally:
+        ctx.target.restored.pop(ctx.slot_id, None)
+    events = await _log_since(ctx.target, seq, ctx.slot_id, True)
+    status = sidecar_status if sidecar_status is not None else ctx.sidecar_status
+    # with a log, no "restored N context checkpoints from sidecar" line means none were loaded
+    loaded = (scan_events(events)["sidecar_loaded"] or 0) if events is not None else None
+    v = judge_from_completion(
+        n_restored, resp, sidecar_status=status, sidecar_loaded_count=loaded,
+        build_persists=ctx.build_persists, ctx_checkpoints=ctx.target.ctx_checkpoints,
+        log_events=events, saved_tokens=ctx.tokens, prompt_tokens=toks,
+        sidecar_count=checkpoints_expected if checkpoints_expected is not None else ctx.sidecar_count,
+    )
+    t = resp.get("timings") or {}
+    return ProbeRow(name=name, restore_ms=restore_ms, prompt_ms=t.get("prompt_ms"), prompt_n=t.get("prompt_n"),
+                    cache_n=t.get("cache_n"), ttft_ms=_ttft(t), n_restored=n_restored,
+                    checkpoints_loaded=v.checkpoints_loaded, verdict=v,
+                    prompt_tokens=resp.get("tokens_evaluated"))
+
+
+def _record_event(catalog: Catalog, record: SessionRecord, kind: str, build: str, row: ProbeRow,
+                  extra: dict | None = None) -> None:
+    if record.id is None:
+        return
+    details = {"probe": row.name, "n_restored": row.n_restored, "checkpoints_loaded": row.checkpoints_loaded,
+               "rollback_tokens": row.verdict.rollback_tokens, "prompt_tokens": row.prompt_tokens}
+    details.update(extra or {})
+    catalog.add_event(HistoryEvent(session_id=record.id, kind=kind, server_build=build, restore_ms=row.restore_ms,
+                                   prompt_ms=row.prompt_ms, prompt_n=row.prompt_n, cache_n=row.cache_n,
+                                   ttft_ms=row.ttft_ms, verdict=row.verdict.kind.value, reason=row.verdict.reason,
+                                   details=details))
+    if row.verdict.kind is VerdictKind.DISCARDED and row.prompt_n and row.prompt_ms:
+        catalog.record_prefill(record.profile, row.prompt_n, row.prompt_ms)
+
+
+# --------------------------------------------------------------------------- check resume
+
+async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int, *,
+                       question: str = DEFAULT_QUESTION, n_predict: int = 1,
+                       variants: tuple[str, ...] = ("exact", "text")) -> CheckReport:
+    """Restore ``record`` into ``slot_id`` and judge a first query, once per variant
+    ("exact": saved tokens + question tokens; "text": detokenised text + question)."""
+
+    async def run() -> CheckReport:
+        ctx = await _prepare(target, record, slot_id)
+        rows = []
+        for mode in variants:
+            name = PROBE_EXACT if mode == "exact" else PROBE_TEXT
+            row = await _probe(ctx, name, mode, question, n_predict=n_predict)
+            _record_event(target.catalog, record, "check", target.build, row, {"question": question})
+            rows.append(row)
+        overall = worst(r.verdict for r in rows)
+        assert overall is not None
+        if record.id is not None:
+            target.catalog.update_verdict(record.id, overall.kind.value, overall.reason)
+            last = rows[-1]
+            target.catalog.update_restore(record.id, last.restore_ms or 0.0, last.n_restored or 0, time.time())
+        return CheckReport(session=record.name, profile=record.profile, build=target.build, slot_id=slot_id,
+                           n_restored=rows[0].n_restored or len(ctx.tokens), sidecar_status=ctx.sidecar_status,
+                           sidecar_count=ctx.sidecar_count, question=question, probes=rows, verdict=overall,
+                           warnings=ctx.warnings)
+
+    return await target.queue.run(f"check {record.name}", run)
+
+
+# --------------------------------------------------------------------------- A/B
+
+def _hidden_path(sidecar: Path) -> Path:
+    return sidecar.with_name(sidecar.name + HIDDEN_SUFFIX)
+
+
+def hide_sidecar(catalog: Catalog, sidecar: Path) -> tuple[int, Path]:
+    """Move ``sidecar`` aside, journaled first. Returns (journal id, hidden path)."""
+    hidden = _hidden_path(sidecar)
+    if hidden.exists():
+        raise CheckError(f"{hidden.name} already exists: a previous A/B did not finish; "
+                         "restart the app to put it back")
+    pid = catalog.add_pending(PENDING_KIND, {"sidecar": str(sidecar), "hidden": str(hidden),
+                                             "size": sidecar.stat().st_size, "pid": os.getpid()})
+    try:
+        os.rename(sidecar, hidden)
+    except OSError:
+        catalog.remove_pending(pid)
+        raise
+    return pid, hidden
+
+
+def _put_back(sidecar: Path, hidden: Path) -> str | None:
+    """Rename ``hidden`` back to ``sidecar``; a message when it could not be done."""
+    if not hidden.exists():
+        return None if sidecar.exists() else f"{sidecar.name} is gone (neither it nor {hidden.name} exists)"
+    if sidecar.exists():
+        return (f"{sidecar.name} was written again while hidden; the older copy stays as {hidden.name}")
+    os.rename(hidden, sidecar)
+    return None
+
+
+def unhide_sidecar(catalog: Catalog, pid: int, sidecar: Path, hidden: Path) -> None:
+    msg = _put_back(sidecar, hidden)
+    if msg:
+        log.warning(msg)
+    catalog.remove_pending(pid)
+
+
+def recover_hidden_sidecars(catalog: Catalog) -> list[str]:
+    """Put back every sidecar an A/B left hidden (the app or the server died
+    mid-A/B). Call at start. Returns the sidecar paths put back."""
+    restored: list[str] = []
+    for pid, kind, payload, _created in catalog.list_pending():
+        if kind != PENDING_KIND:
+            continue
+        sidecar, hidden = Path(payload["sidecar"]), Path(payload["hidden"])
+        existed = hidden.exists()
+        try:
+            msg = _put_back(sidecar, hidden)
+        except OSError as exc:
+            log.warning("cannot put back %s: %s", sidecar, exc)
+            continue
+        if msg:
+            log.warning(msg)
+        elif existed:
+            restored.append(str(sidecar))
+        catalog.remove_pending(pid)
+    return restored
+
+
+async def _maybe_await(x) -> None:
+    if inspect.isawaitable(x):
+        await x
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *, baseline: bool = False,
+                   question: str = DEFAULT_QUESTION, n_predict: int = 1,
+                   between_arms: Callable[[], Awaitable[None] | None] | None = None) -> ABReport:
+    """Resume the same state file with its sidecar and with the sidecar hidden
+    (exact tokens + question both times); optionally a baseline full prefill.
+
+    ``between_arms`` is a test hook run after the first arm."""
+    recover_hidden_sidecars(target.catalog)
+
+    async def run() -> ABReport:
+        ctx = await _prepare(target, record, slot_id)
+        sidecar = sidecar_candidates(ctx.state_path)[0]
+        if record.sidecar_file:
+            sidecar = ctx.state_path.with_name(record.sidecar_file)
+        has_sidecar = sidecar.is_file()
+        rows: list[ProbeRow] = []
+        with_row = await _probe(ctx, ARM_WITH, "exact", question, n_predict=n_predict)
+        rows.append(with_row)
+        _record_event(target.catalog, record, "ab", target.build, with_row, {"arm": ARM_WITH})
+        if between_arms is not None:
+            await _maybe_await(between_arms())
+        if has_sidecar:
+            pid, hidden = hide_sidecar(target.catalog, sidecar)
+            try:
+                hidden_row = await _probe(ctx, ARM_HIDDEN, "exact", question, n_predict=n_predict,
+                                          sidecar_status=SidecarStatus.MISSING.value)
+            finally:
+                unhide_sidecar(target.catalog, pid, sidecar, hidden)
+        else:
+            hidden_row = await _probe(ctx, ARM_HIDDEN, "exact", question, n_predict=n_predict)
+        rows.append(hidden_row)
+        _record_event(target.catalog, record, "ab", target.build, hidden_row, {"arm": ARM_HIDDEN})
+        base_row = None
+        if baseline:
+            base_row = await _baseline(ctx, question, n_predict)
+            rows.append(base_row)
+            _record_event(target.catalog, record, "baseline", target.build, base_row, {"arm": ARM_BASELINE})
+        if record.id is not None:
+            target.catalog.update_verdict(record.id, with_row.verdict.kind.value, with_row.verdict.reason)
+        if not has_sidecar:
+            if ctx.sidecar_status == SidecarStatus.NOT_NEEDED.value:
+                note = "no sidecar to hide (a dense model needs none): both arms ran the same"
+            elif with_row.verdict.kind is VerdictKind.DISCARDED:
+                note = "both arms re-prefill: this build wrote no sidecar"
+            else:
+                note = "no sidecar to hide: both arms ran the same"
+        else:
+            note = (f"sidecar with {ctx.sidecar_count} checkpoint{'s' if ctx.sidecar_count != 1 else ''} "
+                    f"hidden for the second arm and put back")
+        return ABReport(
+            session=record.name, profile=record.profile, build=target.build, slot_id=slot_id,
+            n_restored=with_row.n_restored or len(ctx.tokens), sidecar_status=ctx.sidecar_status,
+            sidecar_count=ctx.sidecar_count, rows=rows,
+            delta_prefill_speedup=_ratio(hidden_row.prompt_ms, with_row.prompt_ms),
+            end_to_end_speedup=_ratio(hidden_row.total_ms, with_row.total_ms),
+            baseline_speedup=_ratio(base_row.prompt_ms, with_row.total_ms) if base_row else None,
+            note=note, had_sidecar=has_sidecar,
+        )
+
+    return await target.queue.run(f"A/B {record.name}", run)
+
+
+async def _baseline(ctx: _Ctx, question: str, n_predict: int) -> ProbeRow:
+    """Full prefill of the same tokens + question in an emptied slot, no cache reuse."""
+    client = ctx.target.client
+    await client.erase_slot(ctx.slot_id)
+    ctx.target.restored.pop(ctx.slot_id, None)
+    q = await client.tokenize(question)
+    prompt = list(ctx.tokens) + list(q)
+    resp = await client.completion(prompt, slot_id=ctx.slot_id, n_predict=n_predict, cache_prompt=False)
+    t = resp.get("timings") or {}
+    n = t.get("prompt_n")
+    v = Verdict(VerdictKind.UNKNOWN, f"baseline: full prefill of {n:,} tokens in an empty slot (reference)"
+                if n is not None else "baseline: full prefill in an empty slot (reference)",
+                n_restored=0, prompt_n=n, cache_n=t.get("cache_n"), prompt_ms=t.get("prompt_ms"),
+                figures={"baseline": True})
+    return ProbeRow(name=ARM_BASELINE, restore_ms=None, prompt_ms=t.get("prompt_ms"), prompt_n=n,
+                    cache_n=t.get("cache_n"), ttft_ms=_ttft(t), n_restored=0, checkpoints_loaded=None,
+                    verdict=v, prompt_tokens=resp.get("tokens_evaluated"))
+
+
+# --------------------------------------------------------------------------- exports
+
+ROW_FIELDS = ["name", "restore_ms", "prompt_ms", "prompt_n", "cache_n", "ttft_ms", "n_restored",
+              "checkpoints_loaded", "verdict", "reason"]
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 2)
+
+
+def row_dict(row: ProbeRow) -> dict[str, Any]:
+    return {"name": row.name, "restore_ms": _r(row.restore_ms), "prompt_ms": _r(row.prompt_ms),
+            "prompt_n": row.prompt_n, "cache_n": row.cache_n, "ttft_ms": _r(row.ttft_ms),
+            "n_restored": row.n_restored, "checkpoints_loaded": row.checkpoints_loaded,
+            "verdict": row.verdict.kind.value, "reason": row.verdict.reason}
+
+
+def ratios(ab: ABReport) -> dict[str, float | None]:
+    return {"delta_prefill_speedup": _r(ab.delta_prefill_speedup), "end_to_end_speedup": _r(ab.end_to_end_speedup),
+            "baseline_speedup": _r(ab.baseline_speedup)}
+
+
+def _ab_dict(ab: ABReport) -> dict[str, Any]:
+    return {"type": "ab", "session": ab.session, "profile": ab.profile, "build": ab.build, "slot_id": ab.slot_id,
+            "n_restored": ab.n_restored, "sidecar_status": ab.sidecar_status, "sidecar_count": ab.sidecar_count,
+            "had_sidecar": ab.had_sidecar, "note": ab.note, "at": ab.at,
+            "rows": [row_dict(r) for r in ab.rows], "ratios": ratios(ab)}
+
+
+def report_dict(report: CheckReport | ABReport) -> dict[str, Any]:
+    if isinstance(report, ABReport):
+        return _ab_dict(report)
+    return {"type": "check", "session": report.session, "profile": report.profile, "build": report.build,
+            "slot_id": report.slot_id, "n_restored": report.n_restored, "sidecar_status": report.sidecar_status,
+            "sidecar_count": report.sidecar_count, "question": report.question, "at": report.at,
+            "verdict": {"kind": report.verdict.kind.value, "reason": report.verdict.reason},
+            "warnings": list(report.warnings), "probes": [row_dict(r) for r in report.probes],
+            "ab": _ab_dict(report.ab) if report.ab else None}
+
+
+def to_json(report: CheckReport | ABReport) -> str:
+    return json.dumps(report_dict(report), indent=2)
+
+
+def to_csv(report: CheckReport | ABReport) -> str:
+    """One row per probe / arm (section "probe" / "ab"), then one per ratio (section "ratio")."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["section", *ROW_FIELDS, "value"])
+
+    def rows(section: str, items: list[ProbeRow]) -> None:
+        for r in items:
+            d = row_dict(r)
+            w.writerow([section, *("" if d[k] is None else d[k] for k in ROW_FIELDS), ""])
+
+    ab = report if isinstance(report, ABReport) else report.ab
+    if isinstance(report, CheckReport):
+        rows("probe", report.probes)
+    if ab is not None:
+        rows("ab", ab.rows)
+        for k, v in ratios(ab).items():
+            w.writerow(["ratio", k, *([""] * (len(ROW_FIELDS) - 1)), "" if v is None else v])
+    return buf.getvalue()
+
+
+def _fmt(x, unit: str = "", digits: int = 1) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}{unit}"
+    return f"{x:,}{unit}"
+
+
+def _md_table(items: list[ProbeRow]) -> list[str]:
+    out = ["| run | restore ms | prompt ms | prompt_n | cache_n | TTFT ms | checkpoints | verdict |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in items:
+        d = row_dict(r)
+        out.append(f"| {r.name} | {_fmt(d['restore_ms'])} | {_fmt(d['prompt_ms'])} | {_fmt(d['prompt_n'])} | "
+                   f"{_fmt(d['cache_n'])} | {_fmt(d['ttft_ms'])} | {_fmt(d['checkpoints_loaded'])} | "
+                   f"{d['verdict']} |")
+    return out
+
+
+def _ratio_text(x: float | None) -> str:
+    return "–" if x is None else f"{x:,.2f}×"
+
+
+def _md_ab(ab: ABReport) -> list[str]:
+    out = [f"### A/B: sidecar vs hidden ({ab.n_restored:,} tokens restored)", ""]
+    out += _md_table(ab.rows)
+    rt = ratios(ab)
+    out += ["", f"- delta-prefill speed-up (prompt ms hidden / with sidecar): {_ratio_text(rt['delta_prefill_speedup'])}",
+            f"- end-to-end resume speed-up ((restore + prompt) hidden / with): {_ratio_text(rt['end_to_end_speedup'])}"]
+    if rt["baseline_speedup"] is not None:
+        out.append(f"- baseline full prefill / resume with sidecar: {_ratio_text(rt['baseline_speedup'])}")
+    if ab.note:
+        out.append(f"- {ab.note}")
+    return out
+
+
+def to_markdown(report: CheckReport | ABReport) -> str:
+    if isinstance(report, ABReport):
+        head = [f"## KV Valet A/B: {report.session}", "",
+                f"Profile {report.profile}, build {report.build}, slot {report.slot_id}; "
+                f"sidecar {report.sidecar_status} ({report.sidecar_count} checkpoints).", ""]
+        return "\n".join(head + _md_ab(report)) + "\n"
+    out = [f"## KV Valet check: {report.session}", "",
+           f"Profile {report.profile}, build {report.build}, slot {report.slot_id}; {report.n_restored:,} tokens "
+           f"restored; sidecar {report.sidecar_status} ({report.sidecar_count} checkpoints).", ""]
+    out += _md_table(report.probes)
+    out += ["", f"**Verdict: {report.verdict.kind.value}**: {report.verdict.reason}"]
+    for r in report.probes:
+        out.append(f"- {r.name}: {r.verdict.reason}")
+    for w in report.warnings:
+        out.append(f"- warning: {w}")
+    if report.ab:
+        out += [""] + _md_ab(report.ab)
+    return "\n".join(out) + "\n"
+
+
+def to_text(report: CheckReport | ABReport) -> str:
+    """The table for a terminal (the markdown reads fine as plain text)."""
+    return to_markdown(report)

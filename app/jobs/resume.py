@@ -1,0 +1,276 @@
+"""Resume a parked session into a slot, after checking it can work.
+
+Why a preflight: llama-server **clears the target slot when a restore fails**
+and answers a missing or foreign file with the generic "No available space in
+KV cache or invalid slot save file"; a state file also loads only into the
+same model, the same ``-ctk/-ctv``, a slot whose ``n_ctx`` holds its tokens,
+and a build writing the same state version (``llama_state_seq_load_file``
+wants an exact match). So everything that can be checked is checked first.
+
+Why the warnings: on a sliding-window or recurrent/hybrid model the restore
+alone buys nothing after a restart unless the checkpoints come back from a
+sidecar (turboquant PR #206; upstream #25913, #28194, #26676): the first query
+re-prefills the whole session. The user is told how long that will take.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.jobs.park import (CHECKPOINTED_KINDS, ParkError, fetch_slots, find_slot, model_identity,
+                           slot_ids_text, slot_tokens)
+from app.jobs.target import ServerTarget
+from app.server.client import ServerError, ServerUnreachable
+from app.server.sidecar import SidecarStatus, inspect_sidecar
+from app.server.statefile import StateFileError, read_state_header, version_mismatch_reason
+from app.store.catalog import Catalog, HistoryEvent, SessionRecord
+
+
+class ResumeRefused(Exception):
+    def __init__(self, reasons: list[str]):
+        self.reasons = list(reasons)
+        super().__init__("; ".join(self.reasons))
+
+
+class ResumeNeedsConfirmation(Exception):
+    def __init__(self, warnings: list[str], preflight: "Preflight | None" = None):
+        self.warnings = list(warnings)
+        self.preflight = preflight
+        super().__init__("; ".join(self.warnings))
+
+
+class ResumeFailed(Exception):
+    """The server refused the restore (the slot is now empty: a failed restore clears it)."""
+
+
+@dataclass
+class Preflight:
+    refusals: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    reprefill_tokens: int | None = None
+    reprefill_seconds: float | None = None
+    slot: dict | None = field(default=None, repr=False)  # the /slots entry checked
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+
+@dataclass
+class ResumeResult:
+    record: SessionRecord
+    slot_id: int
+    n_restored: int
+    restore_ms: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def find_session(catalog: Catalog, profile: str, name: str) -> SessionRecord:
+    """The session ``name`` of ``profile``; else the only session of that name in
+    any profile (attach mode names the profile by its URL)."""
+    rec = catalog.get(profile, name)
+    if rec is not None:
+        return rec
+    matches = [r for r in catalog.list() if r.name == name]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ResumeRefused([f"no parked session named '{name}'"])
+    raise ResumeRefused([f"several sessions are named '{name}' (profiles: "
+                         f"{', '.join(sorted(r.profile for r in matches))}): pass --profile"])
+
+
+def _fmt_seconds(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
+    return f"{s / 60:.0f} min"
+
+
+def _expected_version(catalog: Catalog, build: str, skip: SessionRecord) -> int | None:
+    """The state version ``build`` writes, learned from another file it parked."""
+    for r in catalog.list():
+        if r.server_build == build and r.id != skip.id:
+            try:
+                return read_state_header(r.state_path).version
+            except StateFileError:
+                continue
+    return None
+
+
+async def _same_model(target: ServerTarget, rec: SessionRecord, live_path: str) -> str | None:
+    """Why the server's model is not the one the session was parked from, or None."""
+    if not rec.model_path and not rec.model_sha256:
+        return None
+    same_path = bool(live_path) and os.path.abspath(live_path) == os.path.abspath(rec.model_path)
+    size, sha, _kind = await model_identity(live_path)
+    if sha and rec.model_sha256:
+        if sha == rec.model_sha256:
+            return None  # a moved or copied file with the same bytes is fine
+        what = "the model file changed since the park" if same_path else "a different model file"
+        return (f"{what}: the server runs {live_path} (SHA-256 {sha[:12]}…), the session was parked "
+                f"from {rec.model_path} (SHA-256 {rec.model_sha256[:12]}…)")
+    if same_path:
+        if size and rec.model_size and size != rec.model_size:
+            return f"the model file {live_path} changed size since the park ({rec.model_size:,} → {size:,} bytes)"
+        return None
+    return (f"a different model file: the server runs {live_path or 'an unknown model'}, the session "
+            f"was parked from {rec.model_path}")
+
+
+async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *,
+                    slots: list[dict] | None = None) -> Preflight:
+    """What would stop a restore of ``record`` into ``slot_id`` (refusals), and what
+    it would cost (warnings). ``slots``: a /slots answer the caller just fetched."""
+    pf = Preflight()
+    slots = slots if slots is not None else await fetch_slots(target)
+    try:
+        slot = pf.slot = find_slot(slots, slot_id)
+    except ParkError as e:
+        pf.refusals.append(str(e))
+        slot = None
+    props = await target.client.props()
+    live_model = str(props.get("model_path") or target.model_path or "")
+    why = await _same_model(target, record, live_model)
+    if why:
+        pf.refusals.append(why)
+    for which, want, have in (("K", record.cache_type_k, target.cache_type_k),
+                              ("V", record.cache_type_v, target.cache_type_v)):
+        if want and have and want != have:
+            pf.refusals.append(f"different {which} cache type: the session was parked with {want}, "
+                               f"this server uses {have} (-ct{which.lower()} {want} is needed)")
+    if slot is not None and slot.get("n_ctx") and record.n_tokens > int(slot["n_ctx"]):
+        pf.refusals.append(f"slot {slot_id} holds at most {int(slot['n_ctx']):,} tokens, the session has "
+                           f"{record.n_tokens:,} (raise -c or lower -np)")
+
+    path = record.state_path
+    if Path(record.save_dir).resolve() != Path(target.save_dir).resolve():
+        pf.refusals.append(f"the session's file is in {record.save_dir}, but this server reads "
+                           f"{target.save_dir} (--slot-save-path)")
+    header = None
+    if not path.is_file():
+        pf.refusals.append(f"the state file is missing: {path}")
+    else:
+        size = path.stat().st_size
+        try:
+            header = read_state_header(path)
+        except StateFileError as e:
+            pf.refusals.append(f"the state file is unusable: {e}")
+        if record.state_size and size < record.state_size:
+            pf.refusals.append(f"the state file is truncated: {size:,} bytes, {record.state_size:,} when parked")
+            header = None
+    if header is not None:
+        expected = header.version if record.server_build == target.build else \
+            _expected_version(target.catalog, target.build, record)
+        reason = version_mismatch_reason(header, expected)
+        if reason:
+            pf.refusals.append(reason)
+        if record.n_tokens and header.token_count != record.n_tokens:
+            pf.refusals.append(f"the state file holds {header.token_count:,} tokens but {record.n_tokens:,} "
+                               "were parked: it was overwritten by something else")
+    if pf.refusals:
+        return pf
+
+    # -- warnings
+    held = slot_tokens(target, slot) if slot is not None else 0
+    if held > 0:
+        pf.warnings.append(f"slot {slot_id} holds {held:,} tokens; resuming replaces them")
+    kind = record.memory_kind
+    if kind in CHECKPOINTED_KINDS:
+        report = inspect_sidecar(path, record.n_tokens, kind)
+        persists = target.catalog.build_persists_checkpoints(target.build)
+        cause = None
+        if report.status in (SidecarStatus.MISSING, SidecarStatus.INVALID):
+            cause = f"sidecar {report.status.value}: {report.reason}"
+        elif target.ctx_checkpoints == 0:
+            cause = "this server runs with --ctx-checkpoints 0, so it does not load the sidecar"
+        elif persists is False:
+            cause = (f"this build ({target.build}) never wrote a checkpoint sidecar when it parked a "
+                     "sliding-window/hybrid slot, so it will not read one either")
+        if cause:
+            pf.reprefill_tokens = record.n_tokens
+            rate = target.catalog.prefill_rate(target.profile_name)
+            if rate:
+                pf.reprefill_seconds = record.n_tokens / rate
+                est = (f"about {_fmt_seconds(pf.reprefill_seconds)} at this server's measured prefill rate "
+                       f"of {rate:,.0f} tokens/s")
+            else:
+                est = "no prefill rate measured on this server yet"
+            pf.warnings.append(f"{cause}; the first query will re-prefill about {record.n_tokens:,} tokens ({est})")
+    return pf
+
+
+def _first_empty_slot(target: ServerTarget, slots: list[dict]) -> int | None:
+    for i, s in enumerate(slots):
+        if slot_tokens(target, s) <= 0 and not s.get("is_processing"):
+            return int(s.get("id", i))
+    return None
+
+
+async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
+                         force: bool = False) -> ResumeResult:
+    """Restore session ``name`` into ``slot_id`` (None: the first empty slot).
+
+    Raises ResumeRefused (cannot work), ResumeNeedsConfirmation (would work, with
+    costs: pass force=True), ResumeFailed (the server refused the restore).
+    """
+    record = find_session(target.catalog, target.profile_name, name)
+    label = f"Resume '{name}'" + (f" into slot {slot_id}" if slot_id is not None else "")
+    return await target.queue.run(label, lambda: _resume(target, record, slot_id, force))
+
+
+async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool) -> ResumeResult:
+    slots = await fetch_slots(target)
+    if slot_id is None:
+        slot_id = _first_empty_slot(target, slots)
+        if slot_id is None:
+            raise ResumeRefused([f"no empty slot ({slot_ids_text(slots)} all hold tokens): "
+                                 "choose one with --slot N"])
+    pf = await preflight(target, record, slot_id, slots=slots)
+    if pf.refusals:
+        raise ResumeRefused(pf.refusals)
+    if pf.warnings and not force:
+        raise ResumeNeedsConfirmation(pf.warnings, pf)
+    id_task_before = (pf.slot or {}).get("id_task")
+    try:
+        resp = await target.client.restore_slot(slot_id, record.state_file)
+    except ServerError as e:
+        target.restored.pop(slot_id, None)
+        raise ResumeFailed(f"the server refused to restore '{record.name}' into slot {slot_id}: "
+                           f"{e.message} (the slot is now empty)") from None
+    except ServerUnreachable as e:
+        raise ResumeFailed(f"the server stopped answering during the restore ({e.reason})") from None
+    n_restored = int(resp.get("n_restored") or 0)
+    restore_ms = float((resp.get("timings") or {}).get("restore_ms") or 0.0)
+    warnings = list(pf.warnings)
+    if record.n_tokens and n_restored != record.n_tokens:
+        warnings.append(f"the server restored {n_restored:,} tokens, {record.n_tokens:,} were parked")
+    now = time.time()
+    if record.id is not None:
+        target.catalog.update_restore(record.id, restore_ms, n_restored, now)
+        target.catalog.add_event(HistoryEvent(
+            session_id=record.id, kind="resume", at=now, server_build=target.build, restore_ms=restore_ms,
+            details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
+                     "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}))
+    target.restored[slot_id] = (n_restored, record.name, id_task_before)
+    return ResumeResult(record, slot_id, n_restored, restore_ms, warnings)
+
+
+async def follow_up(target: ServerTarget, slot_id: int, text_or_tokens: str | list[int],
+                    n_predict: int = 4) -> dict:
+    """Send a completion on ``slot_id`` reusing its cache and return what it cost.
+
+    ``cache_n`` ≈ the restored tokens and a small ``prompt_n`` mean the resume
+    worked; ``cache_n`` 0 and ``prompt_n`` = the whole prompt mean it re-prefilled.
+    The prefill is kept as a sample of this server's prefill rate.
+    """
+    result = await target.client.completion(text_or_tokens, slot_id=slot_id, n_predict=n_predict,
+                                            cache_prompt=True)
+    t = result.get("timings") or {}
+    out = {"cache_n": int(t.get("cache_n") or 0), "prompt_n": int(t.get("prompt_n") or 0),
+           "prompt_ms": float(t.get("prompt_ms") or 0.0), "content": result.get("content", ""),
+           "timings": t, "id_slot": result.get("id_slot", slot_id)}
+    target.catalog.record_prefill(target.profile_name, out["prompt_n"], out["prompt_ms"])
+    return out

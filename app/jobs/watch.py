@@ -1,0 +1,293 @@
+"""Judge the first query after a restore, whoever sends it.
+
+A chat client usually sends the follow-up, not KV Valet, so the app learns how
+the resume went from the server log (``-lv 4``, trace level, in build 11434):
+
+    restored 4 context checkpoints from sidecar              (at the restore)
+    new prompt, ..., task.n_tokens = 2885                    (the prompt length)
+    forcing full prompt re-processing due to lack of ...     (discarded), or
+    restored context checkpoint (... n_past = 2880 ...)      (rolled back to a checkpoint)
+    cached n_tokens = 2880, memory_seq_rm [2880, end)        (first one = reused tokens)
+    prompt eval time = 78.42 ms / 5 tokens                   (the figures; verdict here)
+    release: ... stop processing: n_tokens = 2892            (end of task)
+
+:class:`ResumeWatcher` is fed parsed events (hook :meth:`feed` to
+``Supervisor.on_line``) and calls ``on_verdict(slot_id, session_name, verdict)``
+once per registered restore. :func:`judge_from_completion` does the same from a
+``/completion`` response when the app sent the query itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from app.jobs.verdict import Verdict, judge
+from app.server.logparse import Kind, LogEvent, parse_line
+from app.server.supervisor import LogBuffer, LogLine
+
+log = logging.getLogger(__name__)
+
+VerdictCallback = Callable[[int, "str | None", Verdict], None]
+
+_CACHED = re.compile(r"cached n_tokens =\s*(\d+)")
+
+
+@dataclass
+class Expectation:
+    slot_id: int
+    n_restored: int
+    session_name: str | None
+    sidecar_status: object = None
+    build_persists: bool | None = None
+    ctx_checkpoints: int | None = 32
+    saved_tokens: list[int] | None = None
+    sidecar_count: int | None = None
+    # what the log said so far
+    sidecar_loaded: int | None = None
+    task: int | None = None
+    n_tokens: int | None = None
+    full_reprocess: bool = False
+    checkpoint: dict | None = None
+    cached_first: int | None = None
+    prompt_ms: float | None = None
+    prompt_n: int | None = None
+    events: list[str] = field(default_factory=list)
+
+
+class ResumeWatcher:
+    """Watches the server log for the first task on each slot with a pending restore."""
+
+    def __init__(self, on_verdict: VerdictCallback | None = None, *, log_has_sidecar_lines: bool = True):
+        self._callbacks: list[VerdictCallback] = [on_verdict] if on_verdict else []
+        self._pending: dict[int, Expectation] = {}
+        # "restored N context checkpoints from sidecar" seen on a slot before its
+        # expectation was registered (the line comes during the restore request).
+        self._recent_sidecar: dict[int, int] = {}
+        self.log_has_sidecar_lines = log_has_sidecar_lines
+        self.verdicts: list[tuple[int, str | None, Verdict]] = []
+
+    # -- registration ------------------------------------------------------
+    def on_verdict(self, cb: VerdictCallback) -> None:
+        self._callbacks.append(cb)
+
+    def expect(self, slot_id: int, n_restored: int, session_name: str | None, sidecar_status=None, *,
+               build_persists: bool | None = None, ctx_checkpoints: int | None = 32,
+               saved_tokens: list[int] | None = None, sidecar_count: int | None = None,
+               sidecar_loaded: int | None = None) -> Expectation:
+        """Register a restore of ``n_restored`` tokens into ``slot_id``; the next task
+        on that slot is judged. A sidecar load logged just before is picked up."""
+        exp = Expectation(slot_id, int(n_restored), session_name, sidecar_status, build_persists, ctx_checkpoints,
+                          saved_tokens, sidecar_count)
+        if sidecar_loaded is not None:
+            exp.sidecar_loaded = sidecar_loaded
+        elif slot_id in self._recent_sidecar:
+            exp.sidecar_loaded = self._recent_sidecar.pop(slot_id)
+        self._pending[slot_id] = exp
+        return exp
+
+    def cancel(self, slot_id: int) -> None:
+        self._pending.pop(slot_id, None)
+        self._recent_sidecar.pop(slot_id, None)
+
+    def pending(self) -> dict[int, Expectation]:
+        return dict(self._pending)
+
+    def attach(self, supervisor) -> None:
+        """Feed every line of a Supervisor's log to this watcher."""
+        supervisor.on_line(self.feed)
+
+    # -- events ------------------------------------------------------------
+    def feed_lines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.feed(line)
+
+    def feed(self, item) -> Verdict | None:
+        """Consume a LogEvent, a supervisor LogLine or a raw log line.
+        Returns the verdict when this event completed one."""
+        ev = _as_event(item)
+        if ev is None or ev.slot is None:
+            return None
+        slot = ev.slot
+        if ev.kind == Kind.SIDECAR_RESTORED:
+            count = int(ev.fields.get("count", 0))
+            exp = self._pending.get(slot)
+            if exp is not None and exp.task is None:
+                exp.sidecar_loaded = count
+            else:
+                self._recent_sidecar[slot] = count
+            return None
+        exp = self._pending.get(slot)
+        if exp is None:
+            if ev.kind == Kind.NEW_PROMPT:
+                self._recent_sidecar.pop(slot, None)
+            return None
+        if exp.task is None:
+            if ev.kind == Kind.NEW_PROMPT:
+                exp.task = ev.task
+                exp.n_tokens = ev.fields.get("n_tokens")
+                exp.events.append(ev.line)
+            elif ev.kind in (Kind.PROMPT_EVAL, Kind.RELEASE) and ev.task is not None and ev.task >= 0:
+                # no trace lines: the first task we see is the one
+                exp.task = ev.task
+            else:
+                return None
+        if ev.task is not None and exp.task is not None and ev.task != exp.task:
+            return None
+        if ev.kind == Kind.FULL_REPROCESS:
+            exp.full_reprocess = True
+        elif ev.kind == Kind.CHECKPOINT_RESTORED:
+            exp.checkpoint = dict(ev.fields)
+        elif ev.kind == Kind.RAW and exp.cached_first is None:
+            m = _CACHED.search(ev.text)
+            if m:
+                exp.cached_first = int(m.group(1))
+        if ev.kind in (Kind.FULL_REPROCESS, Kind.CHECKPOINT_RESTORED):
+            exp.events.append(ev.line)
+        if ev.kind == Kind.PROMPT_EVAL:
+            exp.prompt_ms = ev.fields.get("ms")
+            exp.prompt_n = ev.fields.get("n_tokens")
+            exp.events.append(ev.line)
+            return self._finish(exp)
+        if ev.kind == Kind.RELEASE:
+            exp.events.append(ev.line)
+            return self._finish(exp)
+        return None
+
+    def _finish(self, exp: Expectation) -> Verdict:
+        self._pending.pop(exp.slot_id, None)
+        cache_n = None
+        total = exp.n_tokens
+        if total is not None and exp.prompt_n is not None:
+            cache_n = max(0, total - exp.prompt_n)
+        elif exp.cached_first is not None:
+            cache_n = exp.cached_first
+        prompt_n = exp.prompt_n
+        if prompt_n is None and total is not None and cache_n is not None:
+            prompt_n = total - cache_n
+        common = None
+        v = judge(exp.n_restored, total, cache_n, prompt_n, sidecar_status=exp.sidecar_status,
+                  sidecar_loaded_count=exp.sidecar_loaded if exp.sidecar_loaded is not None
+                  else (0 if self.log_has_sidecar_lines and exp.n_tokens is not None else None),
+                  build_persists=exp.build_persists, ctx_checkpoints=exp.ctx_checkpoints,
+                  full_reprocess_logged=exp.full_reprocess, checkpoint_restored=exp.checkpoint,
+                  common_prefix=common, prompt_ms=exp.prompt_ms, sidecar_count=exp.sidecar_count)
+        self.verdicts.append((exp.slot_id, exp.session_name, v))
+        for cb in list(self._callbacks):
+            try:
+                cb(exp.slot_id, exp.session_name, v)
+            except Exception:  # an observer must never break log handling
+                log.exception("verdict observer failed")
+        return v
+
+
+def _as_event(item) -> LogEvent | None:
+    if isinstance(item, LogEvent):
+        return item
+    if isinstance(item, str):
+        return parse_line(item)
+    ev = getattr(item, "event", None)
+    return ev if isinstance(ev, LogEvent) else None
+
+
+def scan_events(events: Iterable) -> dict:
+    """What the log says about one query after a restore: sidecar loads, a forced
+    full re-processing, the checkpoint used. For the app's own probes."""
+    out = {"sidecar_loaded": None, "full_reprocess": False, "checkpoint": None, "prompt_eval": None}
+    for item in events:
+        ev = _as_event(item)
+        if ev is None:
+            continue
+        if ev.kind == Kind.SIDECAR_RESTORED:
+            out["sidecar_loaded"] = int(ev.fields.get("count", 0))
+        elif ev.kind == Kind.FULL_REPROCESS:
+            out["full_reprocess"] = True
+        elif ev.kind == Kind.CHECKPOINT_RESTORED:
+            out["checkpoint"] = dict(ev.fields)
+        elif ev.kind == Kind.PROMPT_EVAL:
+            out["prompt_eval"] = dict(ev.fields)
+    return out
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def judge_from_completion(n_restored: int, response: dict, *, sidecar_status=None,
+                          sidecar_loaded_count: int | None = None, build_persists: bool | None = None,
+                          ctx_checkpoints: int | None = 32, log_events: Iterable | None = None,
+                          saved_tokens: list[int] | None = None, prompt_tokens: list[int] | None = None,
+                          sidecar_count: int | None = None) -> Verdict:
+    """Judge the app's own first query from its ``/completion`` response timings
+    (plus the server log lines of that query, when the app has them)."""
+    t = response.get("timings") or {}
+    cache_n = t.get("cache_n")
+    prompt_n = t.get("prompt_n")
+    total = response.get("tokens_evaluated")
+    if total is None and cache_n is not None and prompt_n is not None:
+        total = cache_n + prompt_n
+    scan = scan_events(log_events) if log_events is not None else None
+    loaded = sidecar_loaded_count
+    full = False
+    checkpoint = None
+    if scan is not None:
+        if loaded is None:
+            loaded = scan["sidecar_loaded"]
+        full = scan["full_reprocess"]
+        checkpoint = scan["checkpoint"]
+    common = None
+    if saved_tokens is not None and prompt_tokens is not None:
+        common = common_prefix(saved_tokens, prompt_tokens)
+    return judge(n_restored, total, cache_n, prompt_n, sidecar_status=sidecar_status,
+                 sidecar_loaded_count=loaded, build_persists=build_persists, ctx_checkpoints=ctx_checkpoints,
+                 full_reprocess_logged=full, checkpoint_restored=checkpoint, common_prefix=common,
+                 prompt_ms=t.get("prompt_ms"), sidecar_count=sidecar_count)
+
+
+class FileLogBuffer(LogBuffer):
+    """A LogBuffer fed from a server log file (attach mode: the server was started
+    elsewhere with its log redirected to a file). New lines are read on
+    :meth:`poll` and on every :meth:`since`."""
+
+    def __init__(self, path: str | Path, capacity: int = 20000, *, from_start: bool = False,
+                 on_line: Callable[[LogLine], None] | None = None):
+        super().__init__(capacity)
+        self.path = Path(path)
+        self._partial = b""
+        self._on_line = on_line
+        try:
+            self._pos = 0 if from_start else self.path.stat().st_size
+        except OSError:
+            self._pos = 0
+
+    def poll(self) -> int:
+        """Read what was appended since the last poll; returns the number of new lines."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._pos)
+                data = f.read()
+        except OSError:
+            return 0
+        if not data:
+            return 0
+        self._pos += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            item = self.append(raw.decode("utf-8", errors="replace"))
+            if self._on_line is not None:
+                self._on_line(item)
+        return len(lines)
+
+    def since(self, seq: int) -> list[LogLine]:
+        self.poll()
+        return super().since(seq)

@@ -1,0 +1,422 @@
+"""Check resume / A-B results: a table, two small QPainter charts and exports.
+
+* :class:`ABChart`: one horizontal bar per run (probe or A/B arm), restore time
+  then first-query prompt time stacked, so the bar length is the end-to-end
+  resume cost; ratio labels underneath.
+* :class:`HistoryChart`: restore ms and first-query ms of a session over time,
+  points coloured by verdict.
+* :class:`CheckDialog`: the report's table, verdict and chart, with Export
+  buttons (Markdown, CSV, JSON, PNG).
+* :func:`export_png`: the chart of a report rendered offscreen to a PNG file.
+
+No QtCharts: the Essentials wheel does not ship it, and two charts do not need it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
+from PySide6.QtWidgets import (QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton,
+                               QSizePolicy, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.jobs.check import ABReport, CheckReport, ProbeRow, ratios, to_csv, to_json, to_markdown
+
+VERDICT_COLORS = {
+    "HIT": QColor("#2e7d32"),
+    "PARTIAL": QColor("#f9a825"),
+    "DISCARDED": QColor("#c62828"),
+    "UNKNOWN": QColor("#757575"),
+}
+RESTORE_COLOR = QColor("#90caf9")
+PROMPT_COLOR = QColor("#1565c0")
+GRID_COLOR = QColor("#e0e0e0")
+TEXT_COLOR = QColor("#212121")
+BACKGROUND = QColor("#ffffff")
+
+COLUMNS = ["run", "restore ms", "prompt ms", "prompt_n", "cache_n", "TTFT ms", "checkpoints", "verdict"]
+
+
+def verdict_color(kind) -> QColor:
+    return VERDICT_COLORS.get(getattr(kind, "value", kind) or "UNKNOWN", VERDICT_COLORS["UNKNOWN"])
+
+
+def fmt_ms(x: float | None) -> str:
+    if x is None:
+        return "–"
+    if x >= 10000:
+        return f"{x / 1000:,.1f} s"
+    return f"{x:,.1f} ms" if x < 100 else f"{x:,.0f} ms"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:,.1f}×"
+
+
+def _rows_of(report) -> list[ProbeRow]:
+    if report is None:
+        return []
+    if isinstance(report, ABReport):
+        return list(report.rows)
+    return list(report.probes) + (list(report.ab.rows) if report.ab else [])
+
+
+def _ab_of(report) -> ABReport | None:
+    if isinstance(report, ABReport):
+        return report
+    return report.ab if isinstance(report, CheckReport) else None
+
+
+# --------------------------------------------------------------------------- A/B chart
+
+class ABChart(QWidget):
+    """Restore + first-query prompt time per run, as stacked horizontal bars."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._report = None
+        self.show_ratios = True  # off where the ratios are shown next to the chart
+        self.setMinimumSize(480, 200)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
+
+    def set_report(self, report) -> None:
+        self._report = report
+        rows = len(_rows_of(report))
+        self.setMinimumHeight(80 + 40 * max(1, rows))
+        self.update()
+
+    def ratio_text(self) -> str:
+        ab = _ab_of(self._report)
+        if ab is None:
+            return ""
+        r = ratios(ab)
+        parts = [f"delta prefill {fmt_ratio(r['delta_prefill_speedup'])}",
+                 f"end-to-end resume {fmt_ratio(r['end_to_end_speedup'])}"]
+        if r["baseline_speedup"] is not None:
+            parts.append(f"vs full prefill {fmt_ratio(r['baseline_speedup'])}")
+        text = "sidecar speed-up: " + " · ".join(parts)
+        if ab.note and not ab.had_sidecar:
+            text += f"  ({ab.note})"
+        return text
+
+    def paintEvent(self, _event) -> None:
+        p = QPainter(self)
+        try:
+            p.setRenderHint(QPainter.Antialiasing)
+            self.paint(p, QRectF(self.rect()))
+        finally:
+            p.end()
+
+    def paint(self, p: QPainter, area: QRectF) -> None:
+        p.fillRect(area, BACKGROUND)
+        rows = _rows_of(self._report)
+        font = QFont(self.font())
+        font.setPointSizeF(max(8.0, font.pointSizeF()))
+        p.setFont(font)
+        fm = QFontMetrics(font)
+        if not rows:
+            p.setPen(QColor("#9e9e9e"))
+            p.drawText(area, Qt.AlignCenter, "no check results yet")
+            return
+        label_w = max(fm.horizontalAdvance(r.name) for r in rows) + 16
+        value_w = fm.horizontalAdvance("restore 99,999 ms + prompt 99.9 s") + 12
+        top, bottom = area.top() + 28, area.bottom() - 34
+        left = area.left() + label_w
+        right = max(left + 60, area.right() - value_w)
+        vmax = max(((r.restore_ms or 0) + (r.prompt_ms or 0)) for r in rows) or 1.0
+        # title and legend
+        p.setPen(TEXT_COLOR)
+        p.drawText(QRectF(area.left() + 8, area.top() + 4, area.width() - 16, 20), Qt.AlignLeft | Qt.AlignVCenter,
+                   "restore + first-query prompt time")
+        lx = area.right() - 190
+        for color, name in ((RESTORE_COLOR, "restore"), (PROMPT_COLOR, "prompt")):
+            p.fillRect(QRectF(lx, area.top() + 9, 10, 10), color)
+            p.setPen(TEXT_COLOR)
+            p.drawText(QPointF(lx + 14, area.top() + 18), name)
+            lx += 90
+        # grid
+        p.setPen(QPen(GRID_COLOR, 1))
+        for i in range(5):
+            x = left + (right - left) * i / 4
+            p.drawLine(QPointF(x, top), QPointF(x, bottom))
+        slot_h = (bottom - top) / len(rows)
+        bar_h = min(24.0, slot_h * 0.6)
+        for i, r in enumerate(rows):
+            cy = top + slot_h * (i + 0.5)
+            y = cy - bar_h / 2
+            p.setPen(TEXT_COLOR)
+            p.drawText(QRectF(area.left() + 4, y, label_w - 12, bar_h), Qt.AlignRight | Qt.AlignVCenter, r.name)
+            scale = (right - left) / vmax
+            rw = max(0.0, (r.restore_ms or 0) * scale)
+            pw = max(0.0, (r.prompt_ms or 0) * scale)
+            if r.restore_ms:
+                p.fillRect(QRectF(left, y, max(1.5, rw), bar_h), RESTORE_COLOR)
+            if r.prompt_ms is not None:
+                p.fillRect(QRectF(left + rw, y, max(1.5, pw), bar_h), PROMPT_COLOR)
+            # verdict marker
+            p.fillRect(QRectF(area.left() + 2, y, 4, bar_h), verdict_color(r.verdict.kind))
+            p.setPen(TEXT_COLOR)
+            label = (f"restore {fmt_ms(r.restore_ms)} + prompt {fmt_ms(r.prompt_ms)}" if r.restore_ms is not None
+                     else f"prompt {fmt_ms(r.prompt_ms)}")
+            p.drawText(QRectF(left + rw + pw + 6, y, value_w + 200, bar_h), Qt.AlignLeft | Qt.AlignVCenter, label)
+        text = self.ratio_text() if self.show_ratios else ""
+        if text:
+            bold = QFont(font)
+            bold.setBold(True)
+            p.setFont(bold)
+            p.setPen(TEXT_COLOR)
+            p.drawText(QRectF(area.left() + 8, bottom + 6, area.width() - 16, 24), Qt.AlignLeft | Qt.AlignVCenter,
+                       text)
+
+
+# --------------------------------------------------------------------------- history chart
+
+class HistoryChart(QWidget):
+    """Restore ms and first-query ms of one session over time (log scale)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._events: list = []
+        self.setMinimumSize(420, 180)
+
+    def set_events(self, events) -> None:
+        self._events = [e for e in events if e.restore_ms is not None or e.prompt_ms is not None]
+        self._events.sort(key=lambda e: (e.at or 0.0))
+        self.update()
+
+    def points(self) -> list[tuple[float, float | None, float | None, str]]:
+        return [(e.at, e.restore_ms, e.ttft_ms if e.ttft_ms is not None else e.prompt_ms, e.verdict or "UNKNOWN")
+                for e in self._events]
+
+    def paintEvent(self, _event) -> None:
+        p = QPainter(self)
+        try:
+            p.setRenderHint(QPainter.Antialiasing)
+            self.paint(p, QRectF(self.rect()))
+        finally:
+            p.end()
+
+    def paint(self, p: QPainter, area: QRectF) -> None:
+        p.fillRect(area, BACKGROUND)
+        pts = self.points()
+        if not pts:
+            p.setPen(QColor("#9e9e9e"))
+            p.drawText(area, Qt.AlignCenter, "no resumes or checks yet")
+            return
+        left, right = area.left() + 56, area.right() - 12
+        top, bottom = area.top() + 26, area.bottom() - 24
+        values = [v for _, r, q, _ in pts for v in (r, q) if v is not None and v > 0] or [1.0]
+        lo = 10 ** math.floor(math.log10(min(values)))
+        hi = 10 ** math.ceil(math.log10(max(values)))
+        if hi <= lo:
+            hi = lo * 10
+
+        def y_of(v: float) -> float:
+            v = max(v, lo)
+            return bottom - (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (bottom - top)
+
+        def x_of(i: int) -> float:
+            return left + (right - left) * (i / (len(pts) - 1) if len(pts) > 1 else 0.5)
+
+        p.setPen(TEXT_COLOR)
+        p.drawText(QRectF(area.left() + 8, area.top() + 2, area.width(), 20), Qt.AlignLeft | Qt.AlignVCenter,
+                   "restore ms (blue) and first query ms (dots: verdict) over time")
+        decade = lo
+        while decade <= hi * 1.0001:
+            y = y_of(decade)
+            p.setPen(QPen(GRID_COLOR, 1))
+            p.drawLine(QPointF(left, y), QPointF(right, y))
+            p.setPen(QColor("#616161"))
+            p.drawText(QRectF(area.left(), y - 8, 52, 16), Qt.AlignRight | Qt.AlignVCenter, fmt_ms(decade))
+            decade *= 10
+        for idx, series in ((1, RESTORE_COLOR), (2, QColor("#9e9e9e"))):
+            p.setPen(QPen(series, 1.5))
+            prev = None
+            for i, pt in enumerate(pts):
+                v = pt[idx]
+                if v is None:
+                    prev = None
+                    continue
+                cur = QPointF(x_of(i), y_of(v))
+                if prev is not None:
+                    p.drawLine(prev, cur)
+                prev = cur
+        for i, (_at, restore, query, verdict) in enumerate(pts):
+            if restore is not None:
+                p.setPen(Qt.NoPen)
+                p.setBrush(RESTORE_COLOR)
+                p.drawEllipse(QPointF(x_of(i), y_of(restore)), 3, 3)
+            if query is not None:
+                p.setPen(QPen(QColor("#ffffff"), 1))
+                p.setBrush(verdict_color(verdict))
+                p.drawEllipse(QPointF(x_of(i), y_of(query)), 5, 5)
+        p.setPen(QColor("#616161"))
+        first, last = pts[0][0], pts[-1][0]
+        p.drawText(QRectF(left - 30, bottom + 4, 140, 18), Qt.AlignLeft,
+                   time.strftime("%Y-%m-%d %H:%M", time.localtime(first)))
+        if len(pts) > 1:
+            p.drawText(QRectF(right - 140, bottom + 4, 140, 18), Qt.AlignRight,
+                       time.strftime("%Y-%m-%d %H:%M", time.localtime(last)))
+
+
+# --------------------------------------------------------------------------- dialog
+
+def _cell(text: str, align=Qt.AlignRight | Qt.AlignVCenter) -> QTableWidgetItem:
+    item = QTableWidgetItem(text)
+    item.setTextAlignment(align)
+    item.setFlags(item.flags() & ~Qt.ItemIsEditable)
+    return item
+
+
+def _num(x) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.1f}" if isinstance(x, float) else f"{x:,}"
+
+
+class CheckDialog(QDialog):
+    """The result of a check (and A/B): table, verdict, chart, exports."""
+
+    def __init__(self, report: CheckReport | ABReport, parent=None, *, history=None):
+        super().__init__(parent)
+        self.report = report
+        self.setWindowTitle(f"Check resume: {report.session}")
+        self.resize(860, 620)
+        lay = QVBoxLayout(self)
+
+        kind, reason = self._verdict()
+        self.verdict_label = QLabel()
+        self.verdict_label.setWordWrap(True)
+        self.verdict_label.setTextFormat(Qt.RichText)
+        color = verdict_color(kind).name()
+        self.verdict_label.setText(f"<span style='font-size:15pt;font-weight:600;color:{color}'>{kind}</span>"
+                                   f"<br>{_escape(reason)}")
+        lay.addWidget(self.verdict_label)
+
+        self.summary_label = QLabel(self._summary())
+        self.summary_label.setWordWrap(True)
+        self.summary_label.setStyleSheet("color:#616161")
+        lay.addWidget(self.summary_label)
+
+        rows = _rows_of(report)
+        self.table = QTableWidget(len(rows), len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        for i, r in enumerate(rows):
+            vals = [r.name, _num(r.restore_ms), _num(r.prompt_ms), _num(r.prompt_n), _num(r.cache_n),
+                    _num(r.ttft_ms), _num(r.checkpoints_loaded), r.verdict.kind.value]
+            for j, v in enumerate(vals):
+                item = _cell(v, Qt.AlignLeft | Qt.AlignVCenter if j in (0, 7) else Qt.AlignRight | Qt.AlignVCenter)
+                item.setToolTip(r.verdict.reason)
+                if j == 7:
+                    item.setForeground(verdict_color(r.verdict.kind))
+                self.table.setItem(i, j, item)
+        self.table.resizeRowsToContents()
+        height = self.table.horizontalHeader().sizeHint().height() + 4
+        height += sum(self.table.rowHeight(i) for i in range(len(rows)))
+        self.table.setFixedHeight(height)
+        lay.addWidget(self.table)
+
+        self.reasons_label = QLabel("<br>".join(f"<b>{_escape(r.name)}</b>: {_escape(r.verdict.reason)}"
+                                                for r in rows))
+        self.reasons_label.setWordWrap(True)
+        self.reasons_label.setTextFormat(Qt.RichText)
+        lay.addWidget(self.reasons_label)
+
+        self.chart = ABChart()
+        self.chart.show_ratios = False
+        self.chart.set_report(report)
+        lay.addWidget(self.chart, 1)
+        self.ratio_label = QLabel(self.chart.ratio_text())
+        self.ratio_label.setStyleSheet("font-weight:600")
+        self.ratio_label.setWordWrap(True)
+        lay.addWidget(self.ratio_label)
+
+        self.history_chart = None
+        if history:
+            self.history_chart = HistoryChart()
+            self.history_chart.set_events(history)
+            lay.addWidget(self.history_chart, 1)
+
+        buttons = QHBoxLayout()
+        self.status_label = QLabel("")
+        self.status_label.setStyleSheet("color:#616161")
+        buttons.addWidget(self.status_label, 1)
+        self.buttons = {}
+        for key, text in (("md", "Export Markdown…"), ("csv", "Export CSV…"), ("json", "Export JSON…"),
+                          ("png", "Export PNG…")):
+            b = QPushButton(text)
+            b.clicked.connect(lambda _=False, k=key: self.export(k))
+            buttons.addWidget(b)
+            self.buttons[key] = b
+        close = QPushButton("Close")
+        close.clicked.connect(self.accept)
+        buttons.addWidget(close)
+        lay.addLayout(buttons)
+
+    def _verdict(self) -> tuple[str, str]:
+        if isinstance(self.report, CheckReport):
+            return self.report.verdict.kind.value, self.report.verdict.reason
+        first = self.report.rows[0] if self.report.rows else None
+        if first is None:
+            return "UNKNOWN", "no runs"
+        return first.verdict.kind.value, f"{first.name}: {first.verdict.reason}"
+
+    def _summary(self) -> str:
+        r = self.report
+        text = (f"{r.session} · profile {r.profile} · build {r.build} · slot {r.slot_id} · "
+                f"{r.n_restored:,} tokens restored · sidecar {r.sidecar_status} ({r.sidecar_count} checkpoints)")
+        ab = _ab_of(r)
+        if ab is not None and ab.note:
+            text += f" · {ab.note}"
+        return text
+
+    # -- exports
+    def export(self, kind: str, path: str | Path | None = None) -> Path | None:
+        """Write the report (or the chart, for "png") to ``path``; asks when None."""
+        suffix = {"md": ".md", "csv": ".csv", "json": ".json", "png": ".png"}[kind]
+        if path is None:
+            default = f"kv-valet-check-{_safe(self.report.session)}{suffix}"
+            chosen, _ = QFileDialog.getSaveFileName(self, "Export", default, f"*{suffix}")
+            if not chosen:
+                return None
+            path = chosen
+        path = Path(path)
+        if kind == "png":
+            self.chart.show_ratios = True
+            try:
+                ok = self.chart.grab().save(str(path), "PNG")
+            finally:
+                self.chart.show_ratios = False
+            if not ok:
+                self.status_label.setText(f"could not write {path}")
+                return None
+        else:
+            writer = {"md": to_markdown, "csv": to_csv, "json": to_json}[kind]
+            path.write_text(writer(self.report), encoding="utf-8")
+        self.status_label.setText(f"saved {path.name}")
+        return path
+
+
+def export_png(report: CheckReport | ABReport, path: str | Path, size: tuple[int, int] = (760, 0)) -> bool:
+    """Render the report's chart offscreen to ``path`` (needs a QApplication)."""
+    if QApplication.instance() is None:
+        raise RuntimeError("export_png needs a QApplication")
+    chart = ABChart()
+    chart.set_report(report)
+    height = size[1] or max(chart.minimumHeight(), 220)
+    chart.resize(size[0], height)
+    return chart.grab().save(str(path), "PNG")
+
+
+def _escape(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name) or "session"

