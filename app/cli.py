@@ -43,9 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="one JSON object")
     st.add_argument("--api-key", default=None, help="API key (default: $LLAMA_API_KEY or the profile's)")
 
+    from app.cli_check import add_check_command
     from app.cli_sessions import add_session_commands
 
     add_session_commands(sub)
+    add_check_command(sub)
     return p
 
 
@@ -65,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(cmd_serve(args))
         if args.command == "status":
             return asyncio.run(cmd_status(args))
+        if args.command == "check":
+            from app.cli_check import run_check
+
+            return run_check(args)
         from app.cli_sessions import run_session_command
 
         return run_session_command(args)

@@ -9,7 +9,6 @@ server from the window's own Start path.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -76,14 +75,7 @@ def run_gui() -> int:
     signal.signal(signal.SIGINT, lambda *_: window.close())
     with loop:
         loop.run_until_complete(_until_closed(window))
-    # PySide6 6.12 can abort while the interpreter tears down Qt objects at exit
-    # ("bool_dealloc: deallocating True or False", a refcount bug in the
-    # bindings). Everything is stopped and saved by now: flush and leave
-    # without running the finalizers.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(result["code"])
+    return result["code"]
 
 
 async def _until_closed(window) -> None:

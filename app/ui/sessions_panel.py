@@ -175,6 +175,11 @@ class SessionsPanel(QWidget):
         self.resume_button.setToolTip("Load the selected session into the chosen slot (default: an empty one).")
         self.check_button = QPushButton("Check resume…")
         self.check_button.setToolTip("Resume and send a probe to measure whether the prefill was skipped.")
+        self.ab_button = QPushButton("A/B check…")
+        self.ab_button.setToolTip("Resume the same state file with its sidecar and with the sidecar hidden, and "
+                                  "compare the first query's prompt time (the seeds' proof table).")
+        self.history_button = QPushButton("History…")
+        self.history_button.setToolTip("Every resume, check and A/B run of this session over time.")
         self.rename_button = QPushButton("Rename…")
         self.delete_button = QPushButton("Delete")
         self.folder_button = QPushButton("Show in folder")
@@ -200,8 +205,8 @@ class SessionsPanel(QWidget):
         for b in (self.park_button, self.park_all_button, self.park_stop_button):
             top.addWidget(b)
         row2 = QHBoxLayout()
-        for b in (self.resume_button, self.check_button, self.rename_button, self.delete_button,
-                  self.folder_button, self.resume_all_button):
+        for b in (self.resume_button, self.check_button, self.ab_button, self.history_button, self.rename_button,
+                  self.delete_button, self.folder_button, self.resume_all_button):
             row2.addWidget(b)
         row2.addStretch(1)
         row2.addWidget(self.queue_label)
@@ -217,7 +222,9 @@ class SessionsPanel(QWidget):
         self.park_all_button.clicked.connect(lambda: self.spawn(self.park_all()))
         self.park_stop_button.clicked.connect(lambda: self.spawn(self.park_all_and_stop()))
         self.resume_button.clicked.connect(self._on_resume)
-        self.check_button.clicked.connect(self._on_check)
+        self.check_button.clicked.connect(lambda: self._on_check(ab=False))
+        self.ab_button.clicked.connect(lambda: self._on_check(ab=True))
+        self.history_button.clicked.connect(self._on_history)
         self.rename_button.clicked.connect(self._on_rename)
         self.delete_button.clicked.connect(self._on_delete)
         self.folder_button.clicked.connect(self._on_folder)
@@ -353,7 +360,7 @@ class SessionsPanel(QWidget):
 
     def _set_connected(self, on: bool) -> None:
         for b in (self.park_button, self.park_all_button, self.park_stop_button, self.resume_button,
-                  self.check_button, self.slot, self.name):
+                  self.check_button, self.ab_button, self.slot, self.name):
             b.setEnabled(on)
         self.park_stop_button.setEnabled(on and bool(self.controller and self.controller.owned))
         if not on:
@@ -517,16 +524,78 @@ class SessionsPanel(QWidget):
         self._say(f"Slot {slot_id} ('{session}'): {verdict.kind.value} — {verdict.reason}",
                   ok=verdict.kind.value != "DISCARDED", label="verdict")
 
-    def _on_check(self) -> None:
+    def _on_check(self, ab: bool = False) -> None:
         rec = self.selected()
         if rec is None or self.target is None:
             self._say("Select a session to check.", ok=False)
             return
+        self.spawn(self.check(rec.name, self.slot.currentData(), ab=ab))
+
+    async def _check_slot(self, slot_id: int | None) -> int | None:
+        """The slot a check restores into: the chosen one, else the first empty one."""
+        slots = await self.target.client.slots()
+        if slot_id is None:
+            empty = [s["id"] for s in slots if not s.get("n_prompt_tokens") and s["id"] not in self.target.restored]
+            if not empty:
+                self._say("Check: every slot holds tokens; choose the slot to use (its tokens will be replaced).",
+                          ok=False)
+                return None
+            return empty[0]
+        held = next((s.get("n_prompt_tokens") for s in slots if s["id"] == slot_id), None)
+        if held and not self.confirm("Check resume", f"Slot {slot_id} holds {held:,} tokens; the check restores "
+                                                     "the session over them. Go on?"):
+            return None
+        return slot_id
+
+    async def check(self, name: str, slot_id: int | None = None, *, ab: bool = False, baseline: bool = False):
+        """'Check resume' (two probes) or the A/B with the sidecar hidden; shows the report."""
+        from app.jobs.check import CheckError, ab_check, check_resume
         from app.ui.check_view import CheckDialog
 
-        slot = self.slot.currentData()
-        dlg = CheckDialog(self.target, rec, slot, parent=self)
-        dlg.finished.connect(lambda _r: self.refresh())
+        rec = self.catalog.get(self.target.profile_name, name) if self.target else None
+        if rec is None:
+            self._say(f"No session named '{name}' here.", ok=False)
+            return None
+        slot = await self._check_slot(slot_id)
+        if slot is None:
+            return None
+        label = ("A/B check" if ab else "Check resume") + f" of '{name}' in slot {slot}"
+        self._say(f"{label}: running… (a re-prefill of {rec.n_tokens:,} tokens can take a while)", label=label)
+        try:
+            report = await (ab_check(self.target, rec, slot, baseline=baseline) if ab
+                            else check_resume(self.target, rec, slot))
+        except CheckError as e:
+            self._say(f"{label}: {e}", ok=False, label=label)
+            return None
+        self.refresh()
+        self.sig_changed.emit()
+        verdict = getattr(report, "verdict", None)
+        self._say(f"{label}: done" + (f" — {verdict.kind.value}: {verdict.reason}" if verdict else ""),
+                  ok=True, label=label)
+        rec = self.catalog.get(self.target.profile_name, name)
+        self.report_dialog = CheckDialog(report, self, history=self.catalog.history(rec.id) if rec else None)
+        self.report_dialog.show()
+        await self._fill_slots()
+        return report
+
+    def _on_history(self) -> None:
+        rec = self.selected()
+        if rec is None:
+            return
+        from PySide6.QtWidgets import QDialog
+
+        from app.ui.check_view import HistoryChart
+
+        dlg = QDialog(self)
+        dlg.setWindowTitle(f"Resume history — {rec.name}")
+        chart = HistoryChart(dlg)
+        chart.set_events(self.catalog.history(rec.id))
+        lay = QVBoxLayout(dlg)
+        lay.addWidget(QLabel("Restore time and first-query prompt time of every resume, check and A/B run, "
+                             "coloured by verdict: a regression after a server update shows here."))
+        lay.addWidget(chart, 1)
+        dlg.resize(720, 380)
+        self.history_dialog = dlg
         dlg.show()
 
     def _on_rename(self) -> None:

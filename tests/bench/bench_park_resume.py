@@ -9,9 +9,9 @@ with ~700 tokens, then times (median of ``--runs``, default 20):
 * app resume: ``resume_session`` (preflight: /slots, /props, model identity,
   header, sidecar; restore; catalog) vs ``POST /slots/1?action=restore``.
 
-Model hashing (and the GGUF metadata read, 13 s for Gemma) is excluded: one
-warm-up park runs first, after which the
-SHA-256 comes from the size+mtime cache (model-hashes.json).
+Model hashing and the GGUF metadata read (13 s for Gemma's vocabulary) are
+excluded: one warm-up park runs first, after which both come from their
+size+mtime caches (model-hashes.json, model-kinds.json).
 
     .venv/bin/python tests/bench/bench_park_resume.py [--runs 20]
 """

@@ -98,3 +98,29 @@ def test_refusal_is_shown_not_raised(setup, qloop):
         await w.shutdown()
 
     run(qloop, scenario(), 60)
+
+
+def test_check_and_ab_from_the_panel(setup, qloop):
+    w, panel, profile = setup
+
+    async def scenario():
+        await started(w, panel, profile)
+        await complete(profile, PROMPT, 0)
+        rec = (await panel.park(0, "chat")).record
+        sidecar = rec.state_path.with_name(rec.state_file + ".ckpt")
+        before = sidecar.read_bytes()
+        report = await panel.check("chat", 1)
+        assert report.verdict.kind.value == "HIT"
+        assert panel.report_dialog.isVisible()
+        ab = await panel.check("chat", 1, ab=True)
+        kinds = [r.verdict.kind.value for r in ab.rows]
+        assert kinds[:2] == ["HIT", "DISCARDED"]
+        assert sidecar.read_bytes() == before  # put back byte-identical
+        history = panel.catalog.history(rec.id)
+        assert {e.kind for e in history} >= {"check", "ab"}
+        panel.select("chat")
+        panel._on_history()
+        assert panel.history_dialog.isVisible()
+        await w.shutdown()
+
+    run(qloop, scenario(), 90)

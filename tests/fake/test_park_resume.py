@@ -552,3 +552,33 @@ def test_cli_park_resume_sessions(fake_server, tmp_path, capsys):
 async def _fill(url, slot):
     async with LlamaClient(url) as c:
         await c.completion(PROMPT + f" slot {slot}", slot_id=slot, n_predict=4)
+
+
+def test_cli_park_by_profile_and_resume_all(fake_server, tmp_path, capsys):
+    from urllib.parse import urlparse
+
+    from app.core.profile import LaunchProfile
+    from app.jobs.park_all_stop import write_resume_plan
+    from app.store.profiles import ProfileStore
+
+    model = write_model(tmp_path, dense=True)
+    with fake_server(FAKE_MODEL_KIND="dense") as (url, _):
+        ProfileStore().save(LaunchProfile(name="fk", model=str(model), port=urlparse(url).port,
+                                          slot_save_path=str(tmp_path / "slots") + "/"))
+        run(_fill(url, 0))
+        run(_fill(url, 1))
+        # no pid record: this server was not launched by KV Valet, so it cannot be stopped by it
+        assert cli_main(["park", "fk", "--all", "--name", "x", "--and-stop"]) == 2
+        assert cli_main(["park", "fk", "--all", "--name", "eod"]) == 0
+        out = capsys.readouterr().out
+        assert "as 'eod slot 0'" in out and "as 'eod slot 1'" in out
+        with Catalog(paths.catalog_path()) as cat:
+            recs = cat.list("fk")
+            assert {r.name for r in recs} == {"eod slot 0", "eod slot 1"}
+        write_resume_plan("fk", [park_mod.ParkResult(r, None, [], r.slot_id) for r in recs])
+        assert cli_main(["resume-all", "fk"]) == 0
+        out = capsys.readouterr().out
+        assert "resumed 'eod slot 0' into slot 0" in out and "resumed 'eod slot 1' into slot 1" in out
+        assert load_resume_plan("fk") == []
+    assert cli_main(["park", "fk", "--slot", "0"]) == 1
+    assert "not running" in capsys.readouterr().err
