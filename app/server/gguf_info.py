@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import gguf
+import numpy as np
+
 GGUF_MAGIC = b"GGUF"
 HASH_CHUNK = 1024 * 1024
 
@@ -87,6 +90,39 @@ def classify_memory(architecture: str, keys, n_swa: int | None) -> MemoryKind:
     return MemoryKind.DENSE
 
 
+class _MetadataReader(gguf.GGUFReader):
+    """gguf's own reader, told not to unpack array *contents* item by item.
+
+    ``GGUFReader`` builds a numpy view per element of every metadata array: 12 s
+    for Gemma 3's 262,144-entry vocabulary, for keys KV Valet never reads. Here
+    numeric arrays are one view and string arrays are skipped by walking their
+    lengths; every scalar key is parsed by gguf exactly as before.
+    """
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        gtype = gguf.GGUFValueType(raw_type)
+        if gtype != gguf.GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        offs = orig_offs
+        raw_itype = self._get(offs, np.uint32)
+        offs += int(raw_itype.nbytes)
+        alen = self._get(offs, np.uint64)
+        offs += int(alen.nbytes)
+        itype = gguf.GGUFValueType(raw_itype[0])
+        count = int(alen[0])
+        nptype = self.gguf_scalar_to_np.get(itype)
+        if nptype is not None:
+            values = self._get(offs, nptype, count)
+            return offs + int(values.nbytes) - orig_offs, [raw_itype, alen, values], [2], [gtype, itype]
+        if itype == gguf.GGUFValueType.STRING:
+            data = self.data
+            for _ in range(count):  # u64 length + bytes, per string
+                n = int.from_bytes(data[offs:offs + 8].tobytes(), "little")
+                offs += 8 + n
+            return offs - orig_offs, [raw_itype, alen], [], [gtype, itype]
+        return super()._get_field_parts(orig_offs, raw_type)  # nested arrays: rare, keep gguf's way
+
+
 def read_model_info(path: str | os.PathLike) -> ModelInfo:
     path = Path(path)
     try:
@@ -105,7 +141,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     import gguf  # heavy import, only when a model is actually read
 
     try:
-        reader = gguf.GGUFReader(path, "r")
+        reader = _MetadataReader(path, "r")
     except Exception as exc:
         raise ModelFileError(f"cannot parse GGUF file {path}: {exc}") from None
     try:

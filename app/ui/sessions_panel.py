@@ -317,6 +317,12 @@ class SessionsPanel(QWidget):
         if c.owned and c.supervisor:
             self.watcher.attach(c.supervisor)
         recovered = await asyncio.to_thread(self._recover, target)
+        if target.model_path and Path(target.model_path).is_file():
+            # Hash the model and read its memory kind now, in the background, so the
+            # first Park does not wait for it (GGUFReader takes seconds on a big vocabulary).
+            from app.jobs.park import model_identity
+
+            self.spawn(model_identity(target.model_path))
         await self._fill_slots()
         self._set_connected(True)
         self.refresh()
