@@ -37,7 +37,7 @@ def add_check_command(sub) -> argparse.ArgumentParser:
                    help="the server's log file (-lv 4), to see sidecar loads and forced re-processing")
     p.add_argument("--question", default=None, help="the probe question (default: a short one)")
     p.add_argument("--export", action="append", default=[], metavar="FILE",
-                   help="also write the report to FILE (.md, .csv or .json); may repeat")
+                   help="also write the report to FILE (.md, .csv, .json, or .png for the chart); may repeat")
     p.set_defaults(func=run_check)
     return p
 
@@ -118,9 +118,15 @@ async def _run(args) -> int:
     print(to_json(report) if args.json else to_markdown(report), end="")
     for f in args.export:
         path = Path(f)
+        if path.suffix.lower() == ".png":
+            from app.ui.check_view import export_png  # the window's own chart, drawn offscreen
+
+            if not export_png(report, path):
+                return _err(f"could not write {path}")
+            continue
         writer = {".md": to_markdown, ".csv": to_csv, ".json": to_json}.get(path.suffix.lower())
         if writer is None:
-            return _err(f"cannot export to {path.name}: use .md, .csv or .json")
+            return _err(f"cannot export to {path.name}: use .md, .csv, .json or .png")
         path.write_text(writer(report), encoding="utf-8")
     if report.verdict.kind is VerdictKind.DISCARDED:
         return EXIT_DISCARDED

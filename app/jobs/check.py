@@ -569,7 +569,7 @@ def _md_table(items: list[ProbeRow]) -> list[str]:
         d = row_dict(r)
         out.append(f"| {r.name} | {_fmt(d['restore_ms'])} | {_fmt(d['prompt_ms'])} | {_fmt(d['prompt_n'])} | "
                    f"{_fmt(d['cache_n'])} | {_fmt(d['ttft_ms'])} | {_fmt(d['checkpoints_loaded'])} | "
-                   f"{d['verdict']} |")
+                   f"{'reference' if r.verdict.figures.get('baseline') else d['verdict']} |")
     return out
 
 

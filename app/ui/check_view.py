@@ -404,9 +404,13 @@ class CheckDialog(QDialog):
 
 
 def export_png(report: CheckReport | ABReport, path: str | Path, size: tuple[int, int] = (760, 0)) -> bool:
-    """Render the report's chart offscreen to ``path`` (needs a QApplication)."""
+    """Render the report's chart offscreen to ``path`` (the CLI has no window:
+    an offscreen QApplication is made for it)."""
     if QApplication.instance() is None:
-        raise RuntimeError("export_png needs a QApplication")
+        import os
+
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        export_png._app = QApplication(["kv-valet"])  # kept alive for the process
     chart = ABChart()
     chart.set_report(report)
     height = size[1] or max(chart.minimumHeight(), 220)

@@ -138,7 +138,8 @@ class MainWindow(QMainWindow):
 
     def _on_save_profile(self, profile: LaunchProfile, previous: str) -> None:
         try:
-            self.store.save(profile, previous_name=previous or None)
+            # A new profile (imported, or renamed) never overwrites another one silently.
+            self.store.save(profile, previous_name=previous or None, overwrite=bool(previous))
         except ProfileError as e:
             self.profiles.errors.setText(str(e))
             return

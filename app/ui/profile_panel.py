@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QInputDialog, QLabel,
                                QLineEdit, QListWidget, QMessageBox, QPlainTextEdit, QPushButton, QScrollArea,
                                QSpinBox, QVBoxLayout, QWidget)
 
-from app.core.argv import preview, to_argv
+from app.core.argv import CommandLineError, parse_command_line, preview, to_argv
 from app.core.hazards import hazards
 from app.core.profile import (FLASH_ATTN_VALUES, KNOWN_CACHE_TYPES, SPLIT_MODES, LaunchProfile, exposure_warning,
                               is_loopback, validate)
@@ -60,6 +62,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "extra_args": ("Extra arguments", "Any other llama-server flags, passed as typed (e.g. --jinja --temp 0.6)."),
     "auto_restart": ("Restart after a crash", "Start the server again after a crash, with growing pauses, at "
                                               "most 3 times in 5 minutes."),
+    "resume_on_start": ("Resume parked slots on start", "After 'Park all & stop', resume those sessions into the "
+                                                        "same slots as soon as this profile's server is Ready, "
+                                                        "without asking."),
 }
 
 
@@ -78,6 +83,9 @@ class ProfilePanel(QWidget):
         self.list = QListWidget()
         self.list.setToolTip("Your launch profiles. Each is a file you can also edit by hand.")
         self.list.setMaximumHeight(110)
+        self.import_button = QPushButton("Import command line…")
+        self.import_button.setToolTip("Paste the llama-server command you run today; it becomes a profile.")
+        self.import_button.clicked.connect(self._on_import)
         self.w: dict[str, QWidget] = {}
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.AllNonFixedFieldsGrow)
@@ -125,7 +133,11 @@ class ProfilePanel(QWidget):
             buttons.addWidget(b)
 
         lay = QVBoxLayout(self)
-        lay.addWidget(QLabel("<b>Profiles</b>"))
+        head = QHBoxLayout()
+        head.addWidget(QLabel("<b>Profiles</b>"))
+        head.addStretch(1)
+        head.addWidget(self.import_button)
+        lay.addLayout(head)
         lay.addWidget(self.list)
         lay.addWidget(scroll, 1)
         lay.addWidget(self.errors)
@@ -155,7 +167,7 @@ class ProfilePanel(QWidget):
             box.addItems([UNSET, *items])
             box.currentTextChanged.connect(self._changed)
             return box
-        if name in ("swa_full", "metrics", "auto_restart"):
+        if name in ("swa_full", "metrics", "auto_restart", "resume_on_start"):
             cb = QCheckBox()
             cb.toggled.connect(self._changed)
             return cb
@@ -282,6 +294,28 @@ class ProfilePanel(QWidget):
         argv = to_argv(p, p.server_binary or self._binary, slot_save_path=slot_save_path_for(p),
                        default_verbosity=self._default_verbosity)
         self.preview.setPlainText(preview(argv))
+
+    def _on_import(self) -> None:
+        text, ok = QInputDialog.getMultiLineText(self, "Import a llama-server command line",
+                                                 "Command line (as you type it in a shell):")
+        if ok and text.strip():
+            self.import_command_line(text)
+
+    def import_command_line(self, text: str) -> LaunchProfile | None:
+        """Fill the form from a command line (saved with the Save button)."""
+        import re
+
+        try:
+            p = parse_command_line(text, "imported")
+        except CommandLineError as e:
+            self.errors.setText(f"Import: {e}")
+            return None
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(p.model).name.removesuffix(".gguf")).strip("-.")[:64]
+        p = p.replace(name=stem or "imported")
+        self._current_name = None
+        self.list.clearSelection()
+        self.load(p)
+        return p
 
     def _confirm_exposure(self, p: LaunchProfile) -> LaunchProfile | None:
         if is_loopback(p.host) or p.has_api_key or p.expose_acknowledged:

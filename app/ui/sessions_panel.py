@@ -316,6 +316,7 @@ class SessionsPanel(QWidget):
         target.queue.on_change(self._on_queue)
         if c.owned and c.supervisor:
             self.watcher.attach(c.supervisor)
+            c.supervisor.on_line(self._on_log_line)
         recovered = await asyncio.to_thread(self._recover, target)
         if target.model_path and Path(target.model_path).is_file():
             # Hash the model and read its memory kind now, in the background, so the
@@ -339,6 +340,15 @@ class SessionsPanel(QWidget):
                 self.resume_all_button.setToolTip(f"Parked by 'Park all & stop': {names}")
                 self.resume_all_button.show()
         return target
+
+    def _on_log_line(self, item) -> None:
+        """Keep the profile's measured prefill rate from every prompt the server
+        processes, whoever sent it (used by the re-prefill estimate on resume)."""
+        ev = item.event
+        if ev.kind.value == "prompt_eval" and self.target is not None and not self._closed:
+            n, ms = ev.fields.get("n_tokens", 0), ev.fields.get("ms", 0.0)
+            if n >= 32 and ms > 0:
+                self.catalog.record_prefill(self.target.profile_name, n, ms)
 
     def _recover(self, target: ServerTarget) -> list[str]:
         msgs = recover_hidden_sidecars(self.catalog)

@@ -235,7 +235,8 @@ def test_cli_check_exit_codes(fake_server, tmp_path, capsys, sidecar, code):
         httpx.post(url + "/tokenize", json={"content": WARM_TEXT}, timeout=10)
         out_json = tmp_path / "report.json"
         rc = _cli(["check", url, rec.name, "--save-dir", str(tmp_path / "slots"), "--log-file", str(proc.log_path),
-                   "--ab", "--json", "--export", str(out_json), "--export", str(tmp_path / "report.csv")])
+                   "--ab", "--json", "--export", str(out_json), "--export", str(tmp_path / "report.csv"),
+                   "--export", str(tmp_path / "report.png")])
     captured = capsys.readouterr()
     assert rc == code, captured.err
     data = json.loads(captured.out)
@@ -246,6 +247,7 @@ def test_cli_check_exit_codes(fake_server, tmp_path, capsys, sidecar, code):
         assert data["ab"]["note"] == "both arms re-prefill: this build wrote no sidecar"
     rows = list(csv.DictReader(io.StringIO((tmp_path / "report.csv").read_text())))
     assert [r["section"] for r in rows] == ["probe", "probe", "ab", "ab", "ratio", "ratio", "ratio"]
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_errors_exit_1(tmp_path, capsys):

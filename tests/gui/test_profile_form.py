@@ -59,3 +59,16 @@ def _left():
     from PySide6.QtCore import Qt
 
     return Qt.LeftButton
+
+
+def test_import_command_line_fills_the_form(window, qtbot, tmp_path):
+    p = window.profiles
+    model = tmp_path / "Qwen-27B.gguf"
+    model.write_bytes(b"GGUF")
+    prof = p.import_command_line(f"llama-server -m {model} -ngl 99 -c 102400 -np 1 -ctk q8_0 --jinja")
+    assert prof.name == "Qwen-27B"
+    assert p.w["ctx_size"].text() == "102400" and p.w["cache_type_k"].currentText() == "q8_0"
+    assert p.w["extra_args"].text() == "--jinja"
+    assert "-c 102400" in p.preview.toPlainText()
+    assert p.import_command_line("llama-server -m 'oops") is None
+    assert "Import: cannot split" in p.errors.text()
