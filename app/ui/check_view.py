@@ -206,7 +206,7 @@ class HistoryChart(QWidget):
             p.setPen(QColor("#9e9e9e"))
             p.drawText(area, Qt.AlignCenter, "no resumes or checks yet")
             return
-        left, right = area.left() + 56, area.right() - 12
+        left, right = area.left() + 72, area.right() - 12
         top, bottom = area.top() + 26, area.bottom() - 24
         values = [v for _, r, q, _ in pts for v in (r, q) if v is not None and v > 0] or [1.0]
         lo = 10 ** math.floor(math.log10(min(values)))
@@ -230,7 +230,7 @@ class HistoryChart(QWidget):
             p.setPen(QPen(GRID_COLOR, 1))
             p.drawLine(QPointF(left, y), QPointF(right, y))
             p.setPen(QColor("#616161"))
-            p.drawText(QRectF(area.left(), y - 8, 52, 16), Qt.AlignRight | Qt.AlignVCenter, fmt_ms(decade))
+            p.drawText(QRectF(area.left(), y - 8, 68, 16), Qt.AlignRight | Qt.AlignVCenter, fmt_ms(decade))
             decade *= 10
         for idx, series in ((1, RESTORE_COLOR), (2, QColor("#9e9e9e"))):
             p.setPen(QPen(series, 1.5))

@@ -8,6 +8,7 @@ the window responsive (busy bar, queue label, buttons restored in ``finally``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -409,8 +410,18 @@ class SessionsPanel(QWidget):
         self.sig_done.emit(label, ok, text)
 
     async def _ensure_save_dir(self) -> bool:
+        if self.target is None:
+            self._say("Start or attach to a server first.", ok=False)
+            return False
         if self.target and not str(self.target.save_dir):
-            folder = QFileDialog.getExistingDirectory(self, "The server's --slot-save-path folder")
+            dlg = QFileDialog(self, "The server's --slot-save-path folder")
+            dlg.setFileMode(QFileDialog.Directory)
+            fut = asyncio.get_running_loop().create_future()
+            dlg.finished.connect(lambda r: fut.done() or fut.set_result(
+                dlg.selectedFiles()[0] if r and dlg.selectedFiles() else ""))
+            dlg.open()  # not exec(): see _ask
+            folder = await fut
+            dlg.deleteLater()
             if not folder:
                 return False
             self.target.save_dir = Path(folder)
@@ -483,13 +494,16 @@ class SessionsPanel(QWidget):
 
     async def resume(self, name: str, slot_id: int | None = None, force: bool = False):
         label = f"Resume '{name}'"
+        if self.target is None:
+            self._say(f"{label}: start or attach to a server first.", ok=False, label=label)
+            return None
         try:
             result = await resume_session(self.target, name, slot_id, force=force)
         except ResumeRefused as e:
             self._say(f"{label}: cannot resume: " + "; ".join(e.reasons), ok=False, label=label)
             return None
         except ResumeNeedsConfirmation as e:
-            if not self.confirm("Resume session", "\n\n".join(e.warnings) + "\n\nResume anyway?"):
+            if not await self._confirmed("Resume session", "\n\n".join(e.warnings) + "\n\nResume anyway?"):
                 self._say(f"{label}: cancelled.", ok=True, label=label)
                 return None
             return await self.resume(name, slot_id, force=True)
@@ -558,7 +572,7 @@ class SessionsPanel(QWidget):
                 return None
             return empty[0]
         held = next((s.get("n_prompt_tokens") for s in slots if s["id"] == slot_id), None)
-        if held and not self.confirm("Check resume", f"Slot {slot_id} holds {held:,} tokens; the check restores "
+        if held and not await self._confirmed("Check resume", f"Slot {slot_id} holds {held:,} tokens; the check restores "
                                                      "the session over them. Go on?"):
             return None
         return slot_id
@@ -637,8 +651,12 @@ class SessionsPanel(QWidget):
         rec = self.selected()
         if rec is None:
             return
-        if self.confirm("Delete session", f"Delete '{rec.name}' ({rec.n_tokens:,} tokens) and its files?"):
-            self.delete(rec.name, rec.profile)
+        async def confirm_then_delete():
+            if await self._confirmed("Delete session", f"Delete '{rec.name}' ({rec.n_tokens:,} tokens) and its "
+                                                       "files?"):
+                self.delete(rec.name, rec.profile)
+
+        self.spawn(confirm_then_delete())
 
     def delete(self, name: str, profile: str | None = None) -> bool:
         try:
@@ -657,8 +675,29 @@ class SessionsPanel(QWidget):
         if folder:
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
 
-    def _ask(self, title: str, text: str) -> bool:
-        return QMessageBox.question(self, title, text, QMessageBox.Yes | QMessageBox.Cancel) == QMessageBox.Yes
+    async def _ask(self, title: str, text: str) -> bool:
+        """A question that does not block the event loop.
+
+        A modal ``exec()`` inside a coroutine would spin a nested Qt loop and make
+        qasync enter other tasks while this one runs; ``open()`` + a future does not.
+        """
+        box = QMessageBox(QMessageBox.Question, title, text, QMessageBox.Yes | QMessageBox.Cancel, self)
+        fut = asyncio.get_running_loop().create_future()
+        box.finished.connect(lambda _r: fut.done() or fut.set_result(
+            box.standardButton(box.clickedButton()) == QMessageBox.Yes))
+        self.question_box = box
+        box.open()
+        try:
+            return await fut
+        finally:
+            self.question_box = None
+            box.deleteLater()
+
+    async def _confirmed(self, title: str, text: str) -> bool:
+        answer = self.confirm(title, text)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        return bool(answer)
 
     async def aclose(self) -> None:
         if self._closed:

@@ -124,3 +124,28 @@ def test_check_and_ab_from_the_panel(setup, qloop):
         await w.shutdown()
 
     run(qloop, scenario(), 90)
+
+
+def test_confirmation_does_not_block_the_loop(qtbot, qloop):
+    """The real question box is opened non-modally and answered through a future."""
+    from PySide6.QtWidgets import QMessageBox
+
+    panel = SessionsPanel()
+    qtbot.addWidget(panel)
+
+    async def scenario():
+        ticks = []
+
+        async def ticker():  # other tasks keep running while the question is open
+            for i in range(3):
+                ticks.append(i)
+                await asyncio.sleep(0)
+
+        answer = asyncio.ensure_future(panel._confirmed("Resume session", "slot 1 holds 336 tokens"))
+        await asyncio.gather(ticker(), asyncio.sleep(0.05))
+        assert ticks == [0, 1, 2] and panel.question_box is not None
+        panel.question_box.button(QMessageBox.Yes).click()
+        assert await asyncio.wait_for(answer, 5) is True
+        await panel.aclose()
+
+    run(qloop, scenario(), 30)
