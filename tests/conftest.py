@@ -66,14 +66,15 @@ def qloop(qapp):
 
 
 def signal_future(signal, predicate=lambda *args: True):
-    """An asyncio future resolved with the args of the first emission that matches."""
+    """An asyncio future resolved with the first emission that matches: its one
+    argument, or the tuple of its arguments."""
     import asyncio
 
     fut = asyncio.get_event_loop().create_future()
 
     def handler(*args):
         if not fut.done() and predicate(*args):
-            fut.set_result(args)
+            fut.set_result(args[0] if len(args) == 1 else args)
 
     signal.connect(handler)
     fut.add_done_callback(lambda _f: signal.disconnect(handler))

@@ -24,7 +24,7 @@ from typing import Any
 from app.monitor.gpu import GpuMonitor, GpuSnapshot
 from app.monitor.process import HostSample, ProcessMonitor, ProcessSample, sample_host
 from app.monitor.slots import SlotRow, slot_rows, slots_state_from_error
-from app.monitor.units import NA, fmt_bytes, is_na
+from app.monitor.units import NA, fmt_bytes, is_na, fmt_uptime
 from app.monitor.warnings import MonitorWarning, compute_warnings
 
 __all__ = [
@@ -291,13 +291,7 @@ def _table(headers: list[str], rows: list[list[Any]], right: set[int] | None = N
 
 
 def _uptime(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+    return fmt_uptime(s)
 
 
 def format_snapshot(s: Snapshot) -> str:

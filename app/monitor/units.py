@@ -121,3 +121,14 @@ def fmt_pct(p: Any, digits: int = 0) -> str:
         return f"{float(p):.{digits}f} %"
     except (TypeError, ValueError):
         return "N/A"
+
+
+def fmt_uptime(s: float | None) -> str:
+    """Seconds as ``[Nd ]HH:MM:SS`` ("-" when unknown)."""
+    if s is None:
+        return "-"
+    s = int(s)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"

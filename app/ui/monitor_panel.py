@@ -31,7 +31,7 @@ from app.monitor.process import ProcessMonitor
 from app.monitor.sampler import Sampler
 from app.monitor.slots import SlotRow
 from app.monitor.snapshot import Snapshot, take_snapshot
-from app.monitor.units import MiB, fmt_bytes, is_na
+from app.monitor.units import MiB, fmt_bytes, is_na, fmt_uptime
 from app.monitor.warnings import CRITICAL
 
 log = logging.getLogger(__name__)
@@ -58,13 +58,7 @@ def _num(v: Any) -> str:
 
 
 def _uptime(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+    return fmt_uptime(s)
 
 
 def _cache_ram_text(budget_mib: int | None) -> str:

@@ -12,6 +12,7 @@ from app.core.profile import LaunchProfile
 from app.monitor.gpu import GpuMonitor
 from app.server.client import LlamaClient
 from app.ui.monitor_panel import MonitorPanel, SlotsTableModel
+from tests.conftest import run, signal_future
 from tests.fakes.fake_nvml import two_gpus
 
 pytestmark = pytest.mark.gui
@@ -26,21 +27,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def signal_future(signal, predicate=lambda *args: True):
-    """An asyncio future resolved with the args of the first emission that matches."""
-    fut = asyncio.get_event_loop().create_future()
-
-    def handler(*args):
-        if not fut.done() and predicate(*args):
-            fut.set_result(args[0] if len(args) == 1 else args)
-
-    signal.connect(handler)
-    fut.add_done_callback(lambda _f: signal.disconnect(handler))
-    return fut
 
 
-def run(loop, aw, timeout=30):
-    return loop.run_until_complete(asyncio.wait_for(aw, timeout))
 
 
 @pytest.fixture

@@ -19,22 +19,9 @@ from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.store.catalog import Catalog
 
+from tests.real.helpers import TEXT, connect_target, start_server
+
 pytestmark = pytest.mark.real_server
-
-TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
-        "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
-
-
-async def _start(profile):
-    plan = await asyncio.to_thread(plan_launch, profile)
-    sup = make_supervisor(plan)
-    await sup.start()
-    return plan, sup
-
-
-async def _target(plan, sup, profile) -> ServerTarget:
-    return await ServerTarget.connect(LlamaClient(plan.url), Catalog(paths.catalog_path()), profile=profile,
-                                      log=sup.log, build=plan.build)
 
 
 async def _park(t: ServerTarget):
@@ -48,17 +35,17 @@ async def _park(t: ServerTarget):
 
 def test_real_check_stock_build_discards(real_profile):
     async def go():
-        plan, sup = await _start(real_profile)
+        plan, sup = await start_server(real_profile)
         try:
-            t = await _target(plan, sup, real_profile)
+            t = await connect_target(plan, sup, real_profile)
             rec = await _park(t)
             await t.client.aclose()
             t.catalog.close()
         finally:
             await sup.aclose()
-        plan, sup = await _start(real_profile)  # the restart
+        plan, sup = await start_server(real_profile)  # the restart
         try:
-            t = await _target(plan, sup, real_profile)
+            t = await connect_target(plan, sup, real_profile)
             report = await check_resume(t, rec, 0)
             ab = await ab_check(t, rec, 1, baseline=True)
             hist = t.catalog.history(rec.id)

@@ -11,21 +11,12 @@ from app.core.profile import LaunchProfile
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.ui.monitor_panel import MonitorPanel, SlotsTableModel
+from tests.conftest import signal_future
 
 pytestmark = [pytest.mark.real_server, pytest.mark.gui]
 C = SlotsTableModel
 
 
-def signal_future(signal, predicate=lambda *args: True):
-    fut = asyncio.get_event_loop().create_future()
-
-    def handler(*args):
-        if not fut.done() and predicate(*args):
-            fut.set_result(args[0] if len(args) == 1 else args)
-
-    signal.connect(handler)
-    fut.add_done_callback(lambda _f: signal.disconnect(handler))
-    return fut
 
 
 def free_port() -> int:

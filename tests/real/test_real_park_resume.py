@@ -20,30 +20,16 @@ from app.server.launcher import make_supervisor, plan_launch
 from app.server.statefile import read_state_header
 from app.store.catalog import Catalog
 
+from tests.real.helpers import TEXT, connect_target, start_server
+
 pytestmark = pytest.mark.real_server
-
-TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
-        "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
-
-
-async def _start(profile):
-    plan = await asyncio.to_thread(plan_launch, profile)
-    sup = make_supervisor(plan)
-    await sup.start()
-    return plan, sup
-
-
-async def _target(plan, sup, profile) -> ServerTarget:
-    catalog = Catalog(paths.catalog_path())  # a new Catalog object each time: an "app restart"
-    return await ServerTarget.connect(LlamaClient(plan.url), catalog, profile=profile, log=sup.log,
-                                      build=plan.build)
 
 
 def test_real_park_restart_resume(real_profile):
     async def go():
-        plan, sup = await _start(real_profile)
+        plan, sup = await start_server(real_profile)
         try:
-            t = await _target(plan, sup, real_profile)
+            t = await connect_target(plan, sup, real_profile)
             n_prompt = len(await t.client.tokenize(TEXT))
             assert n_prompt > 600
             await t.client.completion(TEXT, slot_id=0, n_predict=4)
@@ -57,9 +43,9 @@ def test_real_park_restart_resume(real_profile):
         assert rec.memory_kind == "sliding-window" and rec.sidecar_status == "missing"
         assert len(rec.model_sha256) == 64 and rec.n_ctx_slot == 2048
 
-        plan, sup = await _start(real_profile)
+        plan, sup = await start_server(real_profile)
         try:
-            t = await _target(plan, sup, real_profile)
+            t = await connect_target(plan, sup, real_profile)
             assert t.catalog.get(real_profile.name, "real session") is not None
             with pytest.raises(ResumeNeedsConfirmation, match="re-prefill"):
                 await resume_session(t, "real session", 0)

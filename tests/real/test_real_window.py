@@ -38,7 +38,7 @@ def test_start_reaches_ready_and_a_kill_shows_its_cause(qtbot, qloop, real_profi
 
     crashed = signal_future(w.controller.sig_crashed)
     os.kill(w.controller.supervisor.pid, signal.SIGKILL)
-    (outcome,) = run(qloop, crashed, 30)
+    outcome = run(qloop, crashed, 30)
     assert "signal 9" in outcome.summary()
     assert "Server Crashed" in w.state_label.text()
     assert "signal 9 (SIGKILL)" in w.url_label.text()
