@@ -23,6 +23,14 @@ from app.ui.server_controller import ServerController
 
 log = logging.getLogger(__name__)
 
+SERVER_LIFETIME = (
+    "Quitting KV Valet stops the server it started (live slots that are not parked are lost; park them "
+    "first, or use 'Park all & stop').\n\n"
+    "If KV Valet itself is killed or crashes, the server keeps running, so a long chat is not lost with "
+    "the app. At the next start KV Valet finds it again (by pid and start time) and offers to attach to "
+    "it or stop it. A server you attached to, that KV Valet did not start, is never stopped by KV Valet."
+)
+
 STATE_COLOURS = {
     "Stopped": "#666666", "Starting": "#1f6feb", "Loading": "#1f6feb", "Ready": "#1a7f37",
     "Stopping": "#8a5a00", "Crashed": "#b00020",
@@ -92,6 +100,9 @@ class MainWindow(QMainWindow):
         menu.addSeparator()
         quit_action = menu.addAction("Quit")
         quit_action.triggered.connect(self.close)
+        help_menu = self.menuBar().addMenu("&Help")
+        lifetime = help_menu.addAction("When does the server stop?")
+        lifetime.triggered.connect(lambda: QMessageBox.information(self, "Server lifetime", SERVER_LIFETIME))
 
     def _on_attach(self) -> None:
         url, ok = QInputDialog.getText(self, "Attach to a server", "Server URL:", text="http://127.0.0.1:8080")

@@ -512,6 +512,8 @@ class SessionsPanel(QWidget):
                       label=label)
             return None
         rec = result.record
+        # A new resume: its verdict is unknown until the next query on the slot.
+        self.catalog.update_verdict(rec.id, "UNKNOWN", "no query on this slot since the restore yet")
         self.watcher.expect(result.slot_id, result.n_restored, rec.name, rec.sidecar_status,
                             build_persists=self.catalog.build_persists_checkpoints(self.target.build),
                             ctx_checkpoints=self.target.ctx_checkpoints, sidecar_count=rec.sidecar_count or None)

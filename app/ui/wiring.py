@@ -21,7 +21,10 @@ def attach_panels(window) -> None:
     def on_verdict(slot: int, session: str, verdict) -> None:
         if slot in monitor.restored:
             n, _ = monitor.restored[slot]
-            monitor.restored[slot] = (n, f"{session} — {verdict.kind.value}")
+            figures = ""
+            if verdict.prompt_n is not None and verdict.cache_n is not None:
+                figures = f" (cache_n {verdict.cache_n:,}, prompt_n {verdict.prompt_n:,})"
+            monitor.restored[slot] = (n, f"{session} — {verdict.kind.value}{figures}")
             monitor.request_tick()
 
     sessions.sig_restored.connect(on_restored)

@@ -84,3 +84,28 @@ def test_window_attaches_and_never_stops_a_foreign_server(qtbot, qloop, profile)
         assert sup.running  # closing the window left the foreign server alone
     finally:
         run(qloop, sup.aclose(), 30)
+
+
+@pytest.mark.gui
+def test_window_finds_a_server_left_by_an_earlier_app(qtbot, qloop, profile):
+    from app.store.profiles import ProfileStore
+    from app.ui.main_window import MainWindow
+    from tests.conftest import run
+
+    store = ProfileStore()
+    store.save(profile)
+    sup = make_supervisor(plan_launch(profile))  # "the earlier app" launched it
+    run(qloop, sup.start(), 30)
+    try:
+        w = MainWindow(store)
+        qtbot.addWidget(w)
+        found = w.check_leftover_servers(ask=False)
+        assert [(r.pid, r.url, r.profile) for r in found] == [(sup.pid, profile.url, "fake")]
+        run(qloop, w.controller.attach_async(found[0].url, leftover=found[0]), 30)
+        assert w.controller.pid == sup.pid  # ours: it may be stopped from here
+        run(qloop, w.controller.stop_async(), 30)
+        run(qloop, sup.wait_state(ServerState.CRASHED, ServerState.STOPPED, timeout=20), 30)
+        assert not found[0].is_alive()
+        run(qloop, w.shutdown(), 30)
+    finally:
+        run(qloop, sup.aclose(), 30)
