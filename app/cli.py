@@ -175,6 +175,19 @@ async def cmd_serve(args) -> int:
     sup = make_supervisor(plan)
     if not args.quiet:
         sup.on_line(lambda item: print(item.event.line, file=sys.stderr, flush=True))
+    # Measure the profile's prefill rate from every prompt the server processes
+    # (the resume warning's re-prefill estimate uses it).
+    from app import paths
+    from app.store.catalog import Catalog
+
+    catalog = Catalog(paths.catalog_path())
+
+    def record_prefill(item) -> None:
+        ev = item.event
+        if ev.kind.value == "prompt_eval" and ev.fields.get("n_tokens", 0) >= 32:
+            catalog.record_prefill(profile.name, ev.fields["n_tokens"], ev.fields["ms"])
+
+    sup.on_line(record_prefill)
     sup.on_state(lambda s, o: print(f"[kv-valet] server {s.value}" + (f": {o.summary()}" if o and s in
                                     (ServerState.CRASHED,) else ""), file=sys.stderr, flush=True))
     stop = asyncio.Event()
@@ -187,19 +200,25 @@ async def cmd_serve(args) -> int:
     except (LaunchError, StartFailed) as e:
         print(f"error: server did not start: {e}", file=sys.stderr)
         await sup.aclose()
+        catalog.close()
         return EXIT_FAIL
     print(f"[kv-valet] ready at {plan.url}; Ctrl-C stops the server", file=sys.stderr)
-    crashed = asyncio.Event()
-    sup.on_state(lambda s, o: crashed.set() if s == ServerState.CRASHED and not profile.auto_restart else None)
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(crashed.wait())]
+    ended = asyncio.Event()  # the server ended by itself (crash, or stopped by another tool)
+    sup.on_state(lambda s, o: ended.set() if (s == ServerState.CRASHED and not profile.auto_restart)
+                 or (s == ServerState.STOPPED and not stop.is_set()) else None)
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(ended.wait())]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for w in waiters:
         w.cancel()
-    outcome = sup.outcome
+    outcome, final_state = sup.outcome, sup.state
     await sup.aclose()
-    if crashed.is_set() and outcome and not outcome.by_user:
+    catalog.close()
+    if ended.is_set() and outcome and final_state == ServerState.CRASHED:
         print(f"error: server crashed: {outcome.summary()}", file=sys.stderr)
         return EXIT_FAIL
+    if ended.is_set() and outcome:
+        print(f"[kv-valet] server {outcome.cause.value}", file=sys.stderr)
+        return EXIT_OK
     print("[kv-valet] server stopped", file=sys.stderr)
     return EXIT_OK
 

@@ -57,7 +57,9 @@ class ServerTarget:
             catalog=catalog,
             profile_name=p.name if p else client.base_url,
             profile=p,
-            build=build or str(props.get("build_info") or "unknown"),
+            # The server's own word first, so the CLI, the window and attach mode
+            # key "does this build persist checkpoints?" the same way.
+            build=str(props.get("build_info") or build or "unknown"),
             model_path=str(props.get("model_path") or (p.model if p else "")),
             cache_type_k=(p.cache_type_k if p and p.cache_type_k else "f16"),
             cache_type_v=(p.cache_type_v if p and p.cache_type_v else "f16"),

@@ -23,7 +23,7 @@ class Cause(str, enum.Enum):
     OUT_OF_MEMORY = "out of memory"
     KILLED = "killed by a signal"
     EXITED = "exited with an error"
-    EXITED_CLEANLY = "exited"
+    EXITED_CLEANLY = "shut down in order (exit code 0)"
 
 
 @dataclass(frozen=True)

@@ -403,7 +403,9 @@ class Supervisor:
         if self._ready and not self._ready.done():
             self._ready.set_exception(StartFailed(self.outcome))
             self._ready.exception()  # mark retrieved: start() may not be waiting
-        if by_user or self.outcome.cause == Cause.EXITED_CLEANLY and self.state == ServerState.STOPPING:
+        if by_user or self.outcome.cause == Cause.EXITED_CLEANLY:
+            # Exit code 0 is an orderly shutdown (SIGTERM from another tool, e.g.
+            # `kv-valet park --and-stop`): stopped, not crashed, and not restarted.
             self._set_state(ServerState.STOPPED)
             return
         self._set_state(ServerState.CRASHED)

@@ -126,3 +126,18 @@ async def test_second_start_awaits_the_first(profile):
         assert sup.state == ServerState.READY
     finally:
         await sup.aclose()
+
+
+async def test_orderly_shutdown_from_another_tool_is_stopped_not_crashed(profile):
+    """`kv-valet park --and-stop` SIGTERMs a server that `kv-valet serve` supervises."""
+    sup = make_supervisor(plan_launch(profile.replace(auto_restart=True)), backoff_s=(0.05,))
+    try:
+        await sup.start()
+        stopped = asyncio.ensure_future(sup.wait_state(ServerState.STOPPED, ServerState.CRASHED, timeout=20))
+        await asyncio.sleep(0)
+        os.kill(sup.pid, signal.SIGTERM)
+        assert await stopped == ServerState.STOPPED
+        assert sup.outcome.cause == Cause.EXITED_CLEANLY and sup.outcome.exit_code == 0
+        assert sup.restart_times == []  # an orderly shutdown is not restarted
+    finally:
+        await sup.aclose()
