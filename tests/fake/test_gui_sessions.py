@@ -149,3 +149,28 @@ def test_confirmation_does_not_block_the_loop(qtbot, qloop):
         await panel.aclose()
 
     run(qloop, scenario(), 30)
+
+
+def test_park_all_and_stop_then_resume_all_on_next_start(setup, qloop):
+    w, panel, profile = setup
+
+    async def scenario():
+        await started(w, panel, profile)
+        await complete(profile, PROMPT, 0)
+        await complete(profile, "a short second chat " * 20, 1)
+        stopped = signal_future(w.controller.sig_state, lambda s, d: s == "Stopped")
+        results = await panel.park_all_and_stop()
+        assert sorted(r.slot_id for r in results) == [0, 1] and all(r.ok for r in results)
+        await asyncio.wait_for(stopped, 20)
+        assert "Server Stopped" in w.state_label.text()
+
+        await started(w, panel, profile)  # the next start of the profile offers "Resume all"
+        assert panel.resume_all_button.isVisibleTo(panel) and panel.resume_all_button.text() == "Resume all (2)"
+        out = await panel.resume_planned()
+        assert sorted((r["slot"], r["ok"]) for r in out) == [(0, True), (1, True)]
+        assert not panel.resume_all_button.isVisibleTo(panel)
+        async with LlamaClient(profile.url) as c:
+            assert len(await c.slots()) == 2
+        await w.shutdown()
+
+    run(qloop, scenario(), 90)
