@@ -31,6 +31,7 @@ def isolated_dirs(tmp_path, monkeypatch):
 def qloop(qapp):
     """A qasync event loop on the test's QApplication (as the app runs)."""
     import asyncio
+    import gc
 
     import qasync
 
@@ -59,10 +60,20 @@ def qloop(qapp):
                 t.cancel()
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            # Transports and socket notifiers of finished work are collected now,
+            # while the loop that owns them is open, not in the middle of a later test.
+            gc.collect()
+            loop.run_until_complete(asyncio.sleep(0))
         finally:
             asyncio.events._set_running_loop(None)
             loop.close()  # also shuts down its QThread executor
             asyncio.set_event_loop(None)
+            # Deferred deletions of this test's widgets happen here, too.
+            from PySide6.QtCore import QCoreApplication, QEvent
+
+            QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
+            qapp.processEvents()
+            gc.collect()
 
 
 def signal_future(signal, predicate=lambda *args: True):
