@@ -1,0 +1,33 @@
+"""The entry point without a display, and usage errors, from a shell's point of view."""
+
+import os
+import subprocess
+import sys
+
+
+def _run(args, **env_changes):
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    env.update(env_changes)
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+def test_no_display_says_what_to_do_instead():
+    r = _run([])
+    assert r.returncode == 2
+    assert "no display" in r.stderr and "kv-valet serve default" in r.stderr
+
+
+def test_unknown_profile_is_a_clear_error_not_a_traceback():
+    r = _run(["serve", "no-such-profile"])
+    assert r.returncode == 1
+    assert "no profile named 'no-such-profile'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_status_of_a_server_that_is_not_there():
+    r = _run(["status", "http://127.0.0.1:9", "--json"])
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    import json
+
+    snap = json.loads(r.stdout)
+    assert snap["health"].startswith("unreachable")
