@@ -72,7 +72,22 @@ def _ab_of(report) -> ABReport | None:
 
 # --------------------------------------------------------------------------- A/B chart
 
-class ABChart(QWidget):
+class _Chart(QWidget):
+    """A widget drawn by ``paint(painter, area)`` (also used to render PNG exports)."""
+
+    def paintEvent(self, _event) -> None:
+        p = QPainter(self)
+        try:
+            p.setRenderHint(QPainter.Antialiasing)
+            self.paint(p, QRectF(self.rect()))
+        finally:
+            p.end()
+
+    def paint(self, p: QPainter, area: QRectF) -> None:
+        raise NotImplementedError
+
+
+class ABChart(_Chart):
     """Restore + first-query prompt time per run, as stacked horizontal bars."""
 
     def __init__(self, parent=None):
@@ -101,14 +116,6 @@ class ABChart(QWidget):
         if ab.note and not ab.had_sidecar:
             text += f"  ({ab.note})"
         return text
-
-    def paintEvent(self, _event) -> None:
-        p = QPainter(self)
-        try:
-            p.setRenderHint(QPainter.Antialiasing)
-            self.paint(p, QRectF(self.rect()))
-        finally:
-            p.end()
 
     def paint(self, p: QPainter, area: QRectF) -> None:
         p.fillRect(area, BACKGROUND)
@@ -174,7 +181,7 @@ class ABChart(QWidget):
 
 # --------------------------------------------------------------------------- history chart
 
-class HistoryChart(QWidget):
+class HistoryChart(_Chart):
     """Restore ms and first-query ms of one session over time (log scale)."""
 
     def __init__(self, parent=None):
@@ -190,14 +197,6 @@ class HistoryChart(QWidget):
     def points(self) -> list[tuple[float, float | None, float | None, str]]:
         return [(e.at, e.restore_ms, e.ttft_ms if e.ttft_ms is not None else e.prompt_ms, e.verdict or "UNKNOWN")
                 for e in self._events]
-
-    def paintEvent(self, _event) -> None:
-        p = QPainter(self)
-        try:
-            p.setRenderHint(QPainter.Antialiasing)
-            self.paint(p, QRectF(self.rect()))
-        finally:
-            p.end()
 
     def paint(self, p: QPainter, area: QRectF) -> None:
         p.fillRect(area, BACKGROUND)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tests.conftest import free_port
 
 FAKE_SERVER = Path(__file__).with_name("fake_llama_server.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, dict | str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 
 import pytest
 
@@ -14,21 +13,12 @@ from app.server.client import LlamaClient
 from app.ui.monitor_panel import MonitorPanel, SlotsTableModel
 from tests.conftest import run, signal_future
 from tests.fakes.fake_nvml import two_gpus
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.gui
 
 FAKE = os.path.join(os.path.dirname(__file__), "fake_llama_server.py")
 C = SlotsTableModel
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-
-
 
 
 @pytest.fixture

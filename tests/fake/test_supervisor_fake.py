@@ -14,14 +14,9 @@ from app.core.profile import LaunchProfile, ProfileError
 from app.server.launcher import make_supervisor, pid_record_path, plan_launch
 from app.server.outcome import Cause
 from app.server.supervisor import LaunchError, ServerState, StartFailed, find_leftover_server
+from tests.conftest import free_port
 
 FAKE = os.path.join(os.path.dirname(__file__), "fake_llama_server.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ Elsewhere (a laptop without the build yet) they skip with the reason.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
 from app.core.profile import LaunchProfile
+from tests.conftest import free_port
 
 
 def _unavailable(reason: str):
@@ -41,12 +41,6 @@ def real_model(tmp_path_factory) -> str:
     if cached.is_file():
         return str(cached)
     return str(g.assemble())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

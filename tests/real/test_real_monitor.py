@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -12,17 +11,10 @@ from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.ui.monitor_panel import MonitorPanel, SlotsTableModel
 from tests.conftest import signal_future
+from tests.conftest import free_port
 
 pytestmark = [pytest.mark.real_server, pytest.mark.gui]
 C = SlotsTableModel
-
-
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(loop, aw, timeout=120):
