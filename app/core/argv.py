@@ -8,6 +8,7 @@ the app does not model are kept, in order, as ``extra_args``.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -242,3 +243,48 @@ def _is_number(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+#: Fields that a launch sets itself: a flag for one of them typed into the extra
+#: arguments would be a second, conflicting copy (or, for the key, a secret on
+#: the server's command line, where ``ps`` shows it to every user).
+SECRET_FIELDS = frozenset({"api_key", "api_key_file"})
+
+
+def absorb_extra_args(profile: LaunchProfile) -> tuple[LaunchProfile, list[str]]:
+    """Move flags that belong to a profile field out of ``extra_args``.
+
+    Returns the profile with those flags moved into their fields, and one
+    message per flag that could not be moved because the field already holds
+    another value (the caller refuses the profile then). The API key always
+    goes to its field, never to the server's argv.
+    """
+    if not profile.extra_args:
+        return profile, []
+    try:
+        # a bare program name first, so a stray leading value is not taken for the binary
+        parsed = parse_argv(["llama-server", *profile.extra_args], profile.name)
+    except CommandLineError:
+        return profile, []
+    moved: dict[str, object] = {}
+    conflicts: list[str] = []
+    defaults = {f.name: f.default for f in dataclasses.fields(LaunchProfile)}
+    for f in dataclasses.fields(LaunchProfile):
+        if f.name in ("name", "extra_args"):
+            continue
+        new = getattr(parsed, f.name)
+        if new == defaults[f.name]:
+            continue
+        have = getattr(profile, f.name)
+        flag = next((o.names[0] for o in OPTIONS if o.field == f.name), f.name)
+        if have == defaults[f.name] or have == new or f.name in SECRET_FIELDS and not have:
+            moved[f.name] = new
+        elif f.name in SECRET_FIELDS:
+            conflicts.append(f"{flag} in the extra arguments: the profile has its own key; remove it there")
+        else:
+            conflicts.append(f"{flag} {new} in the extra arguments conflicts with the field's value {have}")
+    if not moved and not conflicts:
+        return profile, []
+    if conflicts:
+        return profile, conflicts
+    return profile.replace(extra_args=tuple(parsed.extra_args), **moved), []

@@ -191,6 +191,10 @@ def validate(profile: LaunchProfile, *, check_files: bool = True) -> list[FieldE
             err("api_key_file", f"API key file not found: {kf}")
         elif kf.stat().st_mode & 0o077:
             err("api_key_file", f"{kf} can be read by other users: run chmod 600 on it")
+    from app.core.argv import absorb_extra_args  # argv builds on this module
+
+    for conflict in absorb_extra_args(profile)[1]:
+        err("extra_args", conflict)
     if not is_loopback(profile.host) and not profile.has_api_key and not profile.expose_acknowledged:
         err("host", exposure_warning(profile) + " Set an API key, or confirm that this is what you want.")
     return errors

@@ -27,8 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from app.jobs.journal import HideJournal, Journal, JournalKind, Owner
+from app.jobs.slots import SlotError, find_row, held
 from app.jobs.target import ServerTarget
-from app.jobs.verdict import Verdict, VerdictKind, worst
+from app.monitor.slots import RestoredSlot
+from app.core.verdict import Verdict, VerdictKind, worst
 from app.jobs.watch import judge_from_completion, scan_events
 from app.server.client import ServerError
 from app.server.logparse import Kind
@@ -40,7 +43,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_QUESTION = "\nIn one short sentence, what was this about?"
 HIDDEN_SUFFIX = ".kvv-hidden"
-PENDING_KIND = "ab-hide"
 
 ARM_WITH = "with sidecar"
 ARM_HIDDEN = "sidecar hidden"
@@ -136,6 +138,8 @@ class _Ctx:
 
 
 def state_path_of(target: ServerTarget, record: SessionRecord) -> Path:
+    if target.save_dir is None:
+        return record.state_path
     p = Path(target.save_dir) / record.state_file
     if not p.exists() and record.save_dir:
         alt = record.state_path
@@ -153,21 +157,20 @@ async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int) ->
         raise CheckError(f"session '{record.name}': {exc}") from None
     if not tokens:
         raise CheckError(f"session '{record.name}' holds no tokens")
-    slots = await target.client.slots()
-    ids = [s.get("id") for s in slots]
-    if slot_id not in ids:
-        raise CheckError(f"slot {slot_id} does not exist on this server (slots: "
-                         f"{', '.join(str(i) for i in ids) or 'none'})")
-    slot = next(s for s in slots if s.get("id") == slot_id)
-    if slot.get("is_processing"):
+    rows = await target.slot_rows()
+    try:
+        slot = find_row(rows, slot_id)
+    except SlotError as e:
+        raise CheckError(str(e)) from None
+    if slot.busy:
         raise CheckError(f"slot {slot_id} is busy: wait until it is idle or pick another slot")
-    n_ctx = int(slot.get("n_ctx") or 0)
+    n_ctx = int(slot.n_ctx or 0)
     if n_ctx and header.token_count + 64 > n_ctx:
         raise CheckError(f"session '{record.name}' holds {header.token_count:,} tokens but slot {slot_id} has "
                          f"only {n_ctx:,} of context (the question needs room too)")
     warnings = []
-    if slot.get("id_task") is not None and int(slot.get("n_prompt_tokens") or 0) > 0:
-        warnings.append(f"slot {slot_id} held {int(slot['n_prompt_tokens']):,} tokens; the check replaced them")
+    if held(slot) > 0:
+        warnings.append(f"slot {slot_id} held {held(slot):,} tokens; the check replaced them")
     report = inspect_sidecar(path, header.token_count, record.memory_kind or "dense")
     status = report.status.value
     count = len(report.checkpoints)
@@ -236,7 +239,7 @@ async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
     wall = (time.perf_counter() - t0) * 1000.0
     restore_ms = float((resp.get("timings") or {}).get("restore_ms") or wall)
     n = int(resp.get("n_restored") or len(ctx.tokens))
-    t.restored[ctx.slot_id] = (n, ctx.record.name, None)
+    t.restored[ctx.slot_id] = RestoredSlot(n, ctx.record.name, None)
     return restore_ms, n, seq
 
 
@@ -346,16 +349,21 @@ def hide_sidecar(catalog: Catalog, sidecar: Path) -> tuple[int, Path]:
     """Move ``sidecar`` aside, journaled first. Returns (journal id, hidden path)."""
     hidden = _hidden_path(sidecar)
     if hidden.exists():
+        running = [e for e in Journal(catalog).in_flight(JournalKind.AB_HIDE)
+                   if isinstance(e.entry, HideJournal) and e.entry.hidden == str(hidden)]
+        if running:
+            raise CheckError(f"another A/B check is running on this session ({hidden.name} is hidden): "
+                             "wait until it has finished")
         raise CheckError(f"{hidden.name} already exists: a previous A/B did not finish; "
                          "restart the app to put it back")
-    pid = catalog.add_pending(PENDING_KIND, {"sidecar": str(sidecar), "hidden": str(hidden),
-                                             "size": sidecar.stat().st_size, "pid": os.getpid()})
+    journal = Journal(catalog)
+    jid = journal.begin(HideJournal(str(sidecar), str(hidden), sidecar.stat().st_size, Owner.me()))
     try:
         os.rename(sidecar, hidden)
     except OSError:
-        catalog.remove_pending(pid)
+        journal.end(jid)
         raise
-    return pid, hidden
+    return jid, hidden
 
 
 def _put_back(sidecar: Path, hidden: Path) -> str | None:
@@ -368,21 +376,26 @@ def _put_back(sidecar: Path, hidden: Path) -> str | None:
     return None
 
 
-def unhide_sidecar(catalog: Catalog, pid: int, sidecar: Path, hidden: Path) -> None:
+def unhide_sidecar(catalog: Catalog, jid: int, sidecar: Path, hidden: Path) -> None:
     msg = _put_back(sidecar, hidden)
     if msg:
         log.warning(msg)
-    catalog.remove_pending(pid)
+    Journal(catalog).end(jid)
 
 
 def recover_hidden_sidecars(catalog: Catalog) -> list[str]:
     """Put back every sidecar an A/B left hidden (the app or the server died
-    mid-A/B). Call at start. Returns the sidecar paths put back."""
+    mid-A/B). A/B checks still running, here or in another process, are left
+    alone. Call at start. Returns the sidecar paths put back."""
+    journal = Journal(catalog)
     restored: list[str] = []
-    for pid, kind, payload, _created in catalog.list_pending():
-        if kind != PENDING_KIND:
+    for e in journal.entries(JournalKind.AB_HIDE):
+        if e.active():
             continue
-        sidecar, hidden = Path(payload["sidecar"]), Path(payload["hidden"])
+        if not isinstance(e.entry, HideJournal):
+            journal.end(e.id)
+            continue
+        sidecar, hidden = Path(e.entry.sidecar), Path(e.entry.hidden)
         existed = hidden.exists()
         try:
             msg = _put_back(sidecar, hidden)
@@ -393,7 +406,7 @@ def recover_hidden_sidecars(catalog: Catalog) -> list[str]:
             log.warning(msg)
         elif existed:
             restored.append(str(sidecar))
-        catalog.remove_pending(pid)
+        journal.end(e.id)
     return restored
 
 

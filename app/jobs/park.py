@@ -27,11 +27,13 @@ import os
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from app import paths
+from app.jobs.slots import SlotError, find_row, held
+from app.jobs.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase
 from app.jobs.target import ServerTarget
 from app.server.client import ServerError, ServerUnreachable
 from app.server.sidecar import SidecarReport, SidecarStatus, inspect_sidecar
@@ -45,9 +47,6 @@ SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
 CHECKPOINTED_KINDS = ("sliding-window", "recurrent-hybrid")
 
 ProgressFn = Callable[[str], None]
-
-# Journal ids of parks running in this process: recover_interrupted leaves them alone.
-_IN_FLIGHT: set[int] = set()
 
 
 class ParkError(Exception):
@@ -65,49 +64,6 @@ class ParkResult:
     @property
     def ok(self) -> bool:
         return self.error is None and self.record is not None
-
-
-# --------------------------------------------------------------------------- slots
-
-
-async def fetch_slots(target: ServerTarget) -> list[dict]:
-    slots = await target.client.slots()
-    if not isinstance(slots, list):
-        raise ParkError("GET /slots did not answer a list")
-    return slots
-
-
-def slot_ids_text(slots: list[dict]) -> str:
-    ids = sorted(int(s.get("id", i)) for i, s in enumerate(slots))
-    if not ids:
-        return "no slots"
-    if ids == list(range(ids[0], ids[-1] + 1)):
-        return f"slots {ids[0]}-{ids[-1]}" if len(ids) > 1 else f"slot {ids[0]}"
-    return "slots " + ", ".join(map(str, ids))
-
-
-def find_slot(slots: list[dict], slot_id: int) -> dict:
-    """The /slots entry of ``slot_id``; refuses ids the server would wrap around."""
-    for i, s in enumerate(slots):
-        if int(s.get("id", i)) == slot_id:
-            return s
-    raise ParkError(f"slot {slot_id} does not exist: this server has {slot_ids_text(slots)}")
-
-
-def slot_tokens(target: ServerTarget, slot: dict) -> int:
-    """Tokens the slot holds: the restore count while no task ran since a
-    restore (/slots does not show it), else n_prompt_tokens (n_tokens on
-    older builds)."""
-    sid = int(slot.get("id", -1))
-    restored = target.restored.get(sid)
-    # No task since the restore: id_task unchanged (build 11434) or absent.
-    if restored is not None and slot.get("id_task") in (None, restored[2]):
-        return int(restored[0] or 0)
-    for key in ("n_prompt_tokens", "n_tokens"):
-        v = slot.get(key)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return 0
 
 
 # --------------------------------------------------------------------------- names
@@ -216,36 +172,9 @@ def _rm(path: Path) -> None:
         path.unlink()
 
 
-def _process_stamp() -> tuple[int, float]:
-    try:
-        import psutil
-
-        return os.getpid(), psutil.Process().create_time()
-    except Exception:
-        return os.getpid(), 0.0
-
-
-def _journal_owner_alive(payload: dict) -> bool:
-    pid, ctime = payload.get("pid"), payload.get("pid_ctime")
-    if not pid or pid == os.getpid():
-        return False
-    try:
-        import psutil
-
-        p = psutil.Process(int(pid))
-        return abs(p.create_time() - float(ctime or 0)) < 0.05
-    except Exception:
-        return False
-
-
-def _paths(p: dict) -> tuple[Path, Path, Path, Path]:
-    d = Path(p["save_dir"])
-    return d, d / p["tmp"], d / p["final"], d / p["backup"]
-
-
-def _rollback(p: dict) -> None:
+def _rollback(p: ParkJournal) -> None:
     """Undo a park whose new state file is not in place: old files back, temps gone."""
-    d, tmp, final, backup = _paths(p)
+    d, tmp, final, backup = p.paths
     if backup.exists():
         os.replace(backup, final)
     for suf in SIDECAR_SUFFIXES:
@@ -257,14 +186,14 @@ def _rollback(p: dict) -> None:
         _rm(Path(str(tmp) + suf))
 
 
-def _finish(catalog: Catalog, p: dict) -> None:
+def _finish(catalog: Catalog, p: ParkJournal) -> None:
     """Complete a park whose new state file is in place: sidecar, record, cleanup."""
-    d, tmp, final, backup = _paths(p)
+    d, tmp, final, backup = p.paths
     for suf in SIDECAR_SUFFIXES:
         new = Path(str(tmp) + suf)
         if new.exists():
             os.replace(new, Path(str(final) + suf))
-    rec = SessionRecord(**p["record"])
+    rec = SessionRecord(**(p.record or {}))
     rec.id = None
     catalog.add_or_replace(rec)
     _rm(backup)
@@ -278,48 +207,49 @@ def recover_interrupted(catalog: Catalog, save_dirs) -> list[str]:
     Call at app/CLI start. A journaled park whose temp state file still exists
     is rolled back (old state file and sidecar restored); one whose new state
     file is already in place (same inode as journaled) is finished (sidecar
-    moved, record written). Parks of another live process are left alone.
+    moved, record written). Parks still running, here or in another live
+    process, are left alone.
     """
+    journal = Journal(catalog)
     messages: list[str] = []
     dirs = {Path(d) for d in save_dirs if d}
     # List files before reading the journal: a temp file seen here was journaled
     # before it was created, so a concurrent park cannot lose its file.
     leftovers = {p for d in dirs if d.is_dir() for p in d.glob(TMP_PREFIX + "*")}
     referenced: set[Path] = set()
-    entries = [e for e in catalog.list_pending() if e[1] == "park"]
-    committing = {e[2].get("tmp") for e in entries if e[2].get("phase") == "commit"}
-    for pid_, _kind, p, _at in entries:
-        try:
-            d, tmp, final, backup = _paths(p)
-        except (KeyError, TypeError):
-            catalog.remove_pending(pid_)
-            messages.append(f"dropped a malformed park journal entry #{pid_}")
+    entries = journal.entries(JournalKind.PARK)
+    committing = {e.entry.tmp for e in entries
+                  if isinstance(e.entry, ParkJournal) and e.entry.phase is ParkPhase.COMMIT}
+    for e in entries:
+        p = e.entry
+        if not isinstance(p, ParkJournal):
+            journal.end(e.id)
+            messages.append(f"dropped a malformed park journal entry #{e.id}")
             continue
-        family = [tmp, backup] + [Path(str(x) + s) for x in (tmp, backup) for s in SIDECAR_SUFFIXES]
-        if pid_ in _IN_FLIGHT or _journal_owner_alive(p):
-            referenced.update(family)
+        d, tmp, final, backup = p.paths
+        referenced.update([tmp, backup] + [Path(str(x) + s) for x in (tmp, backup) for s in SIDECAR_SUFFIXES])
+        if e.active():
             continue
-        referenced.update(family)
-        name = p.get("name", p["final"])
+        name = p.name or p.final
         try:
-            if p.get("phase") != "commit":
-                if p.get("tmp") in committing:
-                    catalog.remove_pending(pid_)  # its commit entry decides
+            if p.phase is not ParkPhase.COMMIT:
+                if p.tmp in committing:
+                    journal.end(e.id)  # its commit entry decides
                     continue
                 _rollback(p)
                 messages.append(f"park of '{name}' was interrupted while saving: temporary files removed")
             elif tmp.exists():
                 _rollback(p)
                 messages.append(f"park of '{name}' was interrupted: rolled back, the previous copy is kept")
-            elif final.exists() and final.stat().st_ino == p.get("ino"):
+            elif final.exists() and final.stat().st_ino == p.ino:
                 _finish(catalog, p)
                 messages.append(f"park of '{name}' was interrupted after the state file was moved: finished")
             else:
                 _rollback(p)
                 messages.append(f"park of '{name}' was interrupted and its new file is gone: rolled back")
-            catalog.remove_pending(pid_)
-        except OSError as e:
-            messages.append(f"could not recover the park of '{name}': {e}")
+            journal.end(e.id)
+        except OSError as exc:
+            messages.append(f"could not recover the park of '{name}': {exc}")
     for f in sorted(leftovers - referenced):
         if f.exists():
             with contextlib.suppress(OSError):
@@ -331,7 +261,8 @@ def recover_interrupted(catalog: Catalog, save_dirs) -> list[str]:
 def known_save_dirs(catalog: Catalog, extra=()) -> list[Path]:
     """Folders to sweep in recover_interrupted: journaled, catalogued, profile folders."""
     dirs = {Path(r.save_dir) for r in catalog.list()}
-    dirs |= {Path(p["save_dir"]) for _i, k, p, _a in catalog.list_pending() if k == "park" and "save_dir" in p}
+    dirs |= {Path(e.entry.save_dir) for e in Journal(catalog).entries(JournalKind.PARK)
+             if isinstance(e.entry, ParkJournal)}
     sessions = paths.data_dir() / "sessions"
     if sessions.is_dir():
         dirs |= {d for d in sessions.iterdir() if d.is_dir()}
@@ -370,12 +301,17 @@ async def park_slot(target: ServerTarget, slot_id: int, name: str | None = None,
 
 
 async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progress) -> ParkResult:
-    slots = await fetch_slots(target)
-    slot = find_slot(slots, slot_id)
-    n_live = slot_tokens(target, slot)
+    rows = await target.slot_rows()
+    try:
+        slot = find_row(rows, slot_id)
+    except SlotError as e:
+        raise ParkError(str(e)) from None
+    n_live = held(slot)
     if n_live <= 0:
         raise ParkError(f"slot {slot_id} is empty: there is nothing to park")
     name = (name or "").strip() or default_name(slot_id)
+    if target.save_dir is None:
+        raise ParkError("the server's --slot-save-path folder is not known: choose it first")
     save_dir = Path(target.save_dir)
     if not save_dir.is_dir():
         raise ParkError(f"the server's --slot-save-path folder {save_dir} is not visible here")
@@ -383,17 +319,17 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
     final_name = pick_state_file(catalog, save_dir, target.profile_name, name)
     hexid = secrets.token_hex(6)
     tmp_name = f"{TMP_PREFIX}{hexid}.bin"
-    journal = {"phase": "saving", "save_dir": str(save_dir), "tmp": tmp_name, "final": final_name,
-               "backup": f"{TMP_PREFIX}{hexid}.prev.bin", "name": name, "profile": target.profile_name}
-    journal["pid"], journal["pid_ctime"] = _process_stamp()
+    entry = ParkJournal(save_dir=str(save_dir), tmp=tmp_name, final=final_name,
+                        backup=f"{TMP_PREFIX}{hexid}.prev.bin", name=name, profile=target.profile_name,
+                        owner=Owner.me())
 
     # Model identity first (the first hash of a big model takes minutes): nothing on disk yet.
     _say(on_progress, "identifying the model")
     model_size, model_sha, memory_kind = await model_identity(target.model_path)
 
-    jid = catalog.add_pending("park", journal)
-    _IN_FLIGHT.add(jid)
-    d, tmp, final, backup = _paths(journal)
+    journal = Journal(catalog)
+    jid = journal.begin(entry)
+    d, tmp, final, backup = entry.paths
     try:
         _say(on_progress, f"saving slot {slot_id} ({n_live:,} tokens)")
         try:
@@ -414,29 +350,25 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
             save_ms=float((resp.get("timings") or {}).get("save_ms") or 0.0),
             server_build=target.build, model_path=target.model_path, model_size=model_size,
             model_sha256=model_sha, cache_type_k=target.cache_type_k, cache_type_v=target.cache_type_v,
-            n_ctx_slot=int(slot.get("n_ctx") or 0), flash_attn=target.flash_attn, swa_full=target.swa_full,
-            memory_kind=memory_kind, sidecar_status=sidecar.status.value, sidecar_reason=sidecar.reason,
+            n_ctx_slot=int(slot.n_ctx or 0), flash_attn=target.flash_attn, swa_full=target.swa_full,
+            memory_kind=memory_kind, sidecar_status=sidecar.status, sidecar_reason=sidecar.reason,
             sidecar_count=len(sidecar.checkpoints), slot_id=slot_id, updated_at=now,
         )
         _say(on_progress, "moving the files into place")
-        commit = dict(journal, phase="commit", ino=tmp.stat().st_ino, record=asdict(record))
-        cid = catalog.add_pending("park", commit)
-        _IN_FLIGHT.add(cid)
-        catalog.remove_pending(jid)
-        _IN_FLIGHT.discard(jid)
+        commit = replace(entry, phase=ParkPhase.COMMIT, ino=tmp.stat().st_ino, record=asdict(record))
+        cid = journal.begin(commit)
+        journal.end(jid)
         jid = cid
         stored = _commit(catalog, commit)
-        catalog.remove_pending(jid)
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            _rollback(journal)
+            _rollback(entry)
         with contextlib.suppress(Exception):
-            catalog.remove_pending(jid)
-        _IN_FLIGHT.discard(jid)
+            journal.end(jid)
         if isinstance(exc, OSError):
             raise ParkError(f"could not write the parked files in {save_dir}: {exc.strerror or exc}") from None
         raise
-    _IN_FLIGHT.discard(jid)
+    journal.end(jid)
 
     if memory_kind in CHECKPOINTED_KINDS:
         catalog.record_sidecar_observation(target.build, sidecar.status in (
@@ -446,13 +378,13 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
     return ParkResult(stored, report, warnings, slot_id)
 
 
-def _commit(catalog: Catalog, p: dict) -> SessionRecord:
+def _commit(catalog: Catalog, p: ParkJournal) -> SessionRecord:
     """Swap in the new state file and its sidecar, then write the record.
 
     Old state file and sidecars are renamed aside first; if anything fails
     before the record is written they go back (the caller's _rollback).
     """
-    d, tmp, final, backup = _paths(p)
+    d, tmp, final, backup = p.paths
     for suf in SIDECAR_SUFFIXES:
         old = Path(str(final) + suf)
         if old.exists():  # stale or previous sidecar: never paired with the new state file
@@ -465,7 +397,7 @@ def _commit(catalog: Catalog, p: dict) -> SessionRecord:
             new = Path(str(tmp) + suf)
             if new.exists():
                 os.replace(new, Path(str(final) + suf))
-        rec = SessionRecord(**p["record"])
+        rec = SessionRecord(**(p.record or {}))
         rec.id = None
         stored = catalog.add_or_replace(rec)
     except BaseException:
@@ -502,12 +434,12 @@ async def park_all(target: ServerTarget, *, prefix: str | None = None,
                    on_progress: ProgressFn | None = None) -> list[ParkResult]:
     """Park every non-empty slot as "<prefix> slot N"; a failing slot is reported
     in its ParkResult.error and the others go on."""
-    slots = await fetch_slots(target)
+    rows = await target.slot_rows()
     prefix = (prefix or "").strip() or time.strftime("%Y-%m-%d %H-%M")
     results: list[ParkResult] = []
-    for i, s in enumerate(slots):
-        sid = int(s.get("id", i))
-        if slot_tokens(target, s) <= 0:
+    for row in rows:
+        sid = row.id
+        if sid is None or held(row) <= 0:
             continue
         try:
             results.append(await park_slot(target, sid, f"{prefix} slot {sid}", on_progress=on_progress))

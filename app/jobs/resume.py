@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.jobs.park import (CHECKPOINTED_KINDS, ParkError, fetch_slots, find_slot, model_identity,
-                           slot_ids_text, slot_tokens)
+from app.jobs.park import CHECKPOINTED_KINDS, model_identity
+from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.jobs.target import ServerTarget
+from app.monitor.slots import RestoredSlot, SlotRow
 from app.server.client import ServerError, ServerUnreachable
 from app.server.sidecar import SidecarStatus, inspect_sidecar
 from app.server.statefile import StateFileError, read_state_header, version_mismatch_reason
@@ -52,7 +53,7 @@ class Preflight:
     warnings: list[str] = field(default_factory=list)
     reprefill_tokens: int | None = None
     reprefill_seconds: float | None = None
-    slot: dict | None = field(default=None, repr=False)  # the /slots entry checked
+    slot: SlotRow | None = field(default=None, repr=False)  # the /slots row checked
 
     @property
     def ok(self) -> bool:
@@ -121,14 +122,14 @@ async def _same_model(target: ServerTarget, rec: SessionRecord, live_path: str) 
 
 
 async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *,
-                    slots: list[dict] | None = None) -> Preflight:
+                    rows: list[SlotRow] | None = None) -> Preflight:
     """What would stop a restore of ``record`` into ``slot_id`` (refusals), and what
-    it would cost (warnings). ``slots``: a /slots answer the caller just fetched."""
+    it would cost (warnings). ``rows``: the slot rows the caller just read."""
     pf = Preflight()
-    slots = slots if slots is not None else await fetch_slots(target)
+    rows = rows if rows is not None else await target.slot_rows()
     try:
-        slot = pf.slot = find_slot(slots, slot_id)
-    except ParkError as e:
+        slot = pf.slot = find_row(rows, slot_id)
+    except SlotError as e:
         pf.refusals.append(str(e))
         slot = None
     props = await target.client.props()
@@ -141,12 +142,14 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
         if want and have and want != have:
             pf.refusals.append(f"different {which} cache type: the session was parked with {want}, "
                                f"this server uses {have} (-ct{which.lower()} {want} is needed)")
-    if slot is not None and slot.get("n_ctx") and record.n_tokens > int(slot["n_ctx"]):
-        pf.refusals.append(f"slot {slot_id} holds at most {int(slot['n_ctx']):,} tokens, the session has "
+    if slot is not None and slot.n_ctx and record.n_tokens > slot.n_ctx:
+        pf.refusals.append(f"slot {slot_id} holds at most {slot.n_ctx:,} tokens, the session has "
                            f"{record.n_tokens:,} (raise -c or lower -np)")
 
     path = record.state_path
-    if Path(record.save_dir).resolve() != Path(target.save_dir).resolve():
+    if target.save_dir is None:
+        pf.refusals.append("the server's --slot-save-path folder is not known: choose it first")
+    elif Path(record.save_dir).resolve() != Path(target.save_dir).resolve():
         pf.refusals.append(f"the session's file is in {record.save_dir}, but this server reads "
                            f"{target.save_dir} (--slot-save-path)")
     header = None
@@ -174,9 +177,9 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
         return pf
 
     # -- warnings
-    held = slot_tokens(target, slot) if slot is not None else 0
-    if held > 0:
-        pf.warnings.append(f"slot {slot_id} holds {held:,} tokens; resuming replaces them")
+    n_held = held(slot) if slot is not None else 0
+    if n_held > 0:
+        pf.warnings.append(f"slot {slot_id} holds {n_held:,} tokens; resuming replaces them")
     kind = record.memory_kind
     if kind in CHECKPOINTED_KINDS:
         report = inspect_sidecar(path, record.n_tokens, kind)
@@ -202,16 +205,9 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
     return pf
 
 
-def _first_empty_slot(target: ServerTarget, slots: list[dict]) -> int | None:
-    for i, s in enumerate(slots):
-        if slot_tokens(target, s) <= 0 and not s.get("is_processing"):
-            return int(s.get("id", i))
-    return None
-
-
 async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
                          force: bool = False) -> ResumeResult:
-    """Restore session ``name`` into ``slot_id`` (None: the first empty slot).
+    """Restore session ``name`` into ``slot_id`` (None: :func:`app.jobs.slots.default_slot`).
 
     Raises ResumeRefused (cannot work), ResumeNeedsConfirmation (would work, with
     costs: pass force=True), ResumeFailed (the server refused the restore).
@@ -222,18 +218,17 @@ async def resume_session(target: ServerTarget, name: str, slot_id: int | None = 
 
 
 async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool) -> ResumeResult:
-    slots = await fetch_slots(target)
+    rows = await target.slot_rows()
     if slot_id is None:
-        slot_id = _first_empty_slot(target, slots)
+        slot_id = default_slot(rows, Purpose.RESUME, record.slot_id)
         if slot_id is None:
-            raise ResumeRefused([f"no empty slot ({slot_ids_text(slots)} all hold tokens): "
-                                 "choose one with --slot N"])
-    pf = await preflight(target, record, slot_id, slots=slots)
+            raise ResumeRefused([no_default_reason(rows, Purpose.RESUME)])
+    pf = await preflight(target, record, slot_id, rows=rows)
     if pf.refusals:
         raise ResumeRefused(pf.refusals)
     if pf.warnings and not force:
         raise ResumeNeedsConfirmation(pf.warnings, pf)
-    id_task_before = (pf.slot or {}).get("id_task")
+    id_task_before = pf.slot.id_task if pf.slot is not None else None
     try:
         resp = await target.client.restore_slot(slot_id, record.state_file)
     except ServerError as e:
@@ -254,7 +249,7 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
             session_id=record.id, kind="resume", at=now, server_build=target.build, restore_ms=restore_ms,
             details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
                      "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}))
-    target.restored[slot_id] = (n_restored, record.name, id_task_before)
+    target.restored[slot_id] = RestoredSlot(n_restored, record.name, id_task_before)
     return ResumeResult(record, slot_id, n_restored, restore_ms, warnings)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from app.core.profile import LaunchProfile
 from app.jobs.queue import OperationQueue
+from app.monitor.slots import LastTask, RestoredSlot, SlotRow, slot_rows
 from app.server.client import LlamaClient
 from app.server.supervisor import LogBuffer
 from app.store.catalog import Catalog
@@ -20,7 +21,7 @@ from app.store.catalog import Catalog
 class ServerTarget:
     client: LlamaClient
     url: str
-    save_dir: Path  # the server's --slot-save-path (files go to save_dir / filename)
+    save_dir: Path | None  # the server's --slot-save-path (files go to save_dir / filename); None: not known
     catalog: Catalog
     profile_name: str  # the profile's name, or the URL in attach mode
     profile: LaunchProfile | None = None  # None in attach mode
@@ -33,9 +34,19 @@ class ServerTarget:
     ctx_checkpoints: int = 32
     log: LogBuffer | None = None  # the server log, when the app launched the server
     queue: OperationQueue = field(default_factory=OperationQueue)
-    # slot id -> (n_tokens, session name, id_task seen in /slots at restore time):
-    # after a restore /slots shows no task for the slot, so the app keeps the count.
-    restored: dict[int, tuple[int, str | None, int | None]] = field(default_factory=dict)
+    # After a restore /slots does not show the restored tokens, so the app keeps them.
+    restored: dict[int, RestoredSlot] = field(default_factory=dict)
+    # Each slot's last task from the log (/slots zeroes its figures at release).
+    last_tasks: dict[int, LastTask] = field(default_factory=dict)
+
+    async def slot_rows(self) -> list[SlotRow]:
+        """``GET /slots`` as typed rows, with what the app knows that /slots does not."""
+        data = await self.client.slots()
+        if not isinstance(data, list):
+            from app.server.client import ServerError
+
+            raise ServerError(200, "GET /slots did not answer a list", path="/slots")
+        return slot_rows(data, self.restored, self.last_tasks)
 
     @classmethod
     async def connect(cls, client: LlamaClient, catalog: Catalog, *, profile: LaunchProfile | None = None,
@@ -43,9 +54,7 @@ class ServerTarget:
                       build: str | None = None) -> "ServerTarget":
         """Read /props and fill in what the profile does not say."""
         props = await client.props()
-        if save_dir is None:
-            if profile is None:
-                raise ValueError("attach mode needs the server's --slot-save-path folder")
+        if not save_dir and profile is not None:
             from app.server.launcher import slot_save_path_for
 
             save_dir = slot_save_path_for(profile)
@@ -53,7 +62,7 @@ class ServerTarget:
         return cls(
             client=client,
             url=client.base_url,
-            save_dir=Path(save_dir),
+            save_dir=Path(save_dir) if save_dir else None,
             catalog=catalog,
             profile_name=p.name if p else client.base_url,
             profile=p,

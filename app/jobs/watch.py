@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from app.jobs.verdict import Verdict, judge
+from app.core.verdict import Verdict, judge
 from app.server.logparse import Kind, LogEvent, parse_line
 from app.server.supervisor import LogBuffer, LogLine
 

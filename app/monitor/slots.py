@@ -17,7 +17,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["SlotRow", "slot_rows", "SlotsUnavailable", "slots_state_from_error"]
+from app.core.verdict import Verdict
+
+__all__ = ["SlotRow", "slot_rows", "RestoredSlot", "LastTask", "SlotsUnavailable", "slots_state_from_error"]
+
+
+@dataclass
+class RestoredSlot:
+    """What the app restored into a slot: /slots cannot show it (no task ran yet)."""
+
+    n_tokens: int
+    session: str | None = None
+    # id_task /slots showed at restore time: build 11434 keeps the previous task's
+    # id and counts after a restore, so only a *different* id means a task ran since.
+    id_task: int | None = None
+    verdict: Verdict | None = None
+
+    @property
+    def caption(self) -> str | None:
+        """The session, with its verdict once the first query was judged."""
+        if self.verdict is None:
+            return self.session
+        figures = ""
+        if self.verdict.prompt_n is not None and self.verdict.cache_n is not None:
+            figures = f" (cache_n {self.verdict.cache_n:,}, prompt_n {self.verdict.prompt_n:,})"
+        return f"{self.session or 'restored'} — {self.verdict.kind}{figures}"
+
+
+@dataclass(frozen=True)
+class LastTask:
+    """A slot's last task as the log tells it: /slots reports 0 cached and 0
+    processed once the task is released (build 11434)."""
+
+    task: int
+    n_prompt: int | None = None
+    n_cached: int | None = None
+    n_processed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,16 +111,19 @@ def _busy(slot: Mapping[str, Any]) -> bool:
 
 def slot_rows(
     slots_json: Any,
-    restored: Mapping[int, tuple[int, str | None]] | None = None,
+    restored: Mapping[int, RestoredSlot] | None = None,
+    last_tasks: Mapping[int, LastTask] | None = None,
 ) -> list[SlotRow]:
     """One :class:`SlotRow` per slot object; never raises on odd JSON.
 
-    ``restored[slot_id] = (n_tokens, session_name)`` from the app's restore
-    responses. When the slot JSON carries a prompt count (the slot ran a task)
-    that count wins; otherwise the restored count is shown and marked
-    ``tokens_known_from_restore=True``.
+    ``restored[slot_id]`` comes from the app's restore responses: while no task
+    ran on the slot since the restore, its count is shown and marked
+    ``tokens_known_from_restore=True``; after one, the live counts win.
+    ``last_tasks[slot_id]`` (from the log) fills the cached/processed counts
+    that /slots zeroes when a task is released.
     """
     restored = restored or {}
+    last_tasks = last_tasks or {}
     if not isinstance(slots_json, (list, tuple)):
         return []
     rows: list[SlotRow] = []
@@ -103,21 +141,27 @@ def slot_rows(
         if id_task is not None and id_task < 0:
             id_task = None  # older builds: -1 = no task
         entry = restored.get(sid) if sid is not None else None
-        r_tokens: int | None = None
-        r_session: str | None = None
-        if isinstance(entry, (tuple, list)) and entry:
-            r_tokens = _int(entry[0])
-            r_session = entry[1] if len(entry) > 1 and isinstance(entry[1], str) else None
+        r_session = entry.caption if entry is not None else None
+        # A task ran since the restore when /slots shows a task id other than the
+        # one it showed at restore time: then the live counts are the truth.
+        fresh = entry is not None and (id_task is None or id_task == entry.id_task)
 
-        if n_prompt is not None:
-            tokens_held: int | None = n_prompt + (n_decoded or 0)
-            from_restore = False
-        elif r_tokens is not None:
-            tokens_held = r_tokens
+        if fresh:
+            tokens_held: int | None = entry.n_tokens
             from_restore = True
+        elif n_prompt is not None:
+            tokens_held = n_prompt + (n_decoded or 0)
+            from_restore = False
         else:
             tokens_held = None
             from_restore = False
+        n_cached = _int(slot.get("n_prompt_tokens_cache"))
+        n_processed = _int(slot.get("n_prompt_tokens_processed"))
+        last = last_tasks.get(sid) if sid is not None else None
+        if last is not None and not _busy(slot) and (id_task is None or last.task == id_task) and not from_restore:
+            # released: /slots says 0 and 0, the log kept the real figures
+            n_cached = last.n_cached if last.n_cached is not None else n_cached
+            n_processed = last.n_processed if last.n_processed is not None else n_processed
 
         rows.append(
             SlotRow(
@@ -127,8 +171,8 @@ def slot_rows(
                 tokens_held=tokens_held,
                 tokens_known_from_restore=from_restore,
                 n_prompt_tokens=n_prompt,
-                n_cached=_int(slot.get("n_prompt_tokens_cache")),
-                n_processed=_int(slot.get("n_prompt_tokens_processed")),
+                n_cached=n_cached,
+                n_processed=n_processed,
                 n_decoded=n_decoded,
                 id_task=id_task,
                 session=r_session,

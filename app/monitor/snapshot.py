@@ -23,7 +23,7 @@ from typing import Any
 
 from app.monitor.gpu import GpuMonitor, GpuSnapshot
 from app.monitor.process import HostSample, ProcessMonitor, ProcessSample, sample_host
-from app.monitor.slots import SlotRow, slot_rows, slots_state_from_error
+from app.monitor.slots import LastTask, RestoredSlot, SlotRow, slot_rows, slots_state_from_error
 from app.monitor.units import NA, fmt_bytes, is_na, fmt_uptime
 from app.monitor.warnings import MonitorWarning, compute_warnings
 
@@ -110,6 +110,16 @@ def health_from_result(result: Any) -> str:
         if status is not None:
             return health_from_result(str(status))
         return "ok"
+    ok = getattr(result, "ok", None)
+    if isinstance(ok, bool):  # the client's Health: status 0 means no HTTP answer at all
+        if ok:
+            return "ok"
+        if getattr(result, "loading", False):
+            return "loading"
+        status, message = _status_of(result), getattr(result, "message", "") or ""
+        if not status:
+            return f"unreachable: {message or 'no answer'}"
+        return f"unreachable: HTTP {status}" + (f": {message}" if message else "")
     status = _status_of(result)
     if status is not None:
         if 200 <= status < 300:
@@ -157,11 +167,12 @@ async def take_snapshot(
     fetch_slots: Callable[[], Awaitable[Any]],
     gpu: GpuMonitor | None,
     proc: ProcessMonitor | None,
-    restored: Mapping[int, tuple[int, str | None]] | None,
+    restored: Mapping[int, RestoredSlot] | None,
     cache_ram_mib: int | None,
     url: str,
     *,
     timeout_s: float = DEFAULT_FETCH_TIMEOUT_S,
+    last_tasks: Mapping[int, LastTask] | None = None,
 ) -> Snapshot:
     """Gather one :class:`Snapshot`; never raises (except CancelledError).
 
@@ -193,7 +204,7 @@ async def take_snapshot(
                 return (), slots_state_from_error(data)
             return (), slots_state_from_error(f"unexpected response: {type(data).__name__}")
         try:
-            return tuple(slot_rows(data, restored or {})), None
+            return tuple(slot_rows(data, restored or {}, last_tasks or {})), None
         except Exception as exc:  # slot_rows is defensive; be sure
             log.exception("slot_rows failed")
             return (), slots_state_from_error(exc)

@@ -36,10 +36,11 @@ RECURRENT_ARCHITECTURES = frozenset({
 RECURRENT_KEY_MARKERS = (".ssm.", ".shortconv.", ".wkv.")
 
 
-class MemoryKind(str, enum.Enum):
+class MemoryKind(enum.StrEnum):
     DENSE = "dense"
     SLIDING_WINDOW = "sliding-window"
     RECURRENT_HYBRID = "recurrent-hybrid"
+    UNKNOWN = "unknown"  # the model file is not readable here (attach mode to another machine)
 
 
 @dataclass(frozen=True)

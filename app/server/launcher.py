@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from app import paths
-from app.core.argv import server_env, to_argv
+from app.core.argv import absorb_extra_args, server_env, to_argv
 from app.core.helptext import BinaryCaps, unsupported
 from app.core.profile import FieldError, LaunchProfile, ProfileError, validate
 from app.server.discovery import (DiscoveryError, binary_info, build_id, default_model_path,
@@ -45,6 +45,9 @@ def slot_save_path_for(profile: LaunchProfile) -> str:
 
 def plan_launch(profile: LaunchProfile, *, on_model_progress: Callable[[int, int], None] | None = None,
                 check_files: bool = True) -> LaunchPlan:
+    # Flags typed into the extra arguments that have a field (--api-key above all)
+    # are launched from the field: the key travels in the environment, never argv.
+    profile = absorb_extra_args(profile)[0]
     if check_files and profile.model == str(default_model_path()) and not Path(profile.model).is_file():
         ensure_default_model(on_model_progress)
     errors = validate(profile, check_files=check_files)
@@ -78,13 +81,25 @@ def make_supervisor(plan: LaunchPlan, **kw) -> Supervisor:
         plan.argv,
         url=plan.url,
         env=plan.env,
-        api_key=p.api_key or _read_key_file(p.api_key_file),
+        api_key=resolve_api_key(p, environ={}),
         profile_name=p.name,
         pid_record_path=pid_record_path(p.name),
         auto_restart=p.auto_restart,
         check_port=(host, p.port) if not host.startswith("/") else None,
         **kw,
     )
+
+
+def resolve_api_key(profile: LaunchProfile | None, *, environ=None) -> str | None:
+    """The API key for a server: the profile's key, else its key file, else
+    ``$LLAMA_API_KEY`` (``environ``, default the process environment; pass ``{}``
+    for "the profile's key only"). The one place every front end gets a key from."""
+    environ = os.environ if environ is None else environ
+    if profile is not None:
+        key = profile.api_key or _read_key_file(profile.api_key_file)
+        if key:
+            return key
+    return environ.get("LLAMA_API_KEY") or None
 
 
 def _read_key_file(path: str | None) -> str | None:

@@ -49,7 +49,7 @@ KIND_LSCKPT2 = "LSCKPT2"
 KIND_COMPANION = "companion"
 
 
-class SidecarStatus(enum.Enum):
+class SidecarStatus(enum.StrEnum):
     PRESENT_VALID = "present"
     PRESENT_UNVERIFIED = "present, unverified"  # PR #20819 companion: layout unknown
     MISSING = "missing"

@@ -36,7 +36,7 @@ from app.server.outcome import Cause, Outcome, classify
 log = logging.getLogger(__name__)
 
 
-class ServerState(str, enum.Enum):
+class ServerState(enum.StrEnum):
     STOPPED = "Stopped"
     STARTING = "Starting"
     LOADING = "Loading"

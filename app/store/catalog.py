@@ -33,6 +33,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
+from app.core.verdict import VerdictKind
+from app.server.gguf_info import MemoryKind
+from app.server.sidecar import SidecarStatus
+
 SCHEMA_VERSION = 1
 
 #: Memory kinds whose parks say something about sidecar support. A dense model
@@ -78,8 +82,8 @@ class SessionRecord:
     n_ctx_slot: int = 0
     flash_attn: str = ""
     swa_full: bool = False
-    memory_kind: str = "dense"  # "dense" / "sliding-window" / "recurrent-hybrid"
-    sidecar_status: str = "not needed"  # "present" / "missing" / "invalid" / "not needed"
+    memory_kind: MemoryKind = MemoryKind.DENSE
+    sidecar_status: SidecarStatus = SidecarStatus.NOT_NEEDED
     sidecar_reason: str = ""
     sidecar_count: int = 0
     slot_id: int = 0  # the slot it was parked from
@@ -88,13 +92,30 @@ class SessionRecord:
     last_restore_ms: float | None = None
     last_n_restored: int | None = None
     last_restore_at: float | None = None
-    last_verdict: str | None = None
+    last_verdict: VerdictKind | None = None
     last_verdict_reason: str | None = None
     notes: str = ""
+
+    def __post_init__(self) -> None:
+        # Stored as their text values; typed in memory (StrEnum: compares equal to the text).
+        self.memory_kind = _enum(MemoryKind, self.memory_kind, MemoryKind.UNKNOWN)
+        self.sidecar_status = _enum(SidecarStatus, self.sidecar_status, SidecarStatus.INVALID)
+        if self.last_verdict is not None:
+            self.last_verdict = _enum(VerdictKind, self.last_verdict, VerdictKind.UNKNOWN)
 
     @property
     def state_path(self) -> Path:
         return Path(self.save_dir) / self.state_file
+
+
+def _enum(kind, value, fallback):
+    """``value`` as a member of ``kind``; a text this app version does not know is ``fallback``."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        return fallback
 
 
 @dataclass
@@ -310,6 +331,9 @@ class Catalog:
         """
         now = time.time()
         values = {c: getattr(rec, c) for c in _SESSION_COLS}
+        for c in ("memory_kind", "sidecar_status", "last_verdict"):
+            if values[c] is not None:
+                values[c] = str(values[c])
         values["swa_full"] = int(bool(rec.swa_full))
         values["updated_at"] = rec.updated_at or now
         with self._tx() as conn:
@@ -405,8 +429,8 @@ class Catalog:
             last_restore_at=at,
         )
 
-    def update_verdict(self, session_id: int, verdict: str, reason: str) -> None:
-        self._update(session_id, last_verdict=verdict, last_verdict_reason=reason)
+    def update_verdict(self, session_id: int, verdict: VerdictKind | str, reason: str) -> None:
+        self._update(session_id, last_verdict=str(VerdictKind(verdict)), last_verdict_reason=reason)
 
     def _update(self, session_id: int, **values: Any) -> None:
         sets = ", ".join(f"{c} = ?" for c in values)

@@ -7,7 +7,7 @@ import logging
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import (QInputDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStatusBar, QTabWidget,
+from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStatusBar, QTabWidget,
                                QWidget)
 
 from app.core.profile import LaunchProfile, ProfileError
@@ -61,6 +61,10 @@ class MainWindow(QMainWindow):
         self.state_label = QLabel()
         self.state_label.setObjectName("state_label")
         self.url_label = QLabel()
+        # A long crash summary must not widen the window past the screen: the label
+        # takes the room the status bar has and shows the rest in its tooltip.
+        self.url_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.url_label.setMinimumWidth(0)
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(220)
         self.progress.hide()
@@ -69,7 +73,7 @@ class MainWindow(QMainWindow):
         sb.addWidget(self.url_label, 1)
         sb.addPermanentWidget(self.progress)
         self.setStatusBar(sb)
-        self._show_state("Stopped", "")
+        self._show_state(ServerState.STOPPED, "")
 
         self.profiles.sig_start.connect(self._on_start)
         self.profiles.sig_stop.connect(self.controller.stop)
@@ -162,21 +166,22 @@ class MainWindow(QMainWindow):
         self.controller.start(profile)
 
     # -- server state -----------------------------------------------------
-    def _show_state(self, state: str, detail: str) -> None:
+    def _show_state(self, state: ServerState, detail: str) -> None:
         colour = STATE_COLOURS.get(state, "#666666")
         self.state_label.setText(f"<b style='color:{colour}'>● Server {state}</b>")
         url = self.controller.url
-        if state == "Crashed":
+        if state == ServerState.CRASHED:
             self.url_label.setText(detail)
-        elif state == "Ready":
+        elif state == ServerState.READY:
             self.url_label.setText(detail or url or "")
-        elif state in ("Loading", "Starting") and url:
-            self.url_label.setText(url if state != "Starting" or not detail else detail)
+        elif state in (ServerState.LOADING, ServerState.STARTING) and url:
+            self.url_label.setText(url if state != ServerState.STARTING or not detail else detail)
         else:
             self.url_label.setText(detail)
-        running = state in ("Starting", "Loading", "Ready", "Stopping")
+        self.url_label.setToolTip(self.url_label.text())
+        running = state in (ServerState.STARTING, ServerState.LOADING, ServerState.READY, ServerState.STOPPING)
         self.profiles.set_running(running)
-        if state != "Starting":
+        if state != ServerState.STARTING:
             self.progress.hide()
 
     def _on_refused(self, message: str) -> None:

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFrame, QGridLayout, QGroupBox
 from app.monitor.gpu import GpuHistory, GpuMonitor, GpuSample, GpuSnapshot
 from app.monitor.process import ProcessMonitor
 from app.monitor.sampler import Sampler
-from app.monitor.slots import SlotRow
+from app.monitor.slots import LastTask, RestoredSlot, SlotRow
 from app.monitor.snapshot import Snapshot, take_snapshot
 from app.monitor.units import MiB, fmt_bytes, is_na, fmt_uptime
 from app.monitor.warnings import CRITICAL
@@ -452,7 +452,9 @@ class MonitorPanel(QWidget):
     def __init__(self, parent: QWidget | None = None, *, gpu_monitor: GpuMonitor | None = None,
                  interval: float = 1.0, busy_interval: float = 0.25, history_window_s: float = 600.0) -> None:
         super().__init__(parent)
-        self.restored: dict[int, tuple[int, str | None]] = {}
+        # What the session service knows and /slots does not (shared with it by the wiring).
+        self.restored: dict[int, RestoredSlot] = {}
+        self.last_tasks: dict[int, LastTask] = {}
         self._gpu = gpu_monitor
         self._own_gpu = gpu_monitor is None
         # Used for the next sampler (set them before the server is Ready).
@@ -738,6 +740,7 @@ class MonitorPanel(QWidget):
 
     async def _start_sampling(self) -> None:
         from app.server.client import LlamaClient  # no Qt; kept local to keep the import graph small
+        from app.server.launcher import resolve_api_key
 
         c = self._controller
         if c is None:
@@ -754,7 +757,7 @@ class MonitorPanel(QWidget):
             await self._stop_sampler_locked()
             profile = getattr(getattr(c, "plan", None), "profile", None)
             cache_ram = getattr(profile, "effective_cache_ram", None)
-            client = LlamaClient(url, _api_key(profile))
+            client = LlamaClient(url, resolve_api_key(profile))
             if self._gpu is None:
                 self._gpu = GpuMonitor()
             gpu = self._gpu
@@ -766,7 +769,7 @@ class MonitorPanel(QWidget):
 
             async def take() -> Snapshot:
                 return await take_snapshot(fetch_health, client.slots, gpu, proc, dict(self.restored),
-                                           cache_ram, url)
+                                           cache_ram, url, last_tasks=dict(self.last_tasks))
 
             self._client = client
             self._sampling_key = key
@@ -863,18 +866,3 @@ class MonitorPanel(QWidget):
         if obj is self._watched_window and event.type() in (QEvent.WindowStateChange, QEvent.Show, QEvent.Hide):
             self._update_pause()
         return False
-
-
-def _api_key(profile: Any) -> str | None:
-    if profile is None:
-        return None
-    key = getattr(profile, "api_key", None)
-    if key:
-        return key
-    key_file = getattr(profile, "api_key_file", None)
-    if key_file:
-        # The same key-file reading the supervisor uses (one place for it).
-        from app.server.launcher import _read_key_file
-
-        return _read_key_file(key_file)
-    return None

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
                                QLineEdit, QListWidget, QMessageBox, QPlainTextEdit, QPushButton, QScrollArea,
                                QSpinBox, QVBoxLayout, QWidget)
 
-from app.core.argv import CommandLineError, parse_command_line, preview, to_argv
+from app.core.argv import CommandLineError, absorb_extra_args, parse_command_line, preview, to_argv
 from app.core.hazards import hazards
 from app.core.profile import (FLASH_ATTN_VALUES, KNOWN_CACHE_TYPES, SPLIT_MODES, LaunchProfile, exposure_warning,
                               is_loopback, validate)
@@ -274,7 +274,9 @@ class ProfilePanel(QWidget):
                 else:
                     v[name] = t or None
         base = self._profiles.get(self._current_name or "", LaunchProfile(name=v["name"]))
-        return base.replace(**v)
+        # A flag typed into Extra arguments that has its own field (the API key
+        # above all: on the server's command line `ps` would show it) goes there.
+        return absorb_extra_args(base.replace(**v))[0]
 
     def _changed(self, *_args) -> None:
         if self._loading:

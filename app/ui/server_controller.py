@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class ServerController(QObject):
-    sig_state = Signal(str, str)  # state value, detail (outcome summary for Crashed)
+    sig_state = Signal(object, str)  # ServerState, detail (outcome summary for Crashed)
     sig_crashed = Signal(object)  # Outcome
     sig_error = Signal(str)  # refused before launch, with the reason
     sig_progress = Signal(str, int)  # what, percent (model assembly)
@@ -70,14 +70,14 @@ class ServerController(QObject):
             await self.supervisor.stop()
         self.attached = AttachedServer(url, api_key, leftover=leftover)
         self.attached.on_state(self._on_state)
-        self.sig_state.emit(ServerState.STARTING.value, f"attaching to {url}…")
+        self.sig_state.emit(ServerState.STARTING, f"attaching to {url}…")
         return await self.attached.start()
 
     async def detach_async(self) -> None:
         if self.attached:
             att, self.attached = self.attached, None
             await att.aclose()
-            self.sig_state.emit(ServerState.STOPPED.value, "detached")
+            self.sig_state.emit(ServerState.STOPPED, "detached")
 
     def start(self, profile: LaunchProfile) -> asyncio.Task:
         self._task = asyncio.ensure_future(self.start_async(profile))
@@ -106,7 +106,7 @@ class ServerController(QObject):
                 return True
             await self.stop_async()
         self.profile = profile
-        self.sig_state.emit(ServerState.STARTING.value, "checking the profile…")
+        self.sig_state.emit(ServerState.STARTING, "checking the profile…")
 
         def progress(done: int, total: int) -> None:
             pct = int(done * 100 / max(total, 1))
@@ -117,11 +117,11 @@ class ServerController(QObject):
             plan = await asyncio.to_thread(plan_launch, profile, on_model_progress=progress)
         except ProfileError as e:
             self.sig_error.emit("\n".join(str(x) for x in e.errors))
-            self.sig_state.emit(ServerState.STOPPED.value, "refused")
+            self.sig_state.emit(ServerState.STOPPED, "refused")
             return False
         except Exception as e:
             self.sig_error.emit(str(e))
-            self.sig_state.emit(ServerState.STOPPED.value, "refused")
+            self.sig_state.emit(ServerState.STOPPED, "refused")
             return False
         if self.supervisor:
             await self.supervisor.aclose()
@@ -133,7 +133,7 @@ class ServerController(QObject):
             await self.supervisor.start()
         except LaunchError as e:
             self.sig_error.emit(str(e))
-            self.sig_state.emit(ServerState.STOPPED.value, "refused")
+            self.sig_state.emit(ServerState.STOPPED, "refused")
             return False
         except StartFailed:
             return False  # reported through the state callback (Crashed + outcome)
@@ -161,7 +161,7 @@ class ServerController(QObject):
             detail = outcome.summary()
         elif state == ServerState.READY and self.url:
             detail = self.url + (" (attached)" if self.attached else "")
-        self.sig_state.emit(state.value, detail)
+        self.sig_state.emit(state, detail)
         if state == ServerState.CRASHED and outcome is not None:
             self.sig_crashed.emit(outcome)
 

@@ -1,8 +1,10 @@
 """Parked sessions: park, resume, check, delete, rename — one click each.
 
-No business logic here: every action calls a Qt-free job (app.jobs.*) on the
-asyncio loop; this widget only shows results, asks for confirmation, and keeps
-the window responsive (busy bar, queue label, buttons restored in ``finally``).
+A thin face of :class:`app.jobs.service.SessionService`: every decision (which
+slot, which key, what to warn about, what a resume does to the catalog) is the
+service's; this widget shows results, asks the user when the service says a
+workflow needs confirmation, and keeps the window responsive (busy bar, queue
+label). The CLI is the other face of the same service.
 """
 
 from __future__ import annotations
@@ -14,22 +16,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, QUrl, Signal
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QInputDialog,
                                QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton, QStyle, QTableView,
                                QVBoxLayout, QWidget)
 
 from app import paths
-from app.jobs.check import recover_hidden_sidecars
-from app.jobs.park import ParkError, known_save_dirs, park_all, park_slot, recover_interrupted
-from app.jobs.park_all_stop import clear_resume_plan, load_resume_plan, park_all_and_stop, resume_all
-from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused, resume_session
-from app.jobs.sessions import delete_session, rename_session
-from app.jobs.target import ServerTarget
-from app.jobs.verdict import Verdict
-from app.jobs.watch import ResumeWatcher
-from app.server.client import LlamaClient
+from app.core.verdict import Verdict, VerdictKind
+from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
+from app.jobs.service import NeedsConfirmation, ServiceError, SessionService
+from app.jobs.slots import Purpose, default_slot
+from app.monitor.slots import RestoredSlot, SlotRow
+from app.server.sidecar import SidecarStatus
+from app.server.supervisor import ServerState
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 from app.store.profiles import ProfileStore
 
@@ -44,6 +44,7 @@ SIDECAR_HELP = {
     "not needed": "A dense model keeps every position: resumes need no checkpoint.",
     "present, unverified": "A companion checkpoint file is there, in a format KV Valet cannot check.",
 }
+SLOTS_POLL_MS = 2000
 COLUMNS = ["Name", "Model", "Tokens", "Size", "Age", "Sidecar", "Last restore", "Verdict"]
 
 
@@ -126,22 +127,30 @@ class SessionsModel(QAbstractTableModel):
 
 
 class SessionsPanel(QWidget):
-    sig_changed = Signal()  # the catalog changed (parked, resumed, renamed, deleted)
+    sig_changed = Signal()  # the catalog changed (parked, resumed, renamed, deleted, judged)
     sig_done = Signal(str, bool, str)  # operation label, ok, message
-    sig_restored = Signal(int, int, str)  # slot, n_restored, session name
+    sig_restored = Signal(int, object)  # slot, RestoredSlot
     sig_verdict = Signal(int, str, object)  # slot, session, Verdict
-    sig_target = Signal(object)  # ServerTarget once connected (None when gone)
+    sig_service = Signal(object)  # SessionService once connected (None when gone)
 
     def __init__(self, parent=None, *, catalog: Catalog | None = None, store: ProfileStore | None = None,
                  confirm=None):
         super().__init__(parent)
         self.catalog = catalog or Catalog(paths.catalog_path())
         self.store = store or ProfileStore()
-        self.target: ServerTarget | None = None
+        self.service: SessionService | None = None
         self.controller = None
-        self.watcher = ResumeWatcher(self._on_verdict)
-        # confirm(title, text) -> bool; a test replaces the dialog.
+        # confirm(title, text) -> bool or awaitable bool; a test may replace the dialog.
         self.confirm = confirm or self._ask
+        self.question_box: QMessageBox | None = None
+        self.report_dialog = None
+        self._rows: list[SlotRow] = []
+        self._reading_slots = False
+        # The slot chooser follows the live /slots while the tab is visible
+        # (the Monitor's ticks feed it too, but the Monitor pauses when hidden).
+        self.slots_timer = QTimer(self)
+        self.slots_timer.setInterval(SLOTS_POLL_MS)
+        self.slots_timer.timeout.connect(self._on_slots_timer)
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._build()
@@ -161,7 +170,7 @@ class SessionsPanel(QWidget):
         self.table.doubleClicked.connect(lambda _i: self._on_resume())
 
         self.slot = QComboBox()
-        self.slot.setToolTip("The slot to park from, or to resume into.")
+        self.slot.setToolTip("The slot to park from, or to resume into. It follows the server's live /slots.")
         self.name = QLineEdit(placeholderText="session name (default: date, time and slot)")
         self.name.setToolTip("Name of the parked session. Parking under an existing name replaces it — only "
                              "after the new copy is safely on disk.")
@@ -173,7 +182,8 @@ class SessionsPanel(QWidget):
         self.park_stop_button.setToolTip("Park every non-empty slot, then stop the server: use it before a "
                                          "reboot. The next start of this profile offers to resume them all.")
         self.resume_button = QPushButton("Resume")
-        self.resume_button.setToolTip("Load the selected session into the chosen slot (default: an empty one).")
+        self.resume_button.setToolTip("Load the selected session into the chosen slot (default: the slot it was "
+                                      "parked from if empty, else an empty one).")
         self.check_button = QPushButton("Check resume…")
         self.check_button.setToolTip("Resume and send a probe to measure whether the prefill was skipped.")
         self.ab_button = QPushButton("A/B check…")
@@ -192,11 +202,9 @@ class SessionsPanel(QWidget):
         self.busy.hide()
         self.queue_label = QLabel("")
         self.queue_label.setToolTip("Slot operations run one at a time per server; the rest wait here.")
-        self.message = QLabel("")
-        self.message.setWordWrap(True)
+        self.message = _wrapping_label()
         self.message.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.hint = QLabel("")
-        self.hint.setWordWrap(True)
+        self.hint = _wrapping_label()
         self.hint.setStyleSheet("color: #666;")
 
         top = QHBoxLayout()
@@ -234,18 +242,19 @@ class SessionsPanel(QWidget):
     # -- catalog ----------------------------------------------------------
     @property
     def profile_name(self) -> str | None:
-        return self.target.profile_name if self.target else None
+        return self.service.profile_name if self.service else None
 
     def refresh(self) -> None:
         if self._closed:
             return
         selected = self.selected()
-        profile = self.profile_name
-        records = self.catalog.list(profile) if profile else self.catalog.list()
+        records = self.service.sessions() if self.service else self.catalog.list()
         self.model.set_records(records)
         style = self.style()
-        icons = {"present": QStyle.SP_DialogApplyButton, "missing": QStyle.SP_MessageBoxWarning,
-                 "invalid": QStyle.SP_MessageBoxCritical, "not needed": QStyle.SP_MessageBoxInformation}
+        icons = {SidecarStatus.PRESENT_VALID: QStyle.SP_DialogApplyButton,
+                 SidecarStatus.MISSING: QStyle.SP_MessageBoxWarning,
+                 SidecarStatus.INVALID: QStyle.SP_MessageBoxCritical,
+                 SidecarStatus.NOT_NEEDED: QStyle.SP_MessageBoxInformation}
         self.model.icon_for = {k: style.standardIcon(v) for k, v in icons.items()}
         if selected:
             self.select(selected.name)
@@ -265,133 +274,154 @@ class SessionsPanel(QWidget):
         self.controller = controller
         controller.sig_state.connect(self._on_server_state)
 
-    def _on_server_state(self, state: str, detail: str) -> None:
+    def _on_server_state(self, state: ServerState, detail: str) -> None:
         if self._closed:
             return
-        if state == "Ready":
-            self.spawn(self.connect_target())
-        elif state in ("Stopped", "Crashed", "Stopping"):
-            self._drop_target()
+        if state == ServerState.READY:
+            self.spawn(self.connect_service())
+        elif state in (ServerState.STOPPED, ServerState.CRASHED, ServerState.STOPPING):
+            self._drop_service()
 
-    def _drop_target(self) -> None:
-        if self.target is not None:
-            t, self.target = self.target, None
-            self.watcher = ResumeWatcher(self._on_verdict)
-            self.spawn(t.client.aclose())
-            self.sig_target.emit(None)
+    def _drop_service(self) -> None:
+        if self.service is not None:
+            svc, self.service = self.service, None
+            self.spawn(svc.aclose())
+            self.sig_service.emit(None)
         self._set_connected(False)
         self.refresh()
 
-    async def connect_target(self) -> ServerTarget | None:
+    async def connect_service(self) -> SessionService | None:
+        """Connect the session service to the server the controller runs or watches."""
         c = self.controller
         if c is None or c.url is None:
             return None
-        profile = c.profile if c.owned else None
-        save_dir = c.plan.slot_save_path if c.owned and c.plan else None
-        log_buffer = c.supervisor.log if c.owned and c.supervisor else None
-        if not c.owned and c.attached and c.attached.leftover:
+        profile, save_dir, supervisor, stopper = None, None, None, None
+        if c.owned:
+            profile = c.profile
+            save_dir = c.plan.slot_save_path if c.plan else None
+            supervisor = c.supervisor
+            stopper = c.supervisor.stop if c.supervisor else None
+        elif c.attached and c.attached.leftover:
+            # a server an earlier KV Valet launched: its profile says where it parks
             try:
                 profile = self.store.load(c.attached.leftover.profile)
-                from app.server.launcher import slot_save_path_for
-
-                save_dir = slot_save_path_for(profile)
             except Exception:
                 profile = None
-        api_key = profile.api_key if profile else None
-        client = LlamaClient(c.url, api_key)
-        if save_dir is None:
-            self.hint.setText("Attached to a server KV Valet did not start: choose its --slot-save-path folder "
-                              "(the first Park asks) to park and resume here.")
         try:
-            target = await ServerTarget.connect(client, self.catalog, profile=profile,
-                                                save_dir=save_dir or "", log=log_buffer,
-                                                build=c.plan.build if c.owned and c.plan else None)
-        except Exception as e:
-            log.warning("cannot connect to %s", c.url, exc_info=True)
-            await client.aclose()
-            self._say(f"Cannot read the server's properties: {e}", ok=False)
+            svc = await SessionService.connect(
+                self.catalog, url=c.url, profile=profile, save_dir=save_dir,
+                log_buffer=c.supervisor.log if c.owned and c.supervisor else None,
+                build=c.plan.build if c.owned and c.plan else None, supervisor=supervisor, stopper=stopper)
+        except ServiceError as e:
+            log.warning("cannot connect to %s: %s", c.url, e)
+            self._say(f"Cannot connect the Sessions tab: {e}", ok=False)
             return None
-        if save_dir is None:
-            target.save_dir = Path("")
-        self.target = target
-        target.queue.on_change(self._on_queue)
-        if c.owned and c.supervisor:
-            self.watcher.attach(c.supervisor)
-            c.supervisor.on_line(self._on_log_line)
-        recovered = await asyncio.to_thread(self._recover, target)
-        if target.model_path and Path(target.model_path).is_file():
-            # Hash the model and read its memory kind now, in the background, so the
-            # first Park does not wait for it (GGUFReader takes seconds on a big vocabulary).
-            from app.jobs.park import model_identity
-
-            self.spawn(model_identity(target.model_path))
-        await self._fill_slots()
+        if self._closed or self.controller is not c or c.url is None:
+            await svc.aclose()
+            return None
+        if self.service is not None:
+            await self.service.aclose()
+        self.service = svc
+        svc.target.queue.on_change(self._on_queue)
+        svc.on_change(self._on_service_changed)
+        svc.on_restored(lambda slot, entry: self.sig_restored.emit(slot, entry))
+        svc.on_verdict(self._on_verdict)
+        self.spawn(svc.warm_model_identity())
+        await self._read_slots()
         self._set_connected(True)
         self.refresh()
-        self.sig_target.emit(target)
-        if recovered:
-            self._say("Recovered after an interruption: " + "; ".join(recovered), ok=True)
-        plan = load_resume_plan(target.profile_name)
+        self.sig_service.emit(svc)
+        if svc.recovery_messages:
+            self._say("Recovered after an interruption: " + "; ".join(svc.recovery_messages), ok=True)
+        plan = svc.resume_plan()
         if plan:
-            names = ", ".join(f"{e['session']} → slot {e['slot']}" for e in plan)
             if profile is not None and profile.resume_on_start:
                 self.spawn(self.resume_planned())
             else:
                 self.resume_all_button.setText(f"Resume all ({len(plan)})")
-                self.resume_all_button.setToolTip(f"Parked by 'Park all & stop': {names}")
+                self.resume_all_button.setToolTip("Parked by 'Park all & stop': " + ", ".join(
+                    f"{e.session} → slot {e.slot}" for e in plan))
                 self.resume_all_button.show()
-        return target
+        return svc
 
-    def _on_log_line(self, item) -> None:
-        """Keep the profile's measured prefill rate from every prompt the server
-        processes, whoever sent it (used by the re-prefill estimate on resume)."""
-        ev = item.event
-        if ev.kind.value == "prompt_eval" and self.target is not None and not self._closed:
-            n, ms = ev.fields.get("n_tokens", 0), ev.fields.get("ms", 0.0)
-            if n >= 32 and ms > 0:
-                self.catalog.record_prefill(self.target.profile_name, n, ms)
+    def _on_service_changed(self) -> None:
+        if not self._closed:
+            self.refresh()
+            self.sig_changed.emit()
 
-    def _recover(self, target: ServerTarget) -> list[str]:
-        msgs = recover_hidden_sidecars(self.catalog)
-        dirs = known_save_dirs(self.catalog, [target.save_dir] if str(target.save_dir) else [])
-        return msgs + recover_interrupted(self.catalog, dirs)
-
-    async def _fill_slots(self) -> None:
-        if not self.target:
+    # -- the slot chooser follows the live /slots ---------------------------
+    async def _read_slots(self) -> None:
+        if not self.service or self._reading_slots:
             return
+        self._reading_slots = True
         try:
-            slots = await self.target.client.slots()
+            rows = await self.service.slot_rows()
         except Exception as e:
             self.hint.setText(f"Slots unavailable: {e}")
-            slots = []
+            rows = []
+        finally:
+            self._reading_slots = False
+        self.set_slot_rows(rows)
+
+    def _on_slots_timer(self) -> None:
+        if self.service is not None and self.isVisible() and not self._closed:
+            self.spawn(self._read_slots())
+
+    def showEvent(self, event) -> None:  # noqa: N802
+        super().showEvent(event)
+        self._on_slots_timer()
+
+    def set_slot_rows(self, rows) -> None:
+        """Show ``rows`` (SlotRows of this server, e.g. from each Monitor tick) in the chooser."""
+        if self._closed:
+            return
+        rows = list(rows)
+        if [(r.id, r.tokens_held, r.busy, r.tokens_known_from_restore) for r in rows] == \
+                [(r.id, r.tokens_held, r.busy, r.tokens_known_from_restore) for r in self._rows] and self.slot.count():
+            return
+        self._rows = rows
         current = self.slot.currentData()
+        self.slot.blockSignals(True)
         self.slot.clear()
-        self.slot.addItem("first empty slot", None)
-        for s in slots:
-            n = s.get("n_prompt_tokens")
-            known = self.target.restored.get(s["id"])
-            held = f"{n:,} tokens" if n else (f"{known[0]:,} tokens (restored)" if known else "empty")
-            self.slot.addItem(f"slot {s['id']} — {held}", s["id"])
+        self.slot.addItem("default slot", None)
+        for r in rows:
+            if r.id is None:
+                continue
+            n = r.tokens_held or 0
+            text = f"{n:,} tokens" + (" (restored)" if r.tokens_known_from_restore else "") if n else "empty"
+            self.slot.addItem(f"slot {r.id} — {text}" + (" (busy)" if r.busy else ""), r.id)
         idx = self.slot.findData(current)
-        self.slot.setCurrentIndex(idx if idx >= 0 else (1 if self.slot.count() > 1 else 0))
+        if idx < 0:
+            idx = self.slot.findData(default_slot(rows, Purpose.PARK))
+        self.slot.setCurrentIndex(max(idx, 0))
+        self.slot.blockSignals(False)
 
     def _set_connected(self, on: bool) -> None:
+        if on:
+            self.slots_timer.start()
+        else:
+            self.slots_timer.stop()
         for b in (self.park_button, self.park_all_button, self.park_stop_button, self.resume_button,
                   self.check_button, self.ab_button, self.slot, self.name):
             b.setEnabled(on)
-        self.park_stop_button.setEnabled(on and bool(self.controller and self.controller.owned))
+        self.park_stop_button.setEnabled(on and bool(self.service and self.service.stopper))
         if not on:
             self.hint.setText("Start or attach to a server to park and resume. Parked sessions stay listed.")
             self.resume_all_button.hide()
-        elif self.target and str(self.target.save_dir):
-            self.hint.setText(f"Sessions of '{self.target.profile_name}' are parked in {self.target.save_dir}")
+            self._rows = []
+            self.slot.clear()
+        elif self.service and self.service.save_dir:
+            self.hint.setText(f"Sessions of '{self.service.profile_name}' are parked in {self.service.save_dir}")
+        else:
+            self.hint.setText("Attached to a server KV Valet did not start: the first Park asks for its "
+                              "--slot-save-path folder.")
 
     def _on_queue(self) -> None:
-        labels = self.target.queue.labels() if self.target else []
+        labels = self.service.target.queue.labels() if self.service else []
         self.queue_label.setText(" · ".join(labels))
         self.busy.setVisible(bool(labels))
 
-    # -- actions ----------------------------------------------------------
+    # -- running actions ---------------------------------------------------
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -405,100 +435,106 @@ class SessionsPanel(QWidget):
             self._say(f"Failed: {task.exception()}", ok=False)
 
     def _say(self, text: str, ok: bool = True, label: str = "") -> None:
+        if self._closed:
+            return
         self.message.setStyleSheet("" if ok else "color: #b00020;")
         self.message.setText(text)
         self.sig_done.emit(label, ok, text)
 
+    def _chosen_slot(self) -> int | None:
+        return self.slot.currentData()
+
     async def _ensure_save_dir(self) -> bool:
-        if self.target is None:
+        if self.service is None:
             self._say("Start or attach to a server first.", ok=False)
             return False
-        if self.target and not str(self.target.save_dir):
+        if self.service.save_dir is None:
             dlg = QFileDialog(self, "The server's --slot-save-path folder")
             dlg.setFileMode(QFileDialog.Directory)
             fut = asyncio.get_running_loop().create_future()
             dlg.finished.connect(lambda r: fut.done() or fut.set_result(
                 dlg.selectedFiles()[0] if r and dlg.selectedFiles() else ""))
+            self.folder_dialog = dlg
             dlg.open()  # not exec(): see _ask
             folder = await fut
             dlg.deleteLater()
-            if not folder:
+            self.folder_dialog = None
+            if not folder or self.service is None:
                 return False
-            self.target.save_dir = Path(folder)
-        return self.target is not None
+            self.service.set_save_dir(folder)
+            self._set_connected(True)
+        return True
 
+    # -- park --------------------------------------------------------------
     def _on_park(self) -> None:
-        slot = self.slot.currentData()
-        if slot is None:
-            self._say("Choose the slot to park.", ok=False)
-            return
-        self.spawn(self.park(slot, self.name.text().strip() or None))
+        self.spawn(self.park(self._chosen_slot(), self.name.text().strip() or None))
 
-    async def park(self, slot_id: int, name: str | None = None):
+    async def park(self, slot_id: int | None, name: str | None = None):
         if not await self._ensure_save_dir():
             return None
-        label = f"Park slot {slot_id}"
+        label = "Park" + (f" slot {slot_id}" if slot_id is not None else "")
         try:
-            result = await park_slot(self.target, slot_id, name)
-        except ParkError as e:
+            result = await self.service.park(slot_id, name)
+        except ServiceError as e:
             self._say(f"{label}: {e}", ok=False, label=label)
             return None
-        self.refresh()
-        self.select(result.record.name)
-        self.sig_changed.emit()
-        text = (f"Parked slot {slot_id} as '{result.record.name}': {result.record.n_tokens:,} tokens, "
-                f"{_size(result.record.state_size + result.record.sidecar_size)} in "
-                f"{result.record.save_ms:,.0f} ms. Sidecar: {result.sidecar.reason if result.sidecar else '-'}")
+        rec = result.record
+        self.select(rec.name)
+        text = (f"Parked slot {result.slot_id} as '{rec.name}': {rec.n_tokens:,} tokens, "
+                f"{_size(rec.state_size + rec.sidecar_size)} in {rec.save_ms:,.0f} ms. "
+                f"Sidecar: {result.sidecar.reason if result.sidecar else '-'}")
         if result.warnings:
             text += "\n⚠ " + "\n⚠ ".join(result.warnings)
         self._say(text, ok=True, label=label)
-        await self._fill_slots()
+        await self._read_slots()
         return result
 
     async def park_all(self):
         if not await self._ensure_save_dir():
             return []
-        results = await park_all(self.target)
-        self._report_many("Park all", results)
+        try:
+            results = await self.service.park_all()
+        except ServiceError as e:
+            self._say(f"Park all: {e}", ok=False, label="Park all")
+            return []
+        self._report_parks("Park all", results)
+        await self._read_slots()
         return results
 
     async def park_all_and_stop(self):
-        if not self.controller or not self.controller.owned:
-            return []
-        from app.jobs.park_all_stop import StopSkipped
-
-        target = self.target
+        if self.service is None or not await self._ensure_save_dir():
+            return None
+        label = "Park all & stop"
         try:
-            results = await park_all_and_stop(target, self.controller.supervisor)
-        except StopSkipped as e:
-            self._report_many("Park all & stop", e.args[0] if e.args else [])
-            self._say(self.message.text() + "\nThe server keeps running: a slot could not be parked.", ok=False)
-            return []
-        self._report_many("Park all & stop", results)
-        return results
+            outcome = await self.service.park_all_and_stop()
+        except ServiceError as e:
+            self._say(f"{label}: {e}", ok=False, label=label)
+            return None
+        self._report_parks(label, outcome.results,
+                           "" if outcome.stopped else "\nThe server keeps running: a slot could not be parked.")
+        return outcome
 
-    def _report_many(self, label: str, results) -> None:
-        self.refresh()
-        self.sig_changed.emit()
+    def _report_parks(self, label: str, results, tail: str = "") -> None:
         lines = [(f"slot {r.slot_id}: '{r.record.name}' {r.record.n_tokens:,} tokens, sidecar {r.record.sidecar_status}"
                   if r.ok else f"slot {r.slot_id}: failed: {r.error}") for r in results]
-        self._say(f"{label}: " + ("; ".join(lines) if lines else "no slot holds tokens"),
-                  ok=all(r.ok for r in results), label=label)
+        self._say(f"{label}: " + ("; ".join(lines) if lines else "no slot holds tokens") + tail,
+                  ok=all(r.ok for r in results) and not tail, label=label)
 
+    # -- resume ------------------------------------------------------------
     def _on_resume(self) -> None:
         rec = self.selected()
         if rec is None:
             self._say("Select a session to resume.", ok=False)
             return
-        self.spawn(self.resume(rec.name, self.slot.currentData()))
+        self.spawn(self.resume(rec.name, self._chosen_slot()))
 
     async def resume(self, name: str, slot_id: int | None = None, force: bool = False):
         label = f"Resume '{name}'"
-        if self.target is None:
+        if self.service is None:
             self._say(f"{label}: start or attach to a server first.", ok=False, label=label)
             return None
         try:
-            result = await resume_session(self.target, name, slot_id, force=force)
+            result = await self.service.resume(name, slot_id, force=force)
         except ResumeRefused as e:
             self._say(f"{label}: cannot resume: " + "; ".join(e.reasons), ok=False, label=label)
             return None
@@ -508,106 +544,71 @@ class SessionsPanel(QWidget):
                 return None
             return await self.resume(name, slot_id, force=True)
         except ResumeFailed as e:
-            self._say(f"{label}: the server refused the restore (the slot is now empty): {e}", ok=False,
-                      label=label)
+            self._say(f"{label}: {e}", ok=False, label=label)
             return None
-        rec = result.record
-        # A new resume: its verdict is unknown until the next query on the slot.
-        self.catalog.update_verdict(rec.id, "UNKNOWN", "no query on this slot since the restore yet")
-        self.watcher.expect(result.slot_id, result.n_restored, rec.name, rec.sidecar_status,
-                            build_persists=self.catalog.build_persists_checkpoints(self.target.build),
-                            ctx_checkpoints=self.target.ctx_checkpoints, sidecar_count=rec.sidecar_count or None)
-        self.sig_restored.emit(result.slot_id, result.n_restored, rec.name)
-        self.refresh()
-        self.sig_changed.emit()
-        text = (f"Resumed '{rec.name}' into slot {result.slot_id}: {result.n_restored:,} tokens in "
+        text = (f"Resumed '{result.record.name}' into slot {result.slot_id}: {result.n_restored:,} tokens in "
                 f"{result.restore_ms:,.0f} ms. The verdict comes with the next query on that slot.")
         if result.warnings:
             text += "\n⚠ " + "\n⚠ ".join(result.warnings)
         self._say(text, ok=True, label=label)
-        await self._fill_slots()
+        await self._read_slots()
         return result
 
     async def resume_planned(self):
-        if not self.target:
+        if self.service is None:
             return []
-        plan = load_resume_plan(self.target.profile_name)
-        out = await resume_all(self.target, plan, force=True)
-        for r in out:
-            if r["ok"]:
-                res = r["result"]
-                self.sig_restored.emit(res.slot_id, res.n_restored, res.record.name)
-        clear_resume_plan(self.target.profile_name)
-        self.resume_all_button.hide()
-        self.refresh()
+        outcomes = await self.service.resume_all()
+        if all(o.ok for o in outcomes):
+            self.resume_all_button.hide()
         self._say("Resume all: " + "; ".join(
-            f"{r['session']} → slot {r['slot']}: " + ("ok" if r["ok"] else r["error"]) for r in out),
-            ok=all(r["ok"] for r in out), label="Resume all")
-        await self._fill_slots()
-        return out
+            f"{o.entry.session} → slot {o.entry.slot}: " + ("ok" if o.ok else o.error) for o in outcomes),
+            ok=all(o.ok for o in outcomes), label="Resume all")
+        await self._read_slots()
+        return outcomes
 
     def _on_verdict(self, slot_id: int, session: str | None, verdict: Verdict) -> None:
-        if session and self.target:
-            rec = self.catalog.get(self.target.profile_name, session)
-            if rec is not None:
-                self.catalog.update_verdict(rec.id, verdict.kind.value, verdict.reason)
-        self.refresh()
         self.sig_verdict.emit(slot_id, session or "", verdict)
-        self._say(f"Slot {slot_id} ('{session}'): {verdict.kind.value} — {verdict.reason}",
-                  ok=verdict.kind.value != "DISCARDED", label="verdict")
+        self._say(f"Slot {slot_id} ('{session}'): {verdict.kind} — {verdict.reason}",
+                  ok=verdict.kind is not VerdictKind.DISCARDED, label="verdict")
 
+    # -- check and A/B -----------------------------------------------------
     def _on_check(self, ab: bool = False) -> None:
         rec = self.selected()
-        if rec is None or self.target is None:
+        if rec is None or self.service is None:
             self._say("Select a session to check.", ok=False)
             return
-        self.spawn(self.check(rec.name, self.slot.currentData(), ab=ab))
+        self.spawn(self.check(rec.name, self._chosen_slot(), ab=ab))
 
-    async def _check_slot(self, slot_id: int | None) -> int | None:
-        """The slot a check restores into: the chosen one, else the first empty one."""
-        slots = await self.target.client.slots()
-        if slot_id is None:
-            empty = [s["id"] for s in slots if not s.get("n_prompt_tokens") and s["id"] not in self.target.restored]
-            if not empty:
-                self._say("Check: every slot holds tokens; choose the slot to use (its tokens will be replaced).",
-                          ok=False)
-                return None
-            return empty[0]
-        held = next((s.get("n_prompt_tokens") for s in slots if s["id"] == slot_id), None)
-        if held and not await self._confirmed("Check resume", f"Slot {slot_id} holds {held:,} tokens; the check restores "
-                                                     "the session over them. Go on?"):
-            return None
-        return slot_id
-
-    async def check(self, name: str, slot_id: int | None = None, *, ab: bool = False, baseline: bool = False):
+    async def check(self, name: str, slot_id: int | None = None, *, ab: bool = False, baseline: bool = False,
+                    force: bool = False):
         """'Check resume' (two probes) or the A/B with the sidecar hidden; shows the report."""
-        from app.jobs.check import CheckError, ab_check, check_resume
         from app.ui.check_view import CheckDialog
 
-        rec = self.catalog.get(self.target.profile_name, name) if self.target else None
-        if rec is None:
-            self._say(f"No session named '{name}' here.", ok=False)
+        what = "A/B check" if ab else "Check resume"
+        label = f"{what} of '{name}'"
+        if self.service is None:
+            self._say(f"{label}: start or attach to a server first.", ok=False, label=label)
             return None
-        slot = await self._check_slot(slot_id)
-        if slot is None:
-            return None
-        label = ("A/B check" if ab else "Check resume") + f" of '{name}' in slot {slot}"
-        self._say(f"{label}: running… (a re-prefill of {rec.n_tokens:,} tokens can take a while)", label=label)
+        rec = self.catalog.get(self.service.profile_name, name)
+        n = f"{rec.n_tokens:,}" if rec else "all the"
+        self._say(f"{label}: running… (a re-prefill of {n} tokens can take a while)", label=label)
         try:
-            report = await (ab_check(self.target, rec, slot, baseline=baseline) if ab
-                            else check_resume(self.target, rec, slot))
-        except CheckError as e:
+            report = await (self.service.ab(name, slot_id, force=force, baseline=baseline) if ab
+                            else self.service.check(name, slot_id, force=force))
+        except NeedsConfirmation as e:
+            if not await self._confirmed(what, "\n\n".join(e.warnings) + "\n\nGo on?"):
+                self._say(f"{label}: cancelled.", ok=True, label=label)
+                return None
+            return await self.check(name, slot_id, ab=ab, baseline=baseline, force=True)
+        except ServiceError as e:
             self._say(f"{label}: {e}", ok=False, label=label)
             return None
-        self.refresh()
-        self.sig_changed.emit()
-        verdict = getattr(report, "verdict", None)
-        self._say(f"{label}: done" + (f" — {verdict.kind.value}: {verdict.reason}" if verdict else ""),
-                  ok=True, label=label)
-        rec = self.catalog.get(self.target.profile_name, name)
+        verdict = report.row("with sidecar").verdict if ab else report.verdict
+        self._say(f"{label} in slot {report.slot_id}: done — {verdict.kind}: {verdict.reason}", ok=True, label=label)
+        rec = self.catalog.get(self.service.profile_name, name)
         self.report_dialog = CheckDialog(report, self, history=self.catalog.history(rec.id) if rec else None)
         self.report_dialog.show()
-        await self._fill_slots()
+        await self._read_slots()
         return report
 
     def _on_history(self) -> None:
@@ -630,6 +631,7 @@ class SessionsPanel(QWidget):
         self.history_dialog = dlg
         dlg.show()
 
+    # -- rename, delete, folder ---------------------------------------------
     def _on_rename(self) -> None:
         rec = self.selected()
         if rec is None:
@@ -639,20 +641,25 @@ class SessionsPanel(QWidget):
             self.rename(rec.name, new.strip(), rec.profile)
 
     def rename(self, old: str, new: str, profile: str | None = None) -> bool:
+        from app.jobs.sessions import rename_session
+
         try:
-            rename_session(self.catalog, old, new, profile or self.profile_name)
+            if self.service is not None:
+                self.service.rename(old, new, profile)
+            else:
+                rename_session(self.catalog, old, new, profile)
+                self._on_service_changed()
         except (CatalogError, LookupError, ValueError) as e:
             self._say(f"Rename: {e}", ok=False, label="Rename")
             return False
-        self.refresh()
         self.select(new)
-        self.sig_changed.emit()
         return True
 
     def _on_delete(self) -> None:
         rec = self.selected()
         if rec is None:
             return
+
         async def confirm_then_delete():
             if await self._confirmed("Delete session", f"Delete '{rec.name}' ({rec.n_tokens:,} tokens) and its "
                                                        "files?"):
@@ -661,22 +668,27 @@ class SessionsPanel(QWidget):
         self.spawn(confirm_then_delete())
 
     def delete(self, name: str, profile: str | None = None) -> bool:
+        from app.jobs.sessions import delete_session
+
         try:
-            removed = delete_session(self.catalog, name, profile or self.profile_name)
+            if self.service is not None:
+                removed = self.service.delete(name, profile)
+            else:
+                removed = delete_session(self.catalog, name, profile)
+                self._on_service_changed()
         except (CatalogError, LookupError, ValueError, OSError) as e:
             self._say(f"Delete: {e}", ok=False, label="Delete")
             return False
-        self.refresh()
-        self.sig_changed.emit()
         self._say(f"Deleted '{name}' ({len(removed)} files).", label="Delete")
         return True
 
     def _on_folder(self) -> None:
         rec = self.selected()
-        folder = Path(rec.save_dir) if rec else (self.target.save_dir if self.target else None)
+        folder = Path(rec.save_dir) if rec else (self.service.save_dir if self.service else None)
         if folder:
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
 
+    # -- questions -----------------------------------------------------------
     async def _ask(self, title: str, text: str) -> bool:
         """A question that does not block the event loop.
 
@@ -705,6 +717,7 @@ class SessionsPanel(QWidget):
         if self._closed:
             return
         self._closed = True
+        self.slots_timer.stop()
         if self.controller is not None:
             self.controller.sig_state.disconnect(self._on_server_state)
         for t in list(self._tasks):
@@ -714,7 +727,18 @@ class SessionsPanel(QWidget):
                 await t
             except BaseException:
                 pass
-        if self.target:
-            await self.target.client.aclose()
-            self.target = None
+        if self.service:
+            await self.service.aclose()
+            self.service = None
         self.catalog.close()
+
+
+def _wrapping_label() -> QLabel:
+    """A message label that wraps and never widens the window (long paths included)."""
+    from PySide6.QtWidgets import QSizePolicy
+
+    label = QLabel("")
+    label.setWordWrap(True)
+    label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+    label.setMinimumWidth(0)
+    return label

@@ -12,23 +12,24 @@ def attach_panels(window) -> None:
     window.add_panel(sessions, "Sessions")
     window.add_panel(monitor, "Monitor")
 
-    # After a restore /slots shows no tokens for the slot: the monitor shows
-    # the count the sessions panel knows, with the session and its verdict.
-    def on_restored(slot: int, n: int, session: str) -> None:
-        monitor.restored[slot] = (n, session)
+    # One bookkeeping for both tabs: the Monitor shows the session service's own
+    # record of what was restored where (with its verdict) and of each slot's
+    # last task, which /slots cannot show.
+    def on_service(service) -> None:
+        if service is None:
+            monitor.restored, monitor.last_tasks = {}, {}
+        else:
+            monitor.restored, monitor.last_tasks = service.target.restored, service.target.last_tasks
         monitor.request_tick()
 
-    def on_verdict(slot: int, session: str, verdict) -> None:
-        if slot in monitor.restored:
-            n, _ = monitor.restored[slot]
-            figures = ""
-            if verdict.prompt_n is not None and verdict.cache_n is not None:
-                figures = f" (cache_n {verdict.cache_n:,}, prompt_n {verdict.prompt_n:,})"
-            monitor.restored[slot] = (n, f"{session} — {verdict.kind.value}{figures}")
-            monitor.request_tick()
+    def on_snapshot(snap) -> None:
+        if sessions.service is not None and snap.url.rstrip("/") == sessions.service.target.url.rstrip("/"):
+            sessions.set_slot_rows(snap.slots)
 
-    sessions.sig_restored.connect(on_restored)
-    sessions.sig_verdict.connect(on_verdict)
+    sessions.sig_service.connect(on_service)
+    sessions.sig_restored.connect(lambda _slot, _entry: monitor.request_tick())
+    sessions.sig_verdict.connect(lambda _slot, _session, _verdict: monitor.request_tick())
+    monitor.sig_snapshot.connect(on_snapshot)
     window.sessions_panel = sessions
     window.monitor_panel = monitor
 

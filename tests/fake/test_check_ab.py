@@ -13,8 +13,9 @@ import pytest
 from app.jobs.check import (ARM_BASELINE, ARM_HIDDEN, ARM_WITH, HIDDEN_SUFFIX, PROBE_EXACT, PROBE_TEXT, CheckError,
                             ab_check, check_resume, hide_sidecar, recover_hidden_sidecars, to_csv, to_json,
                             to_markdown)
+from app.jobs import journal
 from app.jobs.target import ServerTarget
-from app.jobs.verdict import VerdictKind
+from app.core.verdict import VerdictKind
 from app.jobs.watch import FileLogBuffer
 from app.server.client import LlamaClient, ServerUnreachable
 from app.server.sidecar import inspect_sidecar
@@ -170,8 +171,12 @@ def test_recover_after_app_death(tmp_path, catalog):
     sidecar = tmp_path / "s.bin.ckpt"
     sidecar.write_bytes(b"PKCL" + bytes(range(256)) * 10)
     digest = sha256(sidecar)
-    _pid, hidden = hide_sidecar(catalog, sidecar)
+    jid, hidden = hide_sidecar(catalog, sidecar)
     assert hidden.exists() and not sidecar.exists()
+    # While the A/B runs (in flight here), recovery leaves it alone: a second A/B or
+    # a CLI started now must not put the sidecar back in the middle of the hidden arm.
+    assert recover_hidden_sidecars(catalog) == [] and hidden.exists()
+    journal._IN_FLIGHT.discard(jid)  # the app died: a new process has nothing in flight
     assert recover_hidden_sidecars(catalog) == [str(sidecar)]
     assert sha256(sidecar) == digest and not hidden.exists()
     assert catalog.list_pending() == []
@@ -208,13 +213,9 @@ async def test_check_refuses_bad_slot(fake_server, tmp_path, catalog):
 # -- the CLI ---------------------------------------------------------------------
 
 def _cli(argv: list[str]) -> int:
-    import argparse
+    from app.cli import main
 
-    from app.cli_check import add_check_command, run_check
-
-    parser = argparse.ArgumentParser(prog="kv-valet")
-    add_check_command(parser.add_subparsers(dest="command"))
-    return run_check(parser.parse_args(argv))
+    return main(argv)
 
 
 @pytest.mark.parametrize("sidecar, code", [(True, 0), (False, 3)])
@@ -251,7 +252,7 @@ def test_cli_check_exit_codes(fake_server, tmp_path, capsys, sidecar, code):
 
 
 def test_cli_errors_exit_1(tmp_path, capsys):
-    assert _cli(["check", "http://127.0.0.1:9", "s1"]) == 1
+    assert _cli(["check", "http://127.0.0.1:9", "s1"]) == 2  # usage: a URL needs --save-dir
     assert "--save-dir" in capsys.readouterr().err
     assert _cli(["check", "http://127.0.0.1:9", "s1", "--save-dir", str(tmp_path)]) == 1
-    assert "does not answer" in capsys.readouterr().err
+    assert "is not running" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import pytest
 
 from app.core.profile import LaunchProfile
 from app.monitor.gpu import GpuMonitor
+from app.monitor.slots import RestoredSlot
 from app.server.client import LlamaClient
 from app.ui.monitor_panel import MonitorPanel, SlotsTableModel
 from tests.conftest import run, signal_future
@@ -143,7 +144,7 @@ def test_slot_busy_then_idle_and_paused_while_hidden(window, qloop, profile, mon
     assert not sampler.paused
 
     # The park/resume code updates panel.restored; the next tick shows it.
-    panel.restored[0] = (123, "chat-a")
+    panel.restored[0] = RestoredSlot(123, "chat-a")
     marked = signal_future(panel.sig_snapshot, lambda s: s.slots[0].tokens_known_from_restore)
     panel.request_tick()
     run(qloop, marked)

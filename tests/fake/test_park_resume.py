@@ -18,8 +18,8 @@ from app import paths
 from app.cli import main as cli_main
 from app.jobs import park as park_mod
 from app.jobs.park import ParkError, default_name, park_all, park_slot, recover_interrupted, slugify
-from app.jobs.park_all_stop import (StopSkipped, clear_resume_plan, load_resume_plan, park_all_and_stop,
-                                    resume_all)
+from app.jobs.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan
+from app.jobs.service import SessionService
 from app.jobs.resume import (ResumeNeedsConfirmation, ResumeRefused, follow_up, preflight,
                              resume_session)
 from app.jobs.sessions import delete_session, list_sessions, rename_session
@@ -415,9 +415,9 @@ def test_resume_over_non_empty_slot_needs_confirmation(fake_server, tmp_path):
                                              "resuming replaces them"]
                 res = await resume_session(t, "d", 1, force=True)
                 assert res.n_restored == rec.n_tokens and res.slot_id == 1
-                assert t.restored[1][:2] == (rec.n_tokens, "d")
+                assert (t.restored[1].n_tokens, t.restored[1].session) == (rec.n_tokens, "d")
                 # slot 1 now holds the restored tokens: the default slot is the first empty one (none left)
-                with pytest.raises(ResumeRefused, match="--slot"):
+                with pytest.raises(ResumeRefused, match="no empty slot"):
                     await resume_session(t, "d")
                 # a dense model resumes from the cache
                 fu = await follow_up(t, 1, PROMPT + " and one more question")
@@ -463,37 +463,38 @@ def test_park_all_and_resume_plan(fake_server, tmp_path):
     with fake_server(FAKE_MODEL_KIND="dense") as (url, _):
         async def go():
             t = await connect(url, tmp_path, profile_name="prof")
+            stopped = []
+
+            async def stopper():
+                stopped.append(True)
+            svc = SessionService(t, stopper=stopper)
             try:
                 await t.client.completion(PROMPT, slot_id=1, n_predict=4)
-
-                class Sup:
-                    stopped = False
-
-                    async def stop(self):
-                        Sup.stopped = True
-                results = await park_all_and_stop(t, Sup(), prefix="eod")
-                assert Sup.stopped and [r.record.name for r in results] == ["eod slot 1"]
-                plan = load_resume_plan("prof")
-                assert plan == [{"slot": 1, "session": "eod slot 1"}]
+                outcome = await svc.park_all_and_stop(prefix="eod")
+                assert outcome.stopped and stopped and [r.record.name for r in outcome.results] == ["eod slot 1"]
+                assert load_resume_plan("prof") == [PlanEntry(1, "eod slot 1")]
                 await t.client.erase_slot(1)
                 t.restored.clear()
-                out = await resume_all(t, plan)
-                assert out[0]["ok"] and out[0]["result"].slot_id == 1
-                clear_resume_plan("prof")
-                assert load_resume_plan("prof") == []
+                out = await svc.resume_all()
+                assert out[0].ok and out[0].result.slot_id == 1
+                assert load_resume_plan("prof") == []  # every entry came back: the plan is done
                 # a failing slot keeps the server running
+                stopped.clear()
                 await t.client.completion("x y z w " * 20, slot_id=0, n_predict=4)
-                with pytest.raises(StopSkipped):
-                    async def bad_park(*a, **k):
-                        raise ParkError("disk on fire")
-                    orig = park_mod.park_slot
-                    park_mod.park_slot = bad_park
-                    try:
-                        await park_all_and_stop(t, Sup(), prefix="eod2")
-                    finally:
-                        park_mod.park_slot = orig
+
+                async def bad_park(*a, **k):
+                    raise ParkError("disk on fire")
+                orig = park_mod.park_slot
+                park_mod.park_slot = bad_park
+                try:
+                    outcome = await svc.park_all_and_stop(prefix="eod2")
+                finally:
+                    park_mod.park_slot = orig
+                assert not outcome.stopped and not stopped
+                assert {r.slot_id: r.error for r in outcome.failed} == {0: "disk on fire", 1: "disk on fire"}
                 res = await park_all(t, prefix="all")
                 assert sorted(r.record.name for r in res) == ["all slot 0", "all slot 1"]
+                clear_resume_plan("prof")
             finally:
                 await close(t)
         run(go())
@@ -558,7 +559,7 @@ def test_cli_park_by_profile_and_resume_all(fake_server, tmp_path, capsys):
     from urllib.parse import urlparse
 
     from app.core.profile import LaunchProfile
-    from app.jobs.park_all_stop import write_resume_plan
+    from app.jobs.resume_plan import write_resume_plan
     from app.store.profiles import ProfileStore
 
     model = write_model(tmp_path, dense=True)
@@ -568,7 +569,8 @@ def test_cli_park_by_profile_and_resume_all(fake_server, tmp_path, capsys):
         run(_fill(url, 0))
         run(_fill(url, 1))
         # no pid record: this server was not launched by KV Valet, so it cannot be stopped by it
-        assert cli_main(["park", "fk", "--all", "--name", "x", "--and-stop"]) == 2
+        assert cli_main(["park", "fk", "--all", "--name", "x", "--and-stop"]) == 1
+        assert "only a server that KV Valet launched" in capsys.readouterr().err
         assert cli_main(["park", "fk", "--all", "--name", "eod"]) == 0
         out = capsys.readouterr().out
         assert "as 'eod slot 0'" in out and "as 'eod slot 1'" in out

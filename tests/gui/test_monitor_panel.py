@@ -10,7 +10,7 @@ import pytest
 
 from app.monitor.gpu import GpuMonitor
 from app.monitor.process import HostSample, ProcessSample
-from app.monitor.slots import SlotsUnavailable, slot_rows
+from app.monitor.slots import RestoredSlot, SlotsUnavailable, slot_rows
 from app.monitor.snapshot import Snapshot
 from app.monitor.units import GiB, MiB
 from app.monitor.warnings import CRITICAL, WARNING, compute_warnings
@@ -83,7 +83,7 @@ def test_slot_rows_from_recorded_slots_json(panel, qtbot):
 def test_restored_tokens_marked_with_tooltip(panel):
     from PySide6.QtCore import Qt
 
-    panel.restored[0] = (336, "chat-a")
+    panel.restored[0] = RestoredSlot(336, "chat-a")
     snap = make_snapshot(slots_json=SLOTS_AFTER_RESTORE, restored=panel.restored)
     panel.apply_snapshot(snap)
     m = panel.slots_model

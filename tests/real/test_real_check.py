@@ -14,7 +14,7 @@ import pytest
 from app import paths
 from app.jobs.check import PROBE_EXACT, PROBE_TEXT, ab_check, check_resume, to_json
 from app.jobs.target import ServerTarget
-from app.jobs.verdict import VerdictKind
+from app.core.verdict import VerdictKind
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.store.catalog import Catalog

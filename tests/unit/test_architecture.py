@@ -33,3 +33,101 @@ def test_no_shell_strings_for_subprocesses():
         text = p.read_text()
         assert "shell=True" not in text, p
         assert "os.system(" not in text, p
+
+
+# -- the layer contract --------------------------------------------------------
+#
+# core < server, monitor < store < jobs < ui, cli: a module may import only from
+# its own layer and the layers below it, directly or through any chain of imports
+# (function-level imports included). The CLI reaches the Qt layer only through
+# its declared seam, app/cli/gui.py.
+
+LAYERS = {"core": 0, "server": 1, "monitor": 1, "store": 2, "jobs": 3, "ui": 4, "cli": 4}
+TOP_LEVEL = {"paths": 0, "__init__": 0, "__main__": 5}  # app/paths.py: folders only; __main__ opens everything
+CLI_SEAM = "app.cli.gui"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(APP.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def app_imports(path: Path) -> set[str]:
+    """Every app.* module this file imports, at any depth of the file."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith("app.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("app"):
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def graph() -> dict[str, set[str]]:
+    mods = {module_name(p): p for p in APP.rglob("*.py")}
+    return {m: {i for i in app_imports(p) if i in mods} for m, p in mods.items()}
+
+
+def layer_of(mod: str) -> int:
+    parts = mod.split(".")
+    if len(parts) == 1:
+        return 0
+    return LAYERS.get(parts[1], TOP_LEVEL.get(parts[1], 0))
+
+
+def violations(g: dict[str, set[str]]) -> list[str]:
+    """(module, forbidden module, import chain) for every indirect or direct breach."""
+    out = []
+    for start in g:
+        if start.endswith("__main__") or start == CLI_SEAM:
+            continue
+        top = layer_of(start)
+        seen, stack = {start: [start]}, [start]
+        while stack:
+            mod = stack.pop()
+            for dep in g.get(mod, ()):
+                if dep in seen or dep == CLI_SEAM:
+                    continue
+                seen[dep] = seen[mod] + [dep]
+                dep_layer = layer_of(dep)
+                same_top = dep.split(".")[1:2] == start.split(".")[1:2]
+                if dep_layer > top or (dep_layer == top and not same_top and top == 4) or \
+                        (dep_layer == 1 and top == 1 and not same_top):
+                    out.append(" -> ".join(seen[dep]))
+                    continue
+                stack.append(dep)
+    return sorted(out)
+
+
+def test_layers_hold_through_indirect_imports():
+    assert violations(graph()) == []
+
+
+def test_layer_check_sees_an_indirect_import():
+    """The contract fails on a chain, not only on a direct import."""
+    g = {"app.core.a": {"app.core.b"}, "app.core.b": {"app.jobs.x"}, "app.jobs.x": set(),
+         "app.monitor.m": {"app.server.s"}, "app.server.s": set(),
+         "app.cli.c": {"app.cli.gui", "app.jobs.x"}, "app.cli.gui": {"app.ui.w"}, "app.ui.w": set(),
+         "app.cli.bad": {"app.jobs.y"}, "app.jobs.y": {"app.ui.w"}}
+    assert violations(g) == ["app.cli.bad -> app.jobs.y -> app.ui.w",
+                             "app.core.a -> app.core.b -> app.jobs.x",
+                             "app.core.b -> app.jobs.x",
+                             "app.jobs.y -> app.ui.w",
+                             "app.monitor.m -> app.server.s"]
+
+
+def test_cli_commands_run_without_pyside6():
+    """Every command but the window and PNG export (app/cli/gui.py) runs without Qt."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['PySide6'] = None; import app.cli; "
+            "from app.cli import check, profiles, serve, sessions, status; app.cli.build_parser(); "
+            "import app.jobs.service; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=APP.parent, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

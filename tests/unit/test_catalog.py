@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from app.core.verdict import VerdictKind
 from app.store.catalog import (
     SCHEMA_VERSION,
     Catalog,
@@ -167,13 +168,13 @@ def test_delete_removes_history(cat, db_path):
 def test_update_restore_and_verdict(cat):
     rec = cat.add_or_replace(full_record(last_restore_ms=None, last_verdict=None))
     cat.update_restore(rec.id, 12.5, 4_000, 1234.0)
-    cat.update_verdict(rec.id, "discarded", "cache_n 0: SWA without checkpoints")
+    cat.update_verdict(rec.id, VerdictKind.DISCARDED, "cache_n 0: SWA without checkpoints")
     got = cat.get_by_id(rec.id)
     assert (got.last_restore_ms, got.last_n_restored, got.last_restore_at) == (12.5, 4_000, 1234.0)
-    assert got.last_verdict == "discarded"
+    assert got.last_verdict is VerdictKind.DISCARDED
     assert got.last_verdict_reason == "cache_n 0: SWA without checkpoints"
     with pytest.raises(CatalogError):
-        cat.update_verdict(9999, "x", "y")
+        cat.update_verdict(9999, VerdictKind.HIT, "y")
 
 
 def test_history_round_trip_oldest_first(cat):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.monitor.slots import SlotRow, SlotsUnavailable, slot_rows, slots_state_from_error
+from app.monitor.slots import RestoredSlot, SlotRow, SlotsUnavailable, slot_rows, slots_state_from_error
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llama-server-b11434"
 
@@ -36,7 +36,7 @@ def test_slots_after_task(responses):
 def test_slots_after_restore_shows_restored_count(responses):
     restore = responses["restore_ok"]
     body = restore["body"]
-    restored = {body["id_slot"]: (body["n_restored"], body["filename"])}
+    restored = {body["id_slot"]: RestoredSlot(body["n_restored"], body["filename"], None)}
     rows = slot_rows(responses["slots_after_restore"]["body"], restored)
     slot0 = rows[0]
     # the server shows no task for the restored slot: the app's count is used
@@ -53,7 +53,7 @@ def test_once_the_slot_runs_a_task_the_server_count_wins(responses):
     slots[1]["n_prompt_tokens"] = 400
     slots[1]["next_token"][0]["n_decoded"] = 25
     slots[1]["is_processing"] = True
-    rows = slot_rows(slots, {1: (336, "s1.bin")})
+    rows = slot_rows(slots, {1: RestoredSlot(336, "s1.bin", id_task=0)})
     assert rows[1].tokens_held == 425 and not rows[1].tokens_known_from_restore
     assert rows[1].busy and rows[1].session == "s1.bin"
 
@@ -73,7 +73,6 @@ def test_older_builds_n_tokens_and_odd_json():
     assert rows[2].id is None and rows[2].n_decoded is None
     assert rows[3].n_prompt_tokens is None  # a bool is not a count
     assert slot_rows(None) == [] and slot_rows({"error": {}}) == []
-    assert slot_rows([{"id": 0}], {0: ("x",)})[0].tokens_held is None
 
 
 class HttpError(Exception):

@@ -12,7 +12,7 @@ import pytest
 
 from app.monitor.gpu import GpuMonitor, GpuSample, GpuSnapshot
 from app.monitor.process import HostSample, ProcessMonitor
-from app.monitor.slots import SlotRow, SlotsUnavailable
+from app.monitor.slots import RestoredSlot, SlotRow, SlotsUnavailable
 from app.monitor.snapshot import (
     Snapshot,
     error_snapshot,
@@ -49,7 +49,7 @@ async def test_take_snapshot_collects_everything():
     proc = ProcessMonitor(os.getpid())
     snap = await take_snapshot(
         ok_health, restored_slots, GpuMonitor(nvml=two_gpus()), proc,
-        {0: (336, "fixture.bin")}, 8192, URL,
+        {0: RestoredSlot(336, "fixture.bin")}, 8192, URL,
     )
     assert isinstance(snap, Snapshot) and snap.url == URL
     assert snap.health == "ok" and snap.slots_error is None
@@ -167,7 +167,7 @@ def test_cache_ram_warning(budget, available, warned):
 async def test_format_and_dict():
     snap = await take_snapshot(
         ok_health, restored_slots, GpuMonitor(nvml=two_gpus(lost_after=0)), ProcessMonitor(os.getpid()),
-        {0: (336, "fixture.bin")}, 8192, URL,
+        {0: RestoredSlot(336, "fixture.bin")}, 8192, URL,
     )
     text = format_snapshot(snap)
     for heading in ("Slots", "GPUs", "Server process", "Host", "Warnings"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.jobs.verdict import VerdictKind, judge, worst
+from app.core.verdict import VerdictKind, judge, worst
 from app.jobs.watch import ResumeWatcher, judge_from_completion
 from app.server.logparse import parse_line
 from app.server.sidecar import SidecarStatus

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class VerdictKind(str, enum.Enum):
+class VerdictKind(enum.StrEnum):
     HIT = "HIT"
     PARTIAL = "PARTIAL"
     DISCARDED = "DISCARDED"

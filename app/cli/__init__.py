@@ -1,0 +1,63 @@
+"""``kv-valet``: no arguments opens the window; subcommands run headless.
+
+One module per command group; each adds its parser and sets ``run``. The
+commands are thin: the workflows (park, resume, check) are the same Qt-free
+:class:`app.jobs.service.SessionService` the window uses, so a shutdown hook
+can park sessions without a display. Exit codes: :class:`app.cli.errors.Exit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from app import __version__
+from app.cli.errors import CliError, Exit, error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from app.cli import check, profiles, serve, sessions, status
+
+    p = argparse.ArgumentParser(prog="kv-valet", description="Park and resume llama-server sessions.")
+    p.add_argument("--version", action="version", version=f"kv-valet {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command")
+    for group in (profiles, serve, status, sessions, check):
+        group.add_commands(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if args.command is None:
+        from app.cli.gui import open_window
+
+        return open_window()
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED
+    except CliError as e:
+        error(str(e), e.details)
+        return e.exit
+    except Exception as e:  # a clear message, not a traceback
+        from app.core.profile import ProfileError
+        from app.jobs.service import ServiceError
+        from app.store.catalog import CatalogError
+
+        if isinstance(e, ProfileError):
+            for err in e.errors:
+                error(f"{e.profile_name + ': ' if e.profile_name else ''}{err}")
+            return Exit.FAIL
+        if args.verbose and not isinstance(e, (ServiceError, CatalogError)):
+            raise
+        error(str(e))
+        return Exit.FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

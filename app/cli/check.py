@@ -1,0 +1,98 @@
+"""``kv-valet check PROFILE|URL SESSION``: prove whether a resume skips the prefill.
+
+Restores the session into a slot of a running server, sends a short question
+twice (exact tokens, then text), optionally runs the sidecar A/B and a baseline
+full prefill, prints the table and the verdict.
+
+Exit status: 0 HIT or PARTIAL, 3 DISCARDED (the restore bought nothing),
+1 errors (no server, no session, a refused restore...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from app.cli.errors import CliError, Exit
+from app.cli.keys import add_key_option, key_from_args
+from app.core.verdict import VerdictKind
+
+
+def add_commands(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("check", help="restore a parked session and prove whether the resume skips the prefill",
+                       description="Restore SESSION into a slot, send a short question as exact tokens and as "
+                                   "text, and judge the first query (cache_n / prompt_n). Exit 0 HIT/PARTIAL, "
+                                   "3 DISCARDED, 1 error.")
+    p.add_argument("target", metavar="PROFILE|URL", help="a profile name, or the URL of a running server")
+    p.add_argument("session", help="the parked session's name")
+    p.add_argument("--slot", type=int, default=None,
+                   help="slot to restore into (default: the slot it was parked from if empty, else the first "
+                        "empty slot)")
+    p.add_argument("--yes", action="store_true", help="restore over a slot that holds tokens")
+    p.add_argument("--ab", action="store_true", help="also run the A/B: with the checkpoint sidecar and with it hidden")
+    p.add_argument("--baseline", action="store_true", help="also time a full prefill of the same tokens in an empty slot"
+                                                           " (implies --ab)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--save-dir", default=None, help="the server's --slot-save-path folder (needed with a URL)")
+    add_key_option(p)
+    p.add_argument("--log-file", default=None,
+                   help="the server's log file (-lv 4), to see sidecar loads and forced re-processing")
+    p.add_argument("--question", default=None, help="the probe question (default: a short one)")
+    p.add_argument("--export", action="append", default=[], metavar="FILE",
+                   help="also write the report to FILE (.md, .csv, .json, or .png for the chart); may repeat")
+    p.set_defaults(run=run_check)
+    return p
+
+
+def run_check(args) -> int:
+    from app.cli.sessions import open_catalog
+
+    catalog = open_catalog()
+    try:
+        return asyncio.run(_run(args, catalog))
+    finally:
+        catalog.close()
+
+
+async def _run(args, catalog) -> int:
+    from app.cli.sessions import connect
+    from app.jobs.check import DEFAULT_QUESTION, to_csv, to_json, to_markdown
+    from app.jobs.service import NeedsConfirmation, ServiceError
+    from app.jobs.watch import FileLogBuffer
+
+    for f in args.export:
+        if Path(f).suffix.lower() not in (".md", ".csv", ".json", ".png"):
+            raise CliError(f"cannot export to {Path(f).name}: use .md, .csv, .json or .png", Exit.USAGE)
+    log_buffer = FileLogBuffer(args.log_file) if args.log_file else None
+    svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args),
+                        log_buffer=log_buffer)
+    question = args.question if args.question is not None else DEFAULT_QUESTION
+    try:
+        report = await svc.check(args.session, args.slot, force=args.yes, question=question)
+        if args.ab or args.baseline:
+            report.ab = await svc.ab(args.session, report.slot_id, force=True, baseline=args.baseline,
+                                     question=question)
+    except NeedsConfirmation as e:
+        raise CliError("not checked (pass --yes to go on):", details=e.warnings) from None
+    except ServiceError as e:
+        raise CliError(str(e)) from None
+    finally:
+        await svc.aclose()
+
+    print(to_json(report) if args.json else to_markdown(report), end="")
+    for f in args.export:
+        path = Path(f)
+        if path.suffix.lower() == ".png":
+            from app.cli.gui import export_png
+
+            if not export_png(report, path):
+                raise CliError(f"could not write {path}")
+            continue
+        writer = {".md": to_markdown, ".csv": to_csv, ".json": to_json}[path.suffix.lower()]
+        path.write_text(writer(report), encoding="utf-8")
+    if report.verdict.kind is VerdictKind.DISCARDED:
+        return Exit.DISCARDED
+    if report.verdict.kind in (VerdictKind.HIT, VerdictKind.PARTIAL):
+        return Exit.OK
+    return Exit.FAIL

@@ -1,0 +1,85 @@
+"""``kv-valet profiles list|show|import``: launch profiles without a window."""
+
+from __future__ import annotations
+
+import sys
+
+from app.cli.errors import Exit
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = Exit.OK, Exit.FAIL, Exit.USAGE
+
+
+def add_commands(sub) -> None:
+    pr = sub.add_parser("profiles", help="list, show or import launch profiles")
+    prs = pr.add_subparsers(dest="action", required=True)
+    prs.add_parser("list", help="list profiles")
+    sh = prs.add_parser("show", help="show a profile and the command line it launches")
+    sh.add_argument("name")
+    im = prs.add_parser("import", help='import a llama-server command line: import "llama-server -m x.gguf ..."')
+    im.add_argument("command_line")
+    im.add_argument("--name", default=None, help="profile name (default: from the model file name)")
+    im.add_argument("--force", action="store_true", help="overwrite a profile of the same name")
+    pr.set_defaults(run=cmd_profiles)
+
+
+def cmd_profiles(args) -> int:
+    from app.core.argv import parse_command_line, preview
+    from app.core.hazards import hazards
+    from app.core.profile import check
+    from app.server.discovery import DiscoveryError, binary_info, find_server_binary
+    from app.server.launcher import slot_save_path_for
+    from app.store.profiles import ProfileStore
+
+    store = ProfileStore()
+    if args.action == "list":
+        store.ensure_default()
+        profiles, errors = store.load_all()
+        for prof in profiles:
+            print(f"{prof.name:<20} {prof.url:<28} {prof.model}")
+        for e in errors:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_OK if not errors else EXIT_FAIL
+    if args.action == "show":
+        if args.name == "default":
+            store.ensure_default()
+        prof = store.load(args.name)
+        from app.core.argv import to_argv
+        from app.store.profiles import to_toml
+
+        shown = prof.replace(api_key="••••••") if prof.api_key else prof
+        print(to_toml(shown).rstrip())
+        print()
+        try:
+            binary = find_server_binary(prof.server_binary).path
+        except DiscoveryError as e:
+            binary = "llama-server"
+            print(f"# {e}")
+        print("# command line:")
+        print(preview(to_argv(prof, binary, slot_save_path=slot_save_path_for(prof))))
+        for h in hazards(prof):
+            print(f"# warning: {h.text}")
+        return EXIT_OK
+    if args.action == "import":
+        takes_value = None
+        try:
+            caps, _ = binary_info(find_server_binary("").path)
+            takes_value = caps.takes_value
+        except (DiscoveryError, OSError):
+            pass
+        prof = parse_command_line(args.command_line, "imported", takes_value=takes_value)
+        name = args.name or _name_from_model(prof.model) or "imported"
+        prof = check(prof.replace(name=name), check_files=False)
+        path = store.save(prof, overwrite=args.force)
+        print(f"saved profile '{name}' to {path}")
+        for h in hazards(prof):
+            print(f"warning: {h.text}")
+        return EXIT_OK
+    return EXIT_USAGE
+
+
+def _name_from_model(model: str) -> str:
+    import re
+    from pathlib import Path
+
+    stem = Path(model).name.removesuffix(".gguf") if model else ""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:64]

@@ -1,0 +1,241 @@
+"""``kv-valet park | resume | resume-all | sessions``: the Sessions tab without a window.
+
+Each command connects a :class:`SessionService` (which also finishes or undoes
+a park or an A/B hide a crash interrupted) and prints what it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from app.cli.errors import CliError, Exit, note
+from app.cli.keys import add_key_option, key_from_args
+
+
+def add_commands(sub) -> None:
+    pk = sub.add_parser("park", help="save slot KV caches to disk (never loses the previous copy)")
+    pk.add_argument("target", help="profile name (its server must be running) or server URL")
+    which = pk.add_mutually_exclusive_group()
+    which.add_argument("--slot", type=int, help="slot id to park (default: the first slot that holds tokens)")
+    which.add_argument("--all", action="store_true", help="park every slot that holds tokens")
+    pk.add_argument("--name", default=None, help="session name (default: date, time and slot; "
+                                                 "with --all: the prefix)")
+    pk.add_argument("--save-dir", default=None, help="the server's --slot-save-path (required for a URL)")
+    pk.add_argument("--and-stop", action="store_true", help="with --all: then stop the server and remember "
+                                                           "the slots for resume-all")
+    add_key_option(pk)
+    pk.set_defaults(run=lambda a: _run(cmd_park, a))
+
+    rs = sub.add_parser("resume", help="restore a parked session into a slot")
+    rs.add_argument("target", help="profile name or server URL")
+    rs.add_argument("session")
+    rs.add_argument("--slot", type=int, default=None,
+                    help="slot id (default: the slot it was parked from if empty, else the first empty slot)")
+    rs.add_argument("--yes", action="store_true", help="resume despite warnings (slot not empty, re-prefill)")
+    rs.add_argument("--save-dir", default=None, help="the server's --slot-save-path (required for a URL)")
+    add_key_option(rs)
+    rs.set_defaults(run=lambda a: _run(cmd_resume, a))
+
+    ra = sub.add_parser("resume-all", help="resume the sessions 'park --all --and-stop' left, into the same slots")
+    ra.add_argument("profile")
+    add_key_option(ra)
+    ra.set_defaults(run=lambda a: _run(cmd_resume_all, a))
+
+    ss = sub.add_parser("sessions", help="list, show, rename or delete parked sessions")
+    ssa = ss.add_subparsers(dest="action", required=True)
+    ls = ssa.add_parser("list", help="list sessions, most recent first")
+    ls.add_argument("--profile", default=None)
+    ls.add_argument("--json", action="store_true")
+    sh = ssa.add_parser("show", help="everything known about one session")
+    sh.add_argument("name")
+    sh.add_argument("--profile", default=None)
+    sh.add_argument("--json", action="store_true")
+    rm = ssa.add_parser("rm", help="delete a session: its catalog row, state file and sidecar")
+    rm.add_argument("name")
+    rm.add_argument("--profile", default=None)
+    rn = ssa.add_parser("rename", help="rename a session (the file keeps its name)")
+    rn.add_argument("old")
+    rn.add_argument("new")
+    rn.add_argument("--profile", default=None)
+    ss.set_defaults(run=cmd_sessions)
+
+
+def open_catalog():
+    from app import paths
+    from app.store.catalog import Catalog
+
+    return Catalog(paths.catalog_path())
+
+
+def _run(cmd, args) -> int:
+    catalog = open_catalog()
+    try:
+        return asyncio.run(cmd(args, catalog))
+    finally:
+        catalog.close()
+
+
+async def connect(catalog, target_arg: str, *, save_dir: str | None = None, api_key: str | None = None,
+                  log_buffer=None):
+    """A SessionService for a profile name or a server URL; recovery notes go to stderr."""
+    from app.jobs.service import SessionService
+
+    if "://" in target_arg:
+        if not save_dir:
+            raise CliError("--save-dir is required with a server URL (the server's --slot-save-path)", Exit.USAGE)
+        svc = await SessionService.connect(catalog, url=target_arg.rstrip("/"), save_dir=save_dir,
+                                           api_key=api_key, log_buffer=log_buffer)
+    else:
+        from app.store.profiles import ProfileStore
+
+        store = ProfileStore()
+        profile = store.ensure_default() if target_arg == "default" else store.load(target_arg)
+        svc = await SessionService.for_profile(catalog, profile, save_dir=save_dir, api_key=api_key,
+                                               log_buffer=log_buffer)
+    for msg in svc.recovery_messages:
+        note(msg)
+    return svc
+
+
+# -- park --------------------------------------------------------------------
+
+
+async def cmd_park(args, catalog) -> int:
+    from app.jobs.park import ParkResult, describe
+    from app.jobs.service import ServiceError
+
+    if args.and_stop and not args.all:
+        raise CliError("--and-stop parks every slot: use it with --all", Exit.USAGE)
+    svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args))
+    try:
+        stopped = None
+        if args.all and args.and_stop:
+            outcome = await svc.park_all_and_stop(args.name)
+            results, stopped = outcome.results, outcome.stopped
+        elif args.all:
+            results = await svc.park_all(args.name)
+        else:
+            try:
+                results = [await svc.park(args.slot, args.name)]
+            except ServiceError as e:
+                results = [ParkResult(None, None, [], args.slot, str(e))]
+        if not results:
+            print("no slot holds tokens: nothing to park")
+        for r in results:
+            print(describe(r))
+            for w in r.warnings:
+                print(f"  warning: {w}")
+        if stopped is False:
+            raise CliError("not stopping the server: a slot was not parked (its tokens would be lost)")
+        if stopped:
+            print(f"server of profile '{svc.profile_name}' stopped; "
+                  f"'kv-valet resume-all {svc.profile_name}' restores the slots")
+        return Exit.FAIL if any(not r.ok for r in results) else Exit.OK
+    finally:
+        await svc.aclose()
+
+
+# -- resume ------------------------------------------------------------------
+
+
+async def cmd_resume(args, catalog) -> int:
+    from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
+
+    svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args))
+    try:
+        try:
+            res = await svc.resume(args.session, args.slot, force=args.yes)
+        except ResumeRefused as e:
+            raise CliError(f"cannot resume '{args.session}':", details=e.reasons) from None
+        except ResumeNeedsConfirmation as e:
+            raise CliError(f"not resumed: '{args.session}' needs confirmation (pass --yes to resume anyway):",
+                           details=e.warnings) from None
+        except ResumeFailed as e:
+            raise CliError(str(e)) from None
+        print(f"resumed '{res.record.name}' into slot {res.slot_id}: {res.n_restored:,} tokens "
+              f"in {res.restore_ms:,.1f} ms")
+        for w in res.warnings:
+            print(f"  warning: {w}")
+        return Exit.OK
+    finally:
+        await svc.aclose()
+
+
+async def cmd_resume_all(args, catalog) -> int:
+    from app.jobs.resume_plan import load_resume_plan
+
+    if not load_resume_plan(args.profile):
+        print(f"no resume plan for profile '{args.profile}' (made by 'park --all --and-stop')")
+        return Exit.OK
+    svc = await connect(catalog, args.profile, api_key=key_from_args(args))
+    try:
+        outcomes = await svc.resume_all()
+    finally:
+        await svc.aclose()
+    for o in outcomes:
+        if o.ok:
+            print(f"resumed '{o.entry.session}' into slot {o.entry.slot}: {o.result.n_restored:,} tokens")
+            for w in o.result.warnings:
+                print(f"  warning: {w}")
+        else:
+            print(f"slot {o.entry.slot}: '{o.entry.session}' not resumed: {o.error}")
+    return Exit.OK if all(o.ok for o in outcomes) else Exit.FAIL
+
+
+# -- sessions ----------------------------------------------------------------
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def cmd_sessions(args) -> int:
+    from app.jobs.sessions import delete_session, get_session, list_sessions, rename_session
+
+    catalog = open_catalog()
+    try:
+        if args.action == "list":
+            recs = list_sessions(catalog, args.profile)
+            if args.json:
+                print(json.dumps([asdict(r) for r in recs], indent=1, ensure_ascii=False))
+                return Exit.OK
+            if not recs:
+                print("no parked sessions")
+            for r in recs:
+                print(f"{r.name:<28} {r.profile:<16} {r.n_tokens:>8,} tok "
+                      f"{_mb(r.state_size + r.sidecar_size):>10}  sidecar {r.sidecar_status}")
+            return Exit.OK
+        if args.action == "show":
+            r = get_session(catalog, args.name, args.profile)
+            if args.json:
+                d = asdict(r)
+                d["history"] = [asdict(e) for e in catalog.history(r.id)] if r.id is not None else []
+                print(json.dumps(d, indent=1, ensure_ascii=False))
+                return Exit.OK
+            rows = [("name", r.name), ("profile", r.profile), ("state file", str(r.state_path)),
+                    ("size", _mb(r.state_size) + (f" + sidecar {_mb(r.sidecar_size)}" if r.sidecar_size else "")),
+                    ("tokens", f"{r.n_tokens:,} (slot {r.slot_id}, n_ctx {r.n_ctx_slot:,})"),
+                    ("model", f"{r.model_path} ({r.memory_kind})"),
+                    ("KV types", f"{r.cache_type_k}/{r.cache_type_v}"), ("build", r.server_build),
+                    ("sidecar", f"{r.sidecar_status} ({r.sidecar_count} checkpoints): {r.sidecar_reason}")]
+            if r.last_restore_ms is not None:
+                rows.append(("last resume", f"{r.last_n_restored:,} tokens in {r.last_restore_ms:,.1f} ms"))
+            if r.last_verdict:
+                rows.append(("verdict", f"{r.last_verdict}: {r.last_verdict_reason or ''}"))
+            for k, v in rows:
+                print(f"{k + ':':<13}{v}")
+            return Exit.OK
+        if args.action == "rm":
+            removed = delete_session(catalog, args.name, args.profile)
+            print(f"deleted '{args.name}'" + (f" ({', '.join(Path(p).name for p in removed)})" if removed else ""))
+            return Exit.OK
+        if args.action == "rename":
+            r = rename_session(catalog, args.old, args.new, args.profile)
+            print(f"renamed '{args.old}' to '{r.name}'")
+            return Exit.OK
+        return Exit.USAGE
+    finally:
+        catalog.close()

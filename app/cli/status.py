@@ -1,0 +1,72 @@
+"""``kv-valet status URL|PROFILE``: slots, GPUs, server process and host figures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from app.cli.errors import Exit
+from app.cli.keys import add_key_option, key_from_args
+
+EXIT_OK, EXIT_FAIL = Exit.OK, Exit.FAIL
+
+
+def add_commands(sub) -> None:
+    st = sub.add_parser("status", help="slots, GPUs, server process and host figures of a running server")
+    st.add_argument("url", help="server URL, e.g. http://127.0.0.1:8080, or a profile name")
+    st.add_argument("--json", action="store_true", help="one JSON object")
+    add_key_option(st)
+    st.set_defaults(run=lambda args: asyncio.run(cmd_status(args)))
+
+
+async def cmd_status(args) -> int:
+    from app.monitor.gpu import GpuMonitor
+    from app.monitor.process import ProcessMonitor
+    from app.monitor.snapshot import format_snapshot, snapshot_to_dict, take_snapshot
+    from app.server.client import LlamaClient
+
+    url, api_key, cache_ram, pid = _resolve_target(args.url)
+    api_key = key_from_args(args) or api_key
+    async with LlamaClient(url, api_key) as client:
+        async def fetch_health():
+            return await client.health()
+
+        proc = ProcessMonitor(pid) if pid else None
+        snap = await take_snapshot(fetch_health, client.slots, GpuMonitor(), proc, {}, cache_ram, url)
+    if args.json:
+        print(json.dumps(snapshot_to_dict(snap), indent=2))
+    else:
+        print(format_snapshot(snap))
+    return EXIT_OK if snap.health == "ok" else EXIT_FAIL
+
+
+def _resolve_target(target: str):
+    """A URL, or a profile name (then its URL, key, cache budget and live pid)."""
+    from app.server.launcher import resolve_api_key
+
+    if "://" in target:
+        return target, resolve_api_key(None), None, _pid_listening_on(target)
+    from app.server.launcher import pid_record_path
+    from app.server.supervisor import find_leftover_server
+    from app.store.profiles import ProfileStore
+
+    prof = ProfileStore().load(target)
+    rec = find_leftover_server(pid_record_path(prof.name))
+    return prof.url, resolve_api_key(prof), prof.effective_cache_ram, (rec.pid if rec else _pid_listening_on(prof.url))
+
+
+def _pid_listening_on(url: str) -> int | None:
+    from urllib.parse import urlparse
+
+    import psutil
+
+    port = urlparse(url).port
+    if not port:
+        return None
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return c.pid
+    except (psutil.Error, OSError):
+        return None
+    return None

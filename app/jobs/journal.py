@@ -1,0 +1,166 @@
+"""One journal for file operations that must survive a crash: parks and A/B hides.
+
+Both a park (save to a temporary name, verify, swap files in) and an A/B check
+(move the sidecar aside for the second arm) leave the disk in an unusual state
+while they run. Each writes a journal entry (``catalog.pending``) *before* it
+touches a file, and removes it when the files are back in order. At start the
+app and every CLI command finish or undo the entries whose owner is gone.
+
+An entry names its **owner** (pid + process start time, so a reused pid is never
+taken for the owner) and this process keeps the ids of the entries it is running
+(**in flight**): recovery never touches an operation that is still running, in
+this process (a second A/B started while the first one's sidecar is hidden) or
+in another one (a CLI park while the window is open).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.store.catalog import Catalog
+
+
+class JournalKind(enum.StrEnum):
+    PARK = "park"
+    AB_HIDE = "ab-hide"
+
+
+class ParkPhase(enum.StrEnum):
+    SAVING = "saving"  # the server is writing the temporary state file
+    COMMIT = "commit"  # verified: the files are being swapped into place
+
+
+@dataclass(frozen=True)
+class Owner:
+    pid: int
+    started: float  # psutil create_time of the owner process; 0.0 when unknown
+
+    @classmethod
+    def me(cls) -> "Owner":
+        try:
+            import psutil
+
+            return cls(os.getpid(), psutil.Process().create_time())
+        except Exception:
+            return cls(os.getpid(), 0.0)
+
+    def is_me(self) -> bool:
+        return self.pid == os.getpid()
+
+    def alive_elsewhere(self) -> bool:
+        """True when the owner is another process that is still running."""
+        if not self.pid or self.is_me():
+            return False
+        try:
+            import psutil
+
+            return abs(psutil.Process(self.pid).create_time() - self.started) < 0.05
+        except Exception:
+            return False
+
+
+@dataclass
+class ParkJournal:
+    save_dir: str
+    tmp: str  # temporary state file name (the server saves here)
+    final: str  # the session's state file name
+    backup: str  # where the previous state file waits until the commit is done
+    name: str = ""
+    profile: str = ""
+    owner: Owner = Owner(0, 0.0)
+    phase: ParkPhase = ParkPhase.SAVING
+    ino: int | None = None  # inode of the new state file (tells "moved" from "not moved")
+    record: dict[str, Any] | None = None  # the SessionRecord to write at commit
+
+    @property
+    def paths(self) -> tuple[Path, Path, Path, Path]:
+        d = Path(self.save_dir)
+        return d, d / self.tmp, d / self.final, d / self.backup
+
+
+@dataclass
+class HideJournal:
+    sidecar: str
+    hidden: str
+    size: int
+    owner: Owner
+
+
+Entry = ParkJournal | HideJournal
+
+# Journal ids of operations running in this process.
+_IN_FLIGHT: set[int] = set()
+
+
+def _payload(entry: Entry) -> dict[str, Any]:
+    d = asdict(entry)
+    owner = d.pop("owner")
+    d["pid"], d["pid_ctime"] = owner["pid"], owner["started"]
+    return d
+
+
+def _decode(kind: str, payload: dict[str, Any]) -> Entry:
+    """The typed entry; raises KeyError/TypeError/ValueError on a malformed payload."""
+    p = dict(payload)
+    owner = Owner(int(p.pop("pid", 0) or 0), float(p.pop("pid_ctime", 0.0) or 0.0))
+    if kind == JournalKind.PARK:
+        p["phase"] = ParkPhase(p.get("phase", ParkPhase.SAVING))
+        known = {f for f in ParkJournal.__dataclass_fields__} - {"owner"}
+        return ParkJournal(owner=owner, **{k: v for k, v in p.items() if k in known})
+    if kind == JournalKind.AB_HIDE:
+        return HideJournal(sidecar=str(p["sidecar"]), hidden=str(p["hidden"]), size=int(p.get("size", 0)),
+                           owner=owner)
+    raise ValueError(f"unknown journal kind {kind!r}")
+
+
+@dataclass
+class JournalEntry:
+    id: int
+    kind: JournalKind
+    entry: Entry | None  # None: malformed (recovery drops it)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def active(self) -> bool:
+        """Running now, here or in another live process: recovery must leave it alone."""
+        if self.id in _IN_FLIGHT:
+            return True
+        return self.entry is not None and self.entry.owner.alive_elsewhere()
+
+
+class Journal:
+    """The catalog's pending table, typed."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+
+    def begin(self, entry: Entry) -> int:
+        kind = JournalKind.PARK if isinstance(entry, ParkJournal) else JournalKind.AB_HIDE
+        jid = self.catalog.add_pending(str(kind), _payload(entry))
+        _IN_FLIGHT.add(jid)
+        return jid
+
+    def end(self, jid: int) -> None:
+        """The operation is over (done or undone): forget the entry."""
+        try:
+            self.catalog.remove_pending(jid)
+        finally:
+            _IN_FLIGHT.discard(jid)
+
+    def entries(self, kind: JournalKind) -> list[JournalEntry]:
+        out = []
+        for jid, k, payload, _at in self.catalog.list_pending():
+            if k != kind:
+                continue
+            try:
+                entry: Entry | None = _decode(k, payload)
+            except (KeyError, TypeError, ValueError):
+                entry = None
+            out.append(JournalEntry(jid, JournalKind(k), entry, payload))
+        return out
+
+    def in_flight(self, kind: JournalKind) -> list[JournalEntry]:
+        return [e for e in self.entries(kind) if e.active()]

@@ -1,0 +1,410 @@
+"""The session service: every park / resume / check workflow of one server.
+
+The window's Sessions tab and the ``kv-valet`` commands are two faces of this
+one Qt-free class. Each workflow decision lives here, once:
+
+* how to reach the server (profile, URL, or a server an earlier KV Valet left
+  running) and with which API key (:func:`app.server.launcher.resolve_api_key`);
+* ``/slots`` read into typed rows, with what only the app knows: the tokens it
+  restored into a slot (``/slots`` cannot show them) and each slot's last task
+  from the log (``/slots`` zeroes its figures at release);
+* which slot when the user names none (:mod:`app.jobs.slots`);
+* what a resume does to the catalog: the session's verdict goes back to UNKNOWN
+  and the next query on that slot is judged (:class:`ResumeWatcher`);
+* park all & stop: stop only when every slot was parked; the resume plan;
+* recovery of interrupted parks and A/B hides at connect.
+
+Front ends subscribe to :meth:`on_change`, :meth:`on_restored` and
+:meth:`on_verdict`; the window re-emits them as Qt signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from app.core.profile import LaunchProfile
+from app.core.verdict import Verdict, VerdictKind
+from app.jobs import check as check_job
+from app.jobs.check import ABReport, CheckError, CheckReport, recover_hidden_sidecars
+from app.jobs.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
+    recover_interrupted
+from app.jobs.resume import ResumeRefused, ResumeResult, find_session, resume_session
+from app.jobs.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan
+from app.jobs.sessions import delete_session, rename_session
+from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
+from app.jobs.target import ServerTarget
+from app.jobs.watch import ResumeWatcher
+from app.monitor.slots import LastTask, RestoredSlot, SlotRow
+from app.server.client import LlamaClient, ServerError, ServerUnreachable
+from app.server.launcher import resolve_api_key, slot_save_path_for
+from app.server.logparse import Kind
+from app.store.catalog import Catalog, SessionRecord
+
+log = logging.getLogger(__name__)
+
+Stopper = Callable[[], Awaitable[None]]
+
+
+class ServiceError(Exception):
+    """A workflow that cannot run; the message is for the user."""
+
+
+class NeedsConfirmation(Exception):
+    """The workflow would work but costs something the user must accept (force=True)."""
+
+    def __init__(self, warnings: list[str]):
+        self.warnings = list(warnings)
+        super().__init__("; ".join(self.warnings))
+
+
+@dataclass
+class ResumeAllOutcome:
+    entry: PlanEntry
+    result: ResumeResult | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None
+
+
+@dataclass
+class ParkAllStopOutcome:
+    results: list[ParkResult]
+    stopped: bool
+    plan: list[PlanEntry] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[ParkResult]:
+        return [r for r in self.results if not r.ok]
+
+
+_CACHED = re.compile(r"cached n_tokens =\s*(\d+)")
+
+
+class SessionService:
+    def __init__(self, target: ServerTarget, *, stopper: Stopper | None = None):
+        self.target = target
+        self.catalog: Catalog = target.catalog
+        self.stopper = stopper  # stops the server: only for a server KV Valet launched
+        self.watcher = ResumeWatcher(self._on_verdict)
+        self.recovery_messages: list[str] = []
+        self._changed: list[Callable[[], None]] = []
+        self._restored_cbs: list[Callable[[int, RestoredSlot], None]] = []
+        self._verdict_cbs: list[Callable[[int, str | None, Verdict], None]] = []
+        self._first_cached: dict[int, int] = {}  # slot -> first "cached n_tokens" of its current task
+        self._closed = False
+
+    # -- connecting ------------------------------------------------------------
+    @classmethod
+    async def connect(cls, catalog: Catalog, *, url: str | None = None, profile: LaunchProfile | None = None,
+                      save_dir: str | Path | None = None, api_key: str | None = None, log_buffer=None,
+                      build: str | None = None, supervisor=None, stopper: Stopper | None = None,
+                      recover: bool = True) -> "SessionService":
+        """Connect to a running server: ``url`` (default: the profile's) with the
+        key :func:`resolve_api_key` gives. ``supervisor``: the server the app runs,
+        whose log feeds the verdict watcher. Raises ServiceError when it is down."""
+        if url is None:
+            if profile is None:
+                raise ServiceError("give a profile or a server URL")
+            url = profile.url
+        key = api_key if api_key is not None else resolve_api_key(profile)
+        client = LlamaClient(url, key)
+        try:
+            health = await client.health()
+            if not health.ok:
+                what = f"the server of profile '{profile.name}' ({url})" if profile else f"the server at {url}"
+                state = "is still loading its model" if health.loading else f"is not running ({health.message})"
+                raise ServiceError(f"{what} {state}")
+            try:
+                target = await ServerTarget.connect(client, catalog, profile=profile, save_dir=save_dir,
+                                                    log=log_buffer, build=build)
+            except ServerError as e:
+                if e.status == 401:
+                    raise ServiceError(f"the server at {url} refused the API key (HTTP 401): set the profile's "
+                                       "key or key file, or $LLAMA_API_KEY") from None
+                raise ServiceError(f"cannot read the server's properties: {e.message}") from None
+            except ServerUnreachable as e:
+                raise ServiceError(f"the server at {url} stopped answering ({e.reason})") from None
+        except BaseException:
+            await client.aclose()
+            raise
+        svc = cls(target, stopper=stopper)
+        if supervisor is not None:
+            supervisor.on_line(svc.feed_log)
+        if recover:
+            svc.recovery_messages = await asyncio.to_thread(svc.recover)
+        return svc
+
+    @classmethod
+    async def for_profile(cls, catalog: Catalog, profile: LaunchProfile, *, save_dir: str | Path | None = None,
+                          **kw) -> "SessionService":
+        """The server of ``profile``: the one KV Valet launched (its pid record,
+        which also lets :meth:`park_all_and_stop` stop it), else the profile's URL."""
+        from app.server.launcher import pid_record_path
+        from app.server.supervisor import find_leftover_server, terminate_leftover
+
+        rec = find_leftover_server(pid_record_path(profile.name))
+        stopper = None
+        if rec is not None:
+            async def stopper() -> None:
+                await asyncio.to_thread(terminate_leftover, rec)
+        return await cls.connect(catalog, url=rec.url if rec else profile.url, profile=profile,
+                                 save_dir=save_dir or slot_save_path_for(profile), stopper=stopper, **kw)
+
+    def recover(self) -> list[str]:
+        """Finish or undo parks and A/B hides a crash interrupted (never running ones)."""
+        msgs = [f"put back the sidecar {p} that an interrupted A/B check had hidden"
+                for p in recover_hidden_sidecars(self.catalog)]
+        extra = [self.target.save_dir] if self.target.save_dir else []
+        return msgs + recover_interrupted(self.catalog, known_save_dirs(self.catalog, extra))
+
+    async def warm_model_identity(self) -> None:
+        """Hash the model and read its memory kind now, so the first park does not wait."""
+        if self.target.model_path and Path(self.target.model_path).is_file():
+            await model_identity(self.target.model_path)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.target.client.aclose()
+
+    # -- what the server holds ---------------------------------------------------
+    @property
+    def profile_name(self) -> str:
+        return self.target.profile_name
+
+    @property
+    def save_dir(self) -> Path | None:
+        return self.target.save_dir
+
+    def set_save_dir(self, folder: str | Path) -> None:
+        """Attach mode: the user told us the server's --slot-save-path folder."""
+        self.target.save_dir = Path(folder)
+
+    async def slot_rows(self) -> list[SlotRow]:
+        return await self.target.slot_rows()
+
+    async def default_slot(self, purpose: Purpose, record: SessionRecord | None = None) -> int | None:
+        rows = await self.slot_rows()
+        return default_slot(rows, purpose, record.slot_id if record else None)
+
+    def sessions(self) -> list[SessionRecord]:
+        return self.catalog.list(self.profile_name)
+
+    def session(self, name: str) -> SessionRecord:
+        try:
+            return find_session(self.catalog, self.profile_name, name)
+        except ResumeRefused as e:
+            raise ServiceError(e.reasons[0]) from None
+
+    def resume_plan(self) -> list[PlanEntry]:
+        return load_resume_plan(self.profile_name)
+
+    @property
+    def persists_checkpoints(self) -> bool | None:
+        return self.catalog.build_persists_checkpoints(self.target.build)
+
+    # -- observers ---------------------------------------------------------------
+    def on_change(self, cb: Callable[[], None]) -> None:
+        """The catalog or the slots changed (park, resume, rename, delete, verdict)."""
+        self._changed.append(cb)
+
+    def on_restored(self, cb: Callable[[int, RestoredSlot], None]) -> None:
+        self._restored_cbs.append(cb)
+
+    def on_verdict(self, cb: Callable[[int, str | None, Verdict], None]) -> None:
+        self._verdict_cbs.append(cb)
+
+    def _emit(self, cbs, *args) -> None:
+        for cb in list(cbs):
+            try:
+                cb(*args)
+            except Exception:  # an observer must not break a workflow
+                log.exception("session observer failed")
+
+    # -- park --------------------------------------------------------------------
+    async def park(self, slot_id: int | None = None, name: str | None = None, *, on_progress=None) -> ParkResult:
+        """Park ``slot_id`` (None: the default slot) as ``name``; raises ServiceError."""
+        if slot_id is None:
+            rows = await self.slot_rows()
+            slot_id = default_slot(rows, Purpose.PARK)
+            if slot_id is None:
+                raise ServiceError(no_default_reason(rows, Purpose.PARK))
+        try:
+            result = await park_slot(self.target, slot_id, name, on_progress=on_progress)
+        except (ParkError, SlotError) as e:
+            raise ServiceError(str(e)) from None
+        except ServerUnreachable as e:
+            raise ServiceError(f"the server stopped answering ({e.reason})") from None
+        except ServerError as e:
+            raise ServiceError(f"the server refused: {e.message}") from None
+        self._emit(self._changed)
+        return result
+
+    async def park_all(self, prefix: str | None = None) -> list[ParkResult]:
+        """Park every slot that holds tokens; a failing slot is reported in its
+        result (``error``) and the others go on."""
+        try:
+            results = await park_all(self.target, prefix=prefix)
+        except (ServerError, ServerUnreachable) as e:
+            raise ServiceError(f"cannot read the slots: {e}") from None
+        self._emit(self._changed)
+        return results
+
+    async def park_all_and_stop(self, prefix: str | None = None, *, stop_if_failed: bool = False) -> ParkAllStopOutcome:
+        """Park every non-empty slot, write the resume plan, stop the server. If a
+        slot failed to park the server keeps running (its tokens would be lost)
+        unless ``stop_if_failed``."""
+        if self.stopper is None:
+            raise ServiceError("only a server that KV Valet launched can be stopped from here")
+        results = await self.park_all(prefix)
+        plan = write_resume_plan(self.profile_name, results)
+        outcome = ParkAllStopOutcome(results, stopped=False, plan=plan)
+        if outcome.failed and not stop_if_failed:
+            return outcome
+        await self.stopper()
+        outcome.stopped = True
+        return outcome
+
+    # -- resume ------------------------------------------------------------------
+    async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False) -> ResumeResult:
+        """Restore session ``name`` into ``slot_id`` (None: the default slot).
+
+        Raises ResumeRefused (cannot work), ResumeNeedsConfirmation (works, with
+        costs: pass force=True), ResumeFailed (the server refused). On success the
+        session's verdict is UNKNOWN until the next query on the slot is judged.
+        """
+        result = await resume_session(self.target, name, slot_id, force=force)
+        rec = result.record
+        if rec.id is not None:
+            self.catalog.update_verdict(rec.id, VerdictKind.UNKNOWN, "no query on this slot since the restore yet")
+        self.watcher.expect(result.slot_id, result.n_restored, rec.name, rec.sidecar_status,
+                            build_persists=self.persists_checkpoints,
+                            ctx_checkpoints=self.target.ctx_checkpoints, sidecar_count=rec.sidecar_count or None)
+        self._emit(self._restored_cbs, result.slot_id, self.target.restored[result.slot_id])
+        self._emit(self._changed)
+        return result
+
+    async def resume_all(self) -> list[ResumeAllOutcome]:
+        """Resume the sessions of the resume plan into their slot ids. The plan is
+        cleared once every entry is back; a failed entry does not stop the others."""
+        from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation
+
+        out: list[ResumeAllOutcome] = []
+        for entry in self.resume_plan():
+            try:
+                out.append(ResumeAllOutcome(entry, await self.resume(entry.session, entry.slot, force=True)))
+            except ResumeRefused as e:
+                out.append(ResumeAllOutcome(entry, error="; ".join(e.reasons)))
+            except (ResumeNeedsConfirmation, ResumeFailed, ServerError, ServerUnreachable, OSError) as e:
+                out.append(ResumeAllOutcome(entry, error=str(e)))
+        if out and all(o.ok for o in out):
+            clear_resume_plan(self.profile_name)
+        return out
+
+    # -- check -------------------------------------------------------------------
+    async def check_slot(self, record: SessionRecord, slot_id: int | None, *, force: bool = False) -> int:
+        """The slot a check restores into: the chosen one (asking first when it
+        holds tokens), else the default slot."""
+        rows = await self.slot_rows()
+        if slot_id is None:
+            slot_id = default_slot(rows, Purpose.CHECK, record.slot_id)
+            if slot_id is None:
+                raise ServiceError(no_default_reason(rows, Purpose.CHECK))
+            return slot_id
+        try:
+            row = find_row(rows, slot_id)
+        except SlotError as e:
+            raise ServiceError(str(e)) from None
+        if held(row) > 0 and not force:
+            raise NeedsConfirmation([f"slot {slot_id} holds {held(row):,} tokens; the check restores "
+                                     "the session over them"])
+        return slot_id
+
+    async def check(self, name: str, slot_id: int | None = None, *, force: bool = False,
+                    question: str = check_job.DEFAULT_QUESTION) -> CheckReport:
+        """Restore ``name`` and judge a first query twice (exact tokens, text)."""
+        rec = self.session(name)
+        slot = await self.check_slot(rec, slot_id, force=force)
+        try:
+            report = await check_job.check_resume(self.target, rec, slot, question=question)
+        except CheckError as e:
+            raise ServiceError(str(e)) from None
+        self._emit(self._changed)
+        return report
+
+    async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False,
+                 question: str = check_job.DEFAULT_QUESTION, between_arms=None) -> ABReport:
+        """The A/B: the same state file with its sidecar and with it hidden."""
+        rec = self.session(name)
+        slot = await self.check_slot(rec, slot_id, force=force)
+        try:
+            report = await check_job.ab_check(self.target, rec, slot, baseline=baseline, question=question,
+                                              between_arms=between_arms)
+        except CheckError as e:
+            raise ServiceError(str(e)) from None
+        self._emit(self._changed)
+        return report
+
+    # -- catalog -----------------------------------------------------------------
+    def rename(self, old: str, new: str, profile: str | None = None) -> SessionRecord:
+        rec = rename_session(self.catalog, old, new, profile or self.profile_name)
+        self._emit(self._changed)
+        return rec
+
+    def delete(self, name: str, profile: str | None = None) -> list[Path]:
+        removed = delete_session(self.catalog, name, profile or self.profile_name)
+        self._emit(self._changed)
+        return removed
+
+    # -- the server's log -------------------------------------------------------
+    def feed_log(self, item) -> None:
+        """Every log line of the server: verdicts, prefill rate, last tasks."""
+        if self._closed:
+            return
+        ev = getattr(item, "event", item)
+        self.watcher.feed(ev)
+        record_prefill_sample(self.catalog, self.profile_name, ev)
+        if ev.slot is None or ev.task is None or ev.task < 0:
+            return
+        if ev.kind is Kind.NEW_PROMPT:
+            self._first_cached.pop(ev.slot, None)
+        elif ev.kind is Kind.RAW and ev.slot not in self._first_cached:
+            m = _CACHED.search(ev.text)
+            if m:
+                self._first_cached[ev.slot] = int(m.group(1))
+        elif ev.kind is Kind.PROMPT_EVAL:
+            n = ev.fields.get("n_tokens")
+            cached = self._first_cached.get(ev.slot)
+            self.target.last_tasks[ev.slot] = LastTask(ev.task, (cached or 0) + (n or 0) if n is not None else None,
+                                                       cached, n)
+
+    def _on_verdict(self, slot_id: int, session: str | None, verdict: Verdict) -> None:
+        if session:
+            rec = self.catalog.get(self.profile_name, session)
+            if rec is not None and rec.id is not None:
+                with contextlib.suppress(Exception):
+                    self.catalog.update_verdict(rec.id, verdict.kind, verdict.reason)
+        entry = self.target.restored.get(slot_id)
+        if entry is not None:
+            entry.verdict = verdict
+        self._emit(self._verdict_cbs, slot_id, session, verdict)
+        self._emit(self._changed)
+
+
+def record_prefill_sample(catalog: Catalog, profile: str, ev) -> None:
+    """Keep the profile's measured prefill rate from every prompt the server
+    processes, whoever sent it (the re-prefill estimate on resume uses it)."""
+    if getattr(ev, "kind", None) is Kind.PROMPT_EVAL:
+        n, ms = ev.fields.get("n_tokens", 0), ev.fields.get("ms", 0.0)
+        if n >= 32 and ms > 0:
+            with contextlib.suppress(Exception):
+                catalog.record_prefill(profile, n, ms)
