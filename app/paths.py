@@ -1,8 +1,8 @@
 """Where KV Valet keeps its files.
 
-Config (profiles) and data (catalog, parked sessions) follow the XDG base
-directory spec. Tests and portable installs override both with
-``KV_VALET_CONFIG_DIR`` and ``KV_VALET_DATA_DIR``.
+Config (profiles), data (catalog, parked sessions) and state (server logs)
+follow the XDG base directory spec. Tests and portable installs override them
+with ``KV_VALET_CONFIG_DIR``, ``KV_VALET_DATA_DIR`` and ``KV_VALET_STATE_DIR``.
 """
 
 from __future__ import annotations
@@ -50,3 +50,16 @@ def catalog_path() -> Path:
 def runtime_dir() -> Path:
     """Pid records of servers the app launched (found again after a crash)."""
     return data_dir() / "run"
+
+
+def state_dir() -> Path:
+    override = os.environ.get("KV_VALET_STATE_DIR")
+    if override:
+        return Path(override)
+    return _xdg("XDG_STATE_HOME", ".local/state") / APP_DIR_NAME
+
+
+def server_log_path(profile_name: str) -> Path:
+    """The full log of a profile's server (rotated: ``.1`` … ``.3`` are older)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in profile_name) or "_"
+    return state_dir() / "logs" / f"{safe}.log"

@@ -32,6 +32,7 @@ def isolated_dirs(tmp_path, monkeypatch):
     """Profiles, catalog and parked sessions of a test never touch the user's."""
     monkeypatch.setenv("KV_VALET_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("KV_VALET_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("KV_VALET_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("LLAMA_API_KEY", raising=False)
     yield
 
@@ -60,11 +61,16 @@ def qloop(qapp):
 
     loop.run_forever = run_forever
     asyncio.events._set_running_loop(loop)
+    leaks: list[str] = []
     try:
         yield loop
     finally:
         try:
+            # Let the tasks the test's own last step started (closing clients) finish.
+            loop.run_until_complete(asyncio.sleep(0))
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            leaks += [f"asyncio task left running: {t.get_coro()!r}" for t in pending]
+            leaks += [f"Qt timer left running: {name}" for name in _active_timers(qapp)]
             for t in pending:
                 t.cancel()
             if pending:
@@ -83,6 +89,41 @@ def qloop(qapp):
             QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
             qapp.processEvents()
             gc.collect()
+    if leaks:
+        # napari does the same: a leak here is a bug in the code under test (or the test).
+        pytest.fail("the test left work running:\n  " + "\n  ".join(leaks), pytrace=False)
+
+
+def _active_timers(qapp) -> list[str]:
+    """Active QTimers owned by the visible or hidden top-level widgets still alive."""
+    from PySide6.QtCore import QTimer
+
+    out = []
+    for w in qapp.topLevelWidgets():
+        for timer in w.findChildren(QTimer):
+            if timer.isActive() and timer.objectName() != "qt_scrollarea_timer":
+                owner = timer.parent()
+                out.append(f"{type(owner).__name__}.{timer.objectName() or 'QTimer'} "
+                           f"(every {timer.interval()} ms, window {type(w).__name__})")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_thread_leaks():
+    """A test may not leave a thread of its own running (a server reader, an executor)."""
+    import threading
+    import time
+
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        extra = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)  # threads end asynchronously; this bounded wait is the check itself
+    if extra:
+        pytest.fail("the test left threads running: " + ", ".join(t.name for t in extra), pytrace=False)
 
 
 def signal_future(signal, predicate=lambda *args: True):

@@ -37,7 +37,8 @@ def add_commands(sub) -> argparse.ArgumentParser:
     p.add_argument("--save-dir", default=None, help="the server's --slot-save-path folder (needed with a URL)")
     add_key_option(p)
     p.add_argument("--log-file", default=None,
-                   help="the server's log file (-lv 4), to see sidecar loads and forced re-processing")
+                   help="the server's log file (-lv 4), to see sidecar loads and forced re-processing "
+                        "(default for a profile: the log KV Valet writes, see 'Server log files')")
     p.add_argument("--question", default=None, help="the probe question (default: a short one)")
     p.add_argument("--export", action="append", default=[], metavar="FILE",
                    help="also write the report to FILE (.md, .csv, .json, or .png for the chart); may repeat")
@@ -64,7 +65,14 @@ async def _run(args, catalog) -> int:
     for f in args.export:
         if Path(f).suffix.lower() not in (".md", ".csv", ".json", ".png"):
             raise CliError(f"cannot export to {Path(f).name}: use .md, .csv, .json or .png", Exit.USAGE)
-    log_buffer = FileLogBuffer(args.log_file) if args.log_file else None
+    log_path = args.log_file
+    if log_path is None and "://" not in args.target:
+        from app import paths
+
+        # the log file KV Valet writes for every server it launches (kv-valet serve, the window)
+        log_path = paths.server_log_path(args.target)
+        log_path = log_path if log_path.is_file() else None
+    log_buffer = FileLogBuffer(log_path) if log_path else None
     svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args),
                         log_buffer=log_buffer)
     question = args.question if args.question is not None else DEFAULT_QUESTION

@@ -8,16 +8,25 @@ profile (:func:`app.server.launcher.resolve_api_key`).
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
 
 from app.cli.errors import CliError, Exit
 
 
+class _RefuseKeyArgument(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("--api-key would show the key to every user of this machine (ps, /proc); "
+                     "use --api-key-file FILE or $LLAMA_API_KEY")
+
+
 def add_key_option(parser) -> None:
     parser.add_argument("--api-key-file", default=None, metavar="FILE",
                         help="read the API key from FILE (chmod 600); default: the profile's key, "
                              "else $LLAMA_API_KEY. There is no --api-key: ps would show it")
+    # Said explicitly, so that "--api-key" is not taken as an abbreviation of --api-key-file.
+    parser.add_argument("--api-key", nargs="?", action=_RefuseKeyArgument, help=argparse.SUPPRESS)
 
 
 def key_from_args(args) -> str | None:

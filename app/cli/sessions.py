@@ -198,7 +198,7 @@ def cmd_sessions(args) -> int:
     catalog = open_catalog()
     try:
         if args.action == "list":
-            recs = list_sessions(catalog, args.profile)
+            recs = list_sessions(catalog, args.profile, verify_hash=True)
             if args.json:
                 print(json.dumps([asdict(r) for r in recs], indent=1, ensure_ascii=False))
                 return Exit.OK
@@ -209,7 +209,7 @@ def cmd_sessions(args) -> int:
                       f"{_mb(r.state_size + r.sidecar_size):>10}  sidecar {r.sidecar_status}")
             return Exit.OK
         if args.action == "show":
-            r = get_session(catalog, args.name, args.profile)
+            r = get_session(catalog, args.name, args.profile, verify_hash=True)
             if args.json:
                 d = asdict(r)
                 d["history"] = [asdict(e) for e in catalog.history(r.id)] if r.id is not None else []

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from app.jobs import sidecar_check
 from app.jobs.journal import HideJournal, Journal, JournalKind, Owner
 from app.jobs.slots import SlotError, find_row, held
 from app.jobs.target import ServerTarget
@@ -35,7 +36,7 @@ from app.core.verdict import Verdict, VerdictKind, worst
 from app.jobs.watch import judge_from_completion, scan_events
 from app.server.client import ServerError
 from app.server.logparse import Kind
-from app.server.sidecar import SidecarStatus, inspect_sidecar, sidecar_candidates
+from app.server.sidecar import SidecarStatus, sidecar_candidates
 from app.server.statefile import StateFileError, read_state_header, read_state_tokens
 from app.store.catalog import Catalog, HistoryEvent, SessionRecord
 
@@ -171,7 +172,8 @@ async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int) ->
     warnings = []
     if held(slot) > 0:
         warnings.append(f"slot {slot_id} held {held(slot):,} tokens; the check replaced them")
-    report = inspect_sidecar(path, header.token_count, record.memory_kind or "dense")
+    report = await asyncio.to_thread(sidecar_check.inspect, path, header.token_count,
+                                     record.memory_kind or "dense", verify_hash=True)
     status = report.status.value
     count = len(report.checkpoints)
     if report.status is SidecarStatus.INVALID:

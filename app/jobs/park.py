@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app import paths
+from app.jobs import sidecar_check
 from app.jobs.slots import SlotError, find_row, held
 from app.jobs.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase
 from app.jobs.target import ServerTarget
 from app.server.client import ServerError, ServerUnreachable
-from app.server.sidecar import SidecarReport, SidecarStatus, inspect_sidecar
+from app.server.sidecar import SidecarReport, SidecarStatus
 from app.server.statefile import StateFileError, read_state_header
 from app.store.catalog import Catalog, SessionRecord
 
@@ -340,7 +341,8 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
             raise ParkError(f"the server refused to save slot {slot_id}: {e.message}") from None
         _say(on_progress, "verifying the saved file")
         n_tokens = _verify(tmp, resp)
-        sidecar = inspect_sidecar(tmp, n_tokens, memory_kind)
+        # off the loop: a PKCL v2 sidecar's state hash reads the whole file (fresh in the page cache now)
+        sidecar = await asyncio.to_thread(sidecar_check.inspect, tmp, n_tokens, memory_kind, verify_hash=True)
         state_size = tmp.stat().st_size
         now = time.time()
         record = SessionRecord(
@@ -373,7 +375,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
     if memory_kind in CHECKPOINTED_KINDS:
         catalog.record_sidecar_observation(target.build, sidecar.status in (
             SidecarStatus.PRESENT_VALID, SidecarStatus.PRESENT_UNVERIFIED), memory_kind)
-    report = inspect_sidecar(final, n_tokens, memory_kind)
+    report = await asyncio.to_thread(sidecar_check.inspect, final, n_tokens, memory_kind, verify_hash=True)
     warnings = park_warnings(report, memory_kind, n_tokens, resp)
     return ParkResult(stored, report, warnings, slot_id)
 

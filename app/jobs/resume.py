@@ -15,17 +15,19 @@ re-prefills the whole session. The user is told how long that will take.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.jobs import sidecar_check
 from app.jobs.park import CHECKPOINTED_KINDS, model_identity
 from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.jobs.target import ServerTarget
 from app.monitor.slots import RestoredSlot, SlotRow
 from app.server.client import ServerError, ServerUnreachable
-from app.server.sidecar import SidecarStatus, inspect_sidecar
+from app.server.sidecar import SidecarStatus
 from app.server.statefile import StateFileError, read_state_header, version_mismatch_reason
 from app.store.catalog import Catalog, HistoryEvent, SessionRecord
 
@@ -182,7 +184,8 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
         pf.warnings.append(f"slot {slot_id} holds {n_held:,} tokens; resuming replaces them")
     kind = record.memory_kind
     if kind in CHECKPOINTED_KINDS:
-        report = inspect_sidecar(path, record.n_tokens, kind)
+        # a PKCL v2 sidecar of an older save is caught here, before the restore (hash cached per file change)
+        report = await asyncio.to_thread(sidecar_check.inspect, path, record.n_tokens, kind, verify_hash=True)
         persists = target.catalog.build_persists_checkpoints(target.build)
         cause = None
         if report.status in (SidecarStatus.MISSING, SidecarStatus.INVALID):

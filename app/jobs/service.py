@@ -36,7 +36,7 @@ from app.jobs.park import ParkError, ParkResult, known_save_dirs, model_identity
     recover_interrupted
 from app.jobs.resume import ResumeRefused, ResumeResult, find_session, resume_session
 from app.jobs.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan
-from app.jobs.sessions import delete_session, rename_session
+from app.jobs.sessions import delete_session, list_sessions, rename_session
 from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.jobs.target import ServerTarget
 from app.jobs.watch import ResumeWatcher
@@ -196,8 +196,25 @@ class SessionService:
         rows = await self.slot_rows()
         return default_slot(rows, purpose, record.slot_id if record else None)
 
-    def sessions(self) -> list[SessionRecord]:
-        return self.catalog.list(self.profile_name)
+    def sessions(self, *, verify_hash: bool = False) -> list[SessionRecord]:
+        """This server's sessions, each sidecar re-checked on disk (headers and sizes;
+        a PKCL v2 state hash only with ``verify_hash``: it reads the whole state file)."""
+        return list_sessions(self.catalog, self.profile_name, verify_hash=verify_hash)
+
+    async def verify_sidecar_hashes(self, records: list[SessionRecord] | None = None) -> bool:
+        """Hash the state files whose PKCL v2 sidecar is not checked yet, off the
+        event loop's thread; True when a record changed."""
+        from app.jobs.sidecar_check import needs_hash, recheck
+
+        todo = [r for r in (records if records is not None else self.catalog.list(self.profile_name))
+                if needs_hash(r)]
+        changed = False
+        for rec in todo:
+            after = await asyncio.to_thread(recheck, self.catalog, rec, verify_hash=True)
+            changed |= after.sidecar_reason != rec.sidecar_reason
+        if changed:
+            self._emit(self._changed)
+        return changed
 
     def session(self, name: str) -> SessionRecord:
         try:

@@ -15,8 +15,11 @@ from app.jobs.park import SIDECAR_SUFFIXES
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 
 
-def list_sessions(catalog: Catalog, profile: str | None = None) -> list[SessionRecord]:
-    return catalog.list(profile)
+def list_sessions(catalog: Catalog, profile: str | None = None, *, verify_hash: bool = False) -> list[SessionRecord]:
+    """The sessions, each with its sidecar re-checked on disk (app.jobs.sidecar_check)."""
+    from app.jobs.sidecar_check import recheck_all
+
+    return recheck_all(catalog, catalog.list(profile), verify_hash=verify_hash)
 
 
 def _one(catalog: Catalog, name: str, profile: str | None) -> SessionRecord:
@@ -34,8 +37,11 @@ def _one(catalog: Catalog, name: str, profile: str | None) -> SessionRecord:
     return matches[0]
 
 
-def get_session(catalog: Catalog, name: str, profile: str | None = None) -> SessionRecord:
-    return _one(catalog, name, profile)
+def get_session(catalog: Catalog, name: str, profile: str | None = None, *,
+                verify_hash: bool = False) -> SessionRecord:
+    from app.jobs.sidecar_check import recheck
+
+    return recheck(catalog, _one(catalog, name, profile), verify_hash=verify_hash)
 
 
 def rename_session(catalog: Catalog, old: str, new: str, profile: str | None = None) -> SessionRecord:

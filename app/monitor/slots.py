@@ -150,7 +150,9 @@ def slot_rows(
             tokens_held: int | None = entry.n_tokens
             from_restore = True
         elif n_prompt is not None:
-            tokens_held = n_prompt + (n_decoded or 0)
+            # build 11434 adds each sampled token to the prompt tokens as it goes:
+            # n_prompt_tokens already counts what was decoded
+            tokens_held = n_prompt
             from_restore = False
         else:
             tokens_held = None

@@ -86,6 +86,7 @@ def make_supervisor(plan: LaunchPlan, **kw) -> Supervisor:
         pid_record_path=pid_record_path(p.name),
         auto_restart=p.auto_restart,
         check_port=(host, p.port) if not host.startswith("/") else None,
+        log_file=kw.pop("log_file", paths.server_log_path(p.name)),
         **kw,
     )
 

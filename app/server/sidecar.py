@@ -12,6 +12,13 @@ recognised by its magic:
   then per checkpoint ``i64 n_tokens, i32 pos_min, i32 pos_max, u64 n_tgt,
   u64 n_dft`` followed by ``n_tgt + n_dft`` bytes. Written after the state
   file, not atomically, never removed: a stale one can sit next to a new save.
+* PKCL version 2 (upstream work after #206): ``u32 magic``, ``u32 version = 2``,
+  ``u64 state_hash`` (64-bit FNV-1a of every byte of the state file), ``u32
+  count``, per checkpoint ``i64 n_tokens, i32 pos_min, i32 pos_max`` and three
+  blocks (target, draft, speculative), each ``u64 size`` and its bytes. The
+  hash ties the sidecar to its state file: a sidecar of an older save is named
+  stale here, before the server would refuse it at restore. A PKCL file of a
+  version this app does not know is "present, unverified", not invalid.
 * upstream PR #24028 (open): ``<state>.ckpt``, ``magic[8] = "LSCKPT2\\0"``,
   ``u64 count``, per checkpoint ``i32 pos_min, i32 pos_max, i64 n_tokens,
   u64 size_tgt, u64 size_dft``, then the bytes.
@@ -36,15 +43,22 @@ from pathlib import Path
 PKCL_MAGIC = 0x4C434B50  # bytes b"PKCL" on disk
 PKCL_MAGIC_BYTES = struct.pack("<I", PKCL_MAGIC)
 PKCL_VERSION = 1
+PKCL_VERSION_2 = 2
+FNV_OFFSET = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
 LSCKPT2_MAGIC = b"LSCKPT2\0"
 MAX_CHECKPOINTS = 1024
 
 _PKCL_HEADER = struct.Struct("<III")
 _PKCL_ENTRY = struct.Struct("<qiiQQ")  # n_tokens, pos_min, pos_max, n_tgt, n_dft
+_PKCL2_HEADER = struct.Struct("<IIQI")  # magic, version, state_hash, count
+_PKCL2_ENTRY = struct.Struct("<qii")  # n_tokens, pos_min, pos_max; then 3 x (u64 size, bytes)
+_U64 = struct.Struct("<Q")
 _LS_HEADER = struct.Struct("<8sQ")
 _LS_ENTRY = struct.Struct("<iiqQQ")  # pos_min, pos_max, n_tokens, size_tgt, size_dft
 
 KIND_PKCL = "PKCL v1"
+KIND_PKCL2 = "PKCL v2"
 KIND_LSCKPT2 = "LSCKPT2"
 KIND_COMPANION = "companion"
 
@@ -64,10 +78,11 @@ class Checkpoint:
     pos_max: int
     size_tgt: int
     size_dft: int
+    size_spec: int = 0  # PKCL v2's speculative-decoding block
 
     @property
     def size(self) -> int:
-        return self.size_tgt + self.size_dft
+        return self.size_tgt + self.size_dft + self.size_spec
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,8 @@ class SidecarReport:
     size: int
     checkpoints: tuple[Checkpoint, ...]
     reason: str  # one user-facing sentence, for every status
+    version: int | None = None  # PKCL version
+    state_hash: int | None = None  # PKCL v2: FNV-1a of the state file it belongs to
 
 
 class SidecarError(Exception):
@@ -147,6 +164,47 @@ def _read_pkcl(f, file_size: int) -> tuple[Checkpoint, ...]:
                  lambda v: Checkpoint(n_tokens=v[0], pos_min=v[1], pos_max=v[2], size_tgt=v[3], size_dft=v[4]))
 
 
+class UnknownVersion(Exception):
+    def __init__(self, version: int):
+        self.version = version
+        super().__init__(f"PKCL version {version}")
+
+
+def _read_pkcl2(f, file_size: int) -> tuple[int, tuple[Checkpoint, ...]]:
+    raw = f.read(_PKCL2_HEADER.size)
+    if len(raw) != _PKCL2_HEADER.size:
+        raise SidecarError(f"truncated: {file_size} bytes, shorter than the PKCL v2 header")
+    _magic, _version, state_hash, count = _PKCL2_HEADER.unpack(raw)
+    _check_count(count)
+    checkpoints = []
+    offset = _PKCL2_HEADER.size
+    for i in range(count):
+        f.seek(offset)
+        head = f.read(_PKCL2_ENTRY.size)
+        if len(head) != _PKCL2_ENTRY.size:
+            raise SidecarError(f"truncated: checkpoint {i + 1} of {count} has no complete header "
+                               f"(file ends at {file_size:,} bytes)")
+        n_tokens, pos_min, pos_max = _PKCL2_ENTRY.unpack(head)
+        offset += _PKCL2_ENTRY.size
+        sizes = []
+        for block in ("target", "draft", "speculative"):
+            f.seek(offset)
+            rawsize = f.read(_U64.size)
+            if len(rawsize) != _U64.size:
+                raise SidecarError(f"truncated: checkpoint {i + 1}'s {block} block has no size")
+            (size,) = _U64.unpack(rawsize)
+            offset += _U64.size
+            if offset + size > file_size:
+                raise SidecarError(f"truncated: checkpoint {i + 1}'s {block} block is {size:,} bytes, longer "
+                                   f"than the {file_size - offset:,} bytes left")
+            offset += size
+            sizes.append(size)
+        checkpoints.append(Checkpoint(n_tokens, pos_min, pos_max, sizes[0], sizes[1], sizes[2]))
+    if offset != file_size:
+        raise SidecarError(f"{file_size - offset:,} trailing bytes after the last checkpoint")
+    return state_hash, tuple(checkpoints)
+
+
 def _read_lsckpt2(f, file_size: int) -> tuple[Checkpoint, ...]:
     raw = f.read(_LS_HEADER.size)
     if len(raw) != _LS_HEADER.size:
@@ -159,16 +217,36 @@ def _read_lsckpt2(f, file_size: int) -> tuple[Checkpoint, ...]:
                  lambda v: Checkpoint(n_tokens=v[2], pos_min=v[0], pos_max=v[1], size_tgt=v[3], size_dft=v[4]))
 
 
-def _read_any(path: Path) -> tuple[str, tuple[Checkpoint, ...]]:
+def _read_any(path: Path) -> tuple[str, int | None, int | None, tuple[Checkpoint, ...]]:
+    """(kind, PKCL version, state hash, checkpoints); raises SidecarError or UnknownVersion."""
     with open(path, "rb") as f:
         file_size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         f.seek(0)
         if head[:4] == PKCL_MAGIC_BYTES:
-            return KIND_PKCL, _read_pkcl(f, file_size)
+            version = struct.unpack("<I", head[4:8])[0] if len(head) == 8 else None
+            if version == PKCL_VERSION_2:
+                state_hash, cps = _read_pkcl2(f, file_size)
+                return KIND_PKCL2, 2, state_hash, cps
+            if version is not None and version != PKCL_VERSION:
+                raise UnknownVersion(version)
+            return KIND_PKCL, 1, None, _read_pkcl(f, file_size)
         if head == LSCKPT2_MAGIC:
-            return KIND_LSCKPT2, _read_lsckpt2(f, file_size)
+            return KIND_LSCKPT2, None, None, _read_lsckpt2(f, file_size)
         raise SidecarError(f"unknown sidecar format (magic {head[:8]!r})")
+
+
+def fnv1a64_file(path: str | os.PathLike, chunk: int = 1 << 20) -> int:
+    """64-bit FNV-1a of every byte of ``path`` (PKCL v2's state hash). About 16 MB/s
+    in Python: call it off the GUI thread, and cache it (app.jobs.sidecar_check)."""
+    h, prime, mask = FNV_OFFSET, FNV_PRIME, (1 << 64) - 1
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(chunk)
+            if not data:
+                return h
+            for b in data:
+                h = ((h ^ b) * prime) & mask
 
 
 def read_pkcl(path: str | os.PathLike) -> tuple[Checkpoint, ...]:
@@ -198,22 +276,6 @@ def validate_checkpoints(checkpoints: tuple[Checkpoint, ...], saved_tokens: int 
             )
 
 
-def latest_covering_checkpoint(checkpoints, target_pos: int) -> Checkpoint | None:
-    """The checkpoint a server would roll back to so it can resume at ``target_pos``.
-
-    llama.cpp must process at least one token, so it needs a checkpoint that
-    ends strictly before the resume point and takes the newest such one. In the
-    real capture a follow-up with n_past 2884 (of 2,892 saved) rolled back to the
-    checkpoint with pos_max 2880 and resumed at n_past 2880. Returns the
-    checkpoint with the largest ``pos_max < target_pos``, or None (full re-prefill).
-    """
-    best = None
-    for cp in checkpoints:
-        if cp.pos_max < target_pos and (best is None or cp.pos_max > best.pos_max):
-            best = cp
-    return best
-
-
 def _missing_reason(memory_kind: str) -> str:
     if memory_kind == "recurrent-hybrid":
         why = "this model keeps recurrent state that cannot be rolled back"
@@ -234,17 +296,37 @@ def _valid_reason(checkpoints: tuple[Checkpoint, ...], saved_tokens: int | None)
     return f"{n} checkpoint{'s' if n != 1 else ''}, the last at token {last:,}{of}"
 
 
-def inspect_sidecar(state_path: str | os.PathLike, saved_tokens: int | None, memory_kind: str) -> SidecarReport:
+def inspect_sidecar(state_path: str | os.PathLike, saved_tokens: int | None, memory_kind: str, *,
+                    state_hash=None) -> SidecarReport:
     """Find and check the sidecar of ``state_path`` for a model of ``memory_kind``
-    ("dense", "sliding-window" or "recurrent-hybrid")."""
+    ("dense", "sliding-window" or "recurrent-hybrid").
+
+    ``state_hash``: for a PKCL v2 sidecar, a callable giving the state file's
+    FNV-1a (or None when not computed yet): called only for such a sidecar.
+    Without it the hash is not checked and the reason says so."""
     memory_kind = getattr(memory_kind, "value", memory_kind)
     dense = memory_kind == "dense"
     ckpt, companion = sidecar_candidates(state_path)
     if ckpt.is_file():
         size = ckpt.stat().st_size
+        version = stored_hash = None
         try:
-            kind, checkpoints = _read_any(ckpt)
+            kind, version, stored_hash, checkpoints = _read_any(ckpt)
             validate_checkpoints(checkpoints, saved_tokens)
+            hash_note = ""
+            if version == PKCL_VERSION_2:
+                actual = state_hash() if callable(state_hash) else state_hash
+                if actual is None:
+                    hash_note = " (the state file's hash is not checked yet)"
+                elif actual != stored_hash:
+                    raise SidecarError(f"stale: it belongs to another save of this state file (its state hash "
+                                       f"{stored_hash:016x}, the file's {actual:016x}); the server would "
+                                       "refuse it")
+        except UnknownVersion as exc:
+            status = SidecarStatus.NOT_NEEDED if dense else SidecarStatus.PRESENT_UNVERIFIED
+            return SidecarReport(status, "PKCL", ckpt, size, (),
+                                 f"present, unverified (version {exc.version}): a PKCL sidecar of a version "
+                                 "this KV Valet does not know", version=exc.version)
         except SidecarError as exc:
             if dense:
                 return SidecarReport(SidecarStatus.NOT_NEEDED, None, ckpt, size, (),
@@ -253,11 +335,12 @@ def inspect_sidecar(state_path: str | os.PathLike, saved_tokens: int | None, mem
         except OSError as exc:
             return SidecarReport(SidecarStatus.INVALID, None, ckpt, size, (),
                                  f"invalid: cannot read {ckpt.name}: {exc.strerror or exc}")
-        reason = _valid_reason(checkpoints, saved_tokens)
+        reason = _valid_reason(checkpoints, saved_tokens) + hash_note
         if dense:
             return SidecarReport(SidecarStatus.NOT_NEEDED, kind, ckpt, size, checkpoints,
-                                 f"not needed for a dense model ({reason})")
-        return SidecarReport(SidecarStatus.PRESENT_VALID, kind, ckpt, size, checkpoints, reason)
+                                 f"not needed for a dense model ({reason})", version, stored_hash)
+        return SidecarReport(SidecarStatus.PRESENT_VALID, kind, ckpt, size, checkpoints, reason, version,
+                             stored_hash)
     if companion.is_file():
         size = companion.stat().st_size
         status = SidecarStatus.NOT_NEEDED if dense else SidecarStatus.PRESENT_UNVERIFIED

@@ -30,6 +30,7 @@ from typing import Callable
 import psutil
 
 from app.server.client import LlamaClient
+from app.server.logfile import ServerLogFile
 from app.server.logparse import LogEvent, parse_line
 from app.server.outcome import Cause, Outcome, classify
 
@@ -213,6 +214,7 @@ class Supervisor:
         health_interval_s: float = 0.2,
         log_capacity: int = 20000,
         check_port: tuple[str, int] | None = None,
+        log_file: Path | None = None,
     ):
         self.argv = list(argv)
         self.url = url
@@ -228,6 +230,9 @@ class Supervisor:
         self.health_interval_s = health_interval_s
         self.check_port = check_port
         self.log = LogBuffer(log_capacity)
+        # every line, also those the ring buffer drops (app.server.logfile)
+        self.log_file_path = log_file
+        self._log_file = ServerLogFile(log_file) if log_file is not None else None
         self.state = ServerState.STOPPED
         self.outcome: Outcome | None = None
         self.proc: asyncio.subprocess.Process | None = None
@@ -325,6 +330,12 @@ class Supervisor:
             self._set_state(ServerState.CRASHED)
             raise LaunchError(self.outcome.detail) from None
         self.started_at = time.time()
+        if self._log_file is not None:
+            with contextlib.suppress(OSError):
+                from app.core.argv import masked_argv
+
+                self._log_file.close()
+                self._log_file.open(f"pid {self.proc.pid}: {' '.join(masked_argv(self.argv))}")
         self._write_pid_record()
         self._spawn_task(self._read_output(self.proc))
         self._spawn_task(self._watch_exit(self.proc))
@@ -362,7 +373,10 @@ class Supervisor:
                 raw = await proc.stdout.read(1 << 20)
             if not raw:
                 return
-            item = self.log.append(raw.decode("utf-8", "replace"))
+            text = raw.decode("utf-8", "replace")
+            item = self.log.append(text)
+            if self._log_file is not None:
+                self._log_file.write(text)
             for cb in list(self._line_cbs):
                 try:
                     cb(item)
@@ -393,6 +407,9 @@ class Supervisor:
                     await asyncio.wait_for(asyncio.shield(t), 2.0)
         by_user = self._stopping_by_user
         self.outcome = classify(rc, self.log.tail(40), by_user)
+        if self._log_file is not None:
+            self._log_file.write(f"===== exit: {self.outcome.summary()}")
+            self._log_file.close()
         # Anything the server started in its group goes with it.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)

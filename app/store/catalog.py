@@ -432,6 +432,12 @@ class Catalog:
     def update_verdict(self, session_id: int, verdict: VerdictKind | str, reason: str) -> None:
         self._update(session_id, last_verdict=str(VerdictKind(verdict)), last_verdict_reason=reason)
 
+    def update_sidecar(self, session_id: int, *, status: SidecarStatus, reason: str, count: int, size: int,
+                       file: str | None) -> None:
+        """The sidecar as it is on disk now (removed, replaced or checked again)."""
+        self._update(session_id, sidecar_status=str(status), sidecar_reason=reason, sidecar_count=count,
+                     sidecar_size=size, sidecar_file=file)
+
     def _update(self, session_id: int, **values: Any) -> None:
         sets = ", ".join(f"{c} = ?" for c in values)
         with self._tx() as conn:

@@ -128,7 +128,12 @@ class ProfileStore:
         return profiles, errors
 
     def save(self, profile: LaunchProfile, *, overwrite: bool = True, previous_name: str | None = None) -> Path:
-        """Write atomically; a new name that exists already is refused."""
+        """Write atomically; a new name that exists already is refused. Flags in the
+        extra arguments that have a field (the API key above all) are stored in it:
+        the file holding a key is then readable by its owner only."""
+        from app.core.argv import absorb_extra_args
+
+        profile = absorb_extra_args(profile)[0]
         path = profile_path(profile.name, self.folder)
         renaming = previous_name is not None and previous_name != profile.name
         if path.exists() and (not overwrite or renaming):

@@ -7,8 +7,10 @@ appends it as one block, and the widget keeps a bounded number of lines.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QTimer, Signal
-from PySide6.QtGui import QFont, QGuiApplication, QTextCursor
+from pathlib import Path
+
+from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QFont, QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
                                QPushButton, QVBoxLayout, QWidget)
 
@@ -51,9 +53,14 @@ class LogPanel(QWidget):
         self.follow.setToolTip("Keep the newest line in view.")
         self.copy_button = QPushButton("Copy")
         self.copy_button.setToolTip("Copy the lines shown to the clipboard.")
+        self.open_file_button = QPushButton("Open log file")
+        self.open_file_button.setToolTip("The server's whole log on disk (every line, also those no longer "
+                                         "shown here), in the default text viewer.")
+        self.open_file_button.setEnabled(False)
+        self.log_file: Path | None = None
         self.count_label = QLabel("")
         bar = QHBoxLayout()
-        for w in (self.level, self.search, self.follow, self.copy_button):
+        for w in (self.level, self.search, self.follow, self.copy_button, self.open_file_button):
             bar.addWidget(w)
         bar.addStretch(1)
         bar.addWidget(self.count_label)
@@ -64,10 +71,21 @@ class LogPanel(QWidget):
         self.level.currentIndexChanged.connect(self._rebuild)
         self.search.textChanged.connect(self._rebuild)
         self.copy_button.clicked.connect(self.copy_shown)
+        self.open_file_button.clicked.connect(self._on_open_file)
         self.timer = QTimer(self)
         self.timer.setInterval(interval_ms)
         self.timer.timeout.connect(self.pull)
         self.timer.start()
+
+    def set_log_file(self, path) -> None:
+        """The file the server's full log goes to (None: none)."""
+        self.log_file = Path(path) if path else None
+        self.open_file_button.setEnabled(self.log_file is not None)
+        self.open_file_button.setToolTip(str(self.log_file) if self.log_file else "")
+
+    def _on_open_file(self) -> None:
+        if self.log_file is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.log_file)))
 
     def set_buffer(self, buffer: LogBuffer) -> None:
         self._buffer = buffer

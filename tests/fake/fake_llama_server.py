@@ -1,21 +1,36 @@
 #!/usr/bin/env python3
 """A fake llama-server (build 11434) for KV Valet's tests.
 
-It is launched exactly like the real binary and answers like the captures in
-tests/fixtures/llama-server-b11434 (same JSON keys, error bodies, status codes
-and log line format, log on stderr), without a model: a deterministic fake
-tokenizer, no real prefill (timings are computed, not slept), and state files
-laid out like real ones (app.server.statefile / app.server.sidecar writers).
+It is launched like the real binary and answers like the captures in
+tests/fixtures/llama-server-b11434 and tests/fixtures/sidecar-build-b11434
+(same JSON keys, error bodies, status codes, log lines and log format), without
+a model: a deterministic fake tokenizer, no real prefill (timings are computed,
+not slept), fake sequence-state bytes. See README.md next to this file.
 
-What it models, because KV Valet's whole job depends on it:
-* a sliding-window (default) or recurrent-hybrid model can only roll back to a
-  context checkpoint; checkpoints live in memory and a restore clears them, so
-  the first query after a restore re-prefills everything ("forcing full prompt
-  re-processing ...") unless a checkpoint sidecar was loaded (FAKE_SIDECAR=1, the
-  turboquant PR #206 behaviour);
-* a dense model (FAKE_MODEL_KIND=dense) resumes from any prefix;
-* slot ids wrap around, a failed restore clears the slot, slot actions need
-  --slot-save-path, file names are validated like fs_validate_filename.
+Independence: this file imports nothing from ``app/``. The state files and
+checkpoint sidecars it writes and reads are coded here, from the layouts in
+/work/shared/reference/llama-server.md (and the real bytes in the fixtures), so
+a format mistake in the app cannot be copied into the fake.
+
+What it models, from llama.cpp build 11434 tools/server/server-context.cpp:
+* prompt reuse (update_slots, ~lines 3440-3650): n_past = common prefix with the
+  slot's tokens; ``pos_min_thold = max(0, pos_next - n_swa - (has_new_tokens ? 0 : 1))``;
+  if the slot's memory no longer reaches back that far (``pos_min >= pos_min_thold``)
+  the context checkpoints are searched newest first (``cur.pos_max <= pos_next`` and
+  ``cur.pos_min < pos_min_thold || cur.pos_min == 0``), n_past becomes the checkpoint's
+  position, else "forcing full prompt re-processing"; checkpoints past pos_next are
+  erased; at least one prompt token is always processed;
+* checkpoint creation (~lines 3700-3910, create_checkpoint ~2513): batches of
+  n_batch tokens, cut 4 + n_ubatch and 4 tokens before the end of the prompt, a
+  checkpoint of the memory before each batch near the end of the prompt, min
+  spacing (--checkpoint-min-step), at most --ctx-checkpoints, same n_tokens superseded;
+* the memory of the slot: a sliding-window model keeps n_swa + n_ubatch cells of its
+  SWA cache, a state file or a checkpoint holds only the n_swa window, a
+  recurrent-hybrid model keeps only its last position, a dense model keeps all;
+* slot selection, the RAM prompt cache and idle-slot saves (get_available_slot,
+  process_single_task), /slots as server_slot::to_json, slot save/restore/erase;
+* FAKE_SIDECAR=1: the turboquant PR #206 behaviour (checkpoints saved to and
+  loaded from ``<state>.ckpt`` in the PKCL v1 layout), as in the sidecar-build captures.
 
 Environment knobs:
   FAKE_LOAD_SECONDS (0.3)          time /health answers 503 "Loading model"
@@ -24,9 +39,9 @@ Environment knobs:
   FAKE_PREFILL_TPS (280)           reported prompt tokens per second
   FAKE_GEN_TPS (40)                reported generated tokens per second
   FAKE_COMPLETION_DELAY (0)        seconds a completion really keeps its slot busy
-  FAKE_SIDECAR (0)                 1: write/read <state>.ckpt PKCL v1 sidecars
+  FAKE_SIDECAR (0)                 1: write/read <state>.ckpt PKCL v1 sidecars (sidecar build)
   FAKE_STATE_BYTES_PER_TOKEN (64)  size of the fake sequence state per token
-  FAKE_CKPT_BYTES_PER_TOKEN (16)   size of a fake checkpoint per token of window
+  FAKE_CKPT_BYTES_PER_TOKEN (16)   size of a fake checkpoint per cell of its window
   FAKE_STATE_VERSION (4)           state file version written and required
   FAKE_SAVE_ERROR (0)              1: save answers 500 "Unable to save slot"
   FAKE_SAVE_DELAY (0)              seconds added to every save
@@ -42,28 +57,48 @@ import json
 import os
 import re
 import signal
+import struct
 import sys
 import threading
 import time
 import zlib
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from app.server.sidecar import (  # noqa: E402
-    Checkpoint, SidecarError, latest_covering_checkpoint, read_pkcl, validate_checkpoints, write_pkcl,
-)
-from app.server.statefile import StateFileError, encode_state_file, read_state_header, read_state_tokens  # noqa: E402
-
-FIXTURES = REPO / "tests" / "fixtures" / "llama-server-b11434"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llama-server-b11434"
 N_VOCAB = 262144
+N_CTX_TRAIN = 32768
 BOS, EOS = 2, 1
 SPECIAL = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<start_of_turn>": 105, "<end_of_turn>": 106}
 WORDS = ["the", "cache", "slot", "park", "resume", "token", "model", "quiet", "valet", "disk"]
+MIB = 1024 * 1024
+
+# state file (llama_state_seq_save_file) and packed token payload (server_tokens::serialize)
+STATE_MAGIC = 0x67677371  # 'ggsq', bytes 71 73 67 67 on disk
+STATE_VERSION = 4  # LLAMA_STATE_SEQ_VERSION in build 11434
+TOKEN_NULL = -1  # LLAMA_TOKEN_NULL: first word of a packed payload
+TOKENS_STATE_VERSION = 1  # SERVER_TOKENS_STATE_VERSION
+# the fake's own sequence state (the real one is per-cell positions and per-layer tensors)
+SEQ_HEADER = struct.Struct("<IIIIQ")  # n_stream, cell_count, k_type, v_type, n_bytes
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+# turboquant PR #206 sidecar
+PKCL_MAGIC = 0x4C434B50  # bytes 'PKCL' on disk
+PKCL_VERSION = 1
+PKCL_MAX = 1024
+PKCL_HEADER = struct.Struct("<III")  # magic, version, count
+PKCL_ENTRY = struct.Struct("<qiiQQ")  # n_tokens, pos_min, pos_max, n_tgt, n_dft
+
+FULL_REPROCESS = ("forcing full prompt re-processing due to lack of cache data (likely due to SWA or "
+                  "hybrid/recurrent memory, see https://github.com/ggml-org/llama.cpp/pull/13194"
+                  "#issuecomment-2868343055)")
+RESTORE_FAILED = "No available space in KV cache or invalid slot save file"
+SAMPLER_CHAIN = ("logits -> ?penalties -> ?dry -> ?top-n-sigma -> top-k -> ?typical -> top-p -> min-p "
+                 "-> ?xtc -> temp-ext -> dist ")
+CHAT_TEMPLATE_EXAMPLE = ("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello"
+                         "<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\n"
+                         "How are you?<|im_end|>\n<|im_start|>assistant\n")
 
 
 def env_float(name: str, default: float) -> float:
@@ -77,15 +112,21 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "0") not in ("", "0", "false", "no")
 
 
+def mib(n_bytes: int) -> str:
+    return f"{n_bytes / MIB:.3f}"
+
+
 # ---------------------------------------------------------------- logging
 
 T0 = time.monotonic()
 _log_lock = threading.Lock()
-VERBOSITY = 3  # llama.cpp default: info; cache events need -lv 4 (trace)
+VERBOSITY = 3  # llama.cpp default: info; the cache events are trace (-lv 4)
+TRACE = 4
 
 
 def log(level: str, text: str, verbosity: int = 3) -> None:
-    """``<min>.<sec>.<ms>.<us> <L> <text>`` on stderr, like common/log.cpp."""
+    """``<min>.<sec>.<ms>.<us> <L> <text>`` on stderr, like common/log.cpp. A text
+    with newlines continues on untimestamped lines (e.g. "sampler params")."""
     if verbosity > VERBOSITY and level != "E":
         return
     us = int((time.monotonic() - T0) * 1e6)
@@ -96,11 +137,15 @@ def log(level: str, text: str, verbosity: int = 3) -> None:
 
 
 def srv_log(level: str, func: str, text: str, verbosity: int = 3) -> None:
-    log(level, f"srv  {func[:12]:>12}: {text}", verbosity)
+    log(level, f"srv  {func[:12]:>12}: {text}", verbosity)  # SRV_*: "srv  %12.*s: "
 
 
 def slot_log(level: str, func: str, slot_id: int, task: int, text: str, verbosity: int = 3) -> None:
     log(level, f"slot {func[:12]:>12}: id {slot_id:2d} | task {task} | {text}", verbosity)
+
+
+def ts_us() -> int:
+    return int((time.monotonic() - T0) * 1e6)
 
 
 # ---------------------------------------------------------------- arguments
@@ -108,20 +153,29 @@ def slot_log(level: str, func: str, slot_id: int, task: int, text: str, verbosit
 VALUE_FLAGS = {
     "-m": "model", "--model": "model", "--host": "host", "--port": "port",
     "-c": "ctx", "--ctx-size": "ctx", "-np": "parallel", "--parallel": "parallel",
+    "-b": "n_batch", "--batch-size": "n_batch", "-ub": "n_ubatch", "--ubatch-size": "n_ubatch",
     "--slot-save-path": "slot_save_path", "-ctxcp": "ctx_checkpoints",
     "--ctx-checkpoints": "ctx_checkpoints", "--swa-checkpoints": "ctx_checkpoints",
+    "-cms": "checkpoint_min_step", "--checkpoint-min-step": "checkpoint_min_step",
+    "-cram": "cache_ram", "--cache-ram": "cache_ram",
+    "-sps": "slot_prompt_similarity", "--slot-prompt-similarity": "slot_prompt_similarity",
     "-ctk": "ctk", "--cache-type-k": "ctk", "-ctv": "ctv", "--cache-type-v": "ctv",
     "-lv": "verbosity", "--verbosity": "verbosity", "--log-verbosity": "verbosity",
     "--api-key": "api_key", "--api-key-file": "api_key_file", "-a": "alias", "--alias": "alias",
 }
-BOOL_FLAGS = {"--metrics": "metrics", "--no-slots": "no_slots", "-v": "verbose",
-              "--verbose": "verbose", "--log-verbose": "verbose"}
+BOOL_FLAGS = {"--metrics": ("metrics", True), "--no-slots": ("no_slots", True), "--slots": ("no_slots", False),
+              "-v": ("verbose", True), "--verbose": ("verbose", True), "--log-verbose": ("verbose", True),
+              "-kvu": ("kv_unified", True), "--kv-unified": ("kv_unified", True),
+              "-no-kvu": ("kv_unified", False), "--no-kv-unified": ("kv_unified", False),
+              "--cache-idle-slots": ("cache_idle_slots", True), "--no-cache-idle-slots": ("cache_idle_slots", False),
+              "--swa-full": ("swa_full", True)}
 
 
 def parse_args(argv: list[str]) -> dict:
-    opts = {"host": "127.0.0.1", "port": "8080", "ctx": "4096", "parallel": "1",
-            "ctx_checkpoints": "32", "ctk": "f16", "ctv": "f16", "verbosity": "3",
-            "api_keys": []}
+    opts = {"host": "127.0.0.1", "port": "8080", "ctx": "0", "parallel": "-1", "n_batch": "2048",
+            "n_ubatch": "512", "ctx_checkpoints": "32", "checkpoint_min_step": "8192", "cache_ram": "8192",
+            "slot_prompt_similarity": "0.1", "ctk": "f16", "ctv": "f16", "verbosity": "3", "api_keys": [],
+            "cache_idle_slots": True, "kv_unified": None, "swa_full": False}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -149,7 +203,8 @@ def parse_args(argv: list[str]) -> dict:
             else:
                 opts[key] = value
         elif arg in BOOL_FLAGS:
-            opts[BOOL_FLAGS[arg]] = True
+            key, flag = BOOL_FLAGS[arg]
+            opts[key] = flag
         elif value is None and i + 1 < len(argv) and re.match(r"^(?!-)|^-\d", argv[i + 1]):
             i += 1  # unknown flag with a value: ignore both
         i += 1
@@ -180,12 +235,197 @@ def token_id(piece: str) -> int:
 
 
 def tokenize(text: str, add_bos: bool = False) -> list[int]:
+    """Deterministic fake pieces: a word, a run of whitespace, a punctuation mark or <special>."""
     ids = [token_id(p) for p in _PIECE_RE.findall(text)]
     return [BOS, *ids] if add_bos else ids
 
 
 def detokenize(tokens: list[int]) -> str:
     return "".join(_pieces.get(t, f"<{t}>") for t in tokens)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def fake_bytes(seed: int, n: int) -> bytes:
+    block = hashlib.sha256(str(seed).encode()).digest()
+    return (block * (n // len(block) + 1))[:n]
+
+
+# ---------------------------------------------------------------- state files
+
+class TokensStateError(Exception):
+    """server_tokens::deserialize refused the token words (message as the server's)."""
+
+
+def pack_token_words(tokens: list[int]) -> list[int]:
+    """server_tokens::serialize: LLAMA_TOKEN_NULL, payload version, the token vector
+    (u32 count + tokens), the media key vector (u32 count 0), padded to 4 bytes."""
+    return [TOKEN_NULL, TOKENS_STATE_VERSION, len(tokens), *tokens, 0]
+
+
+def unpack_token_words(words: list[int]) -> list[int]:
+    """server_tokens::deserialize for a server without an mmproj."""
+    if not words or words[0] != TOKEN_NULL:
+        return list(words)  # plain token list, as written by older builds
+    pos = 1
+
+    def read_u32() -> int:
+        nonlocal pos
+        if pos >= len(words):
+            raise TokensStateError("Unexpected end of server tokens state")
+        pos += 1
+        return words[pos - 1] & 0xFFFFFFFF
+
+    if read_u32() != TOKENS_STATE_VERSION:
+        raise TokensStateError("Unsupported server tokens state version")
+    n = read_u32()
+    if n > len(words) - pos:
+        raise TokensStateError("Unexpected end of server tokens state")
+    tokens = list(words[pos:pos + n])
+    pos += n
+    n_media = read_u32()
+    if n_media > len(words) - pos:
+        raise TokensStateError("Unexpected end of server tokens state")
+    if n_media:
+        raise TokensStateError("Cannot restore media tokens without an mmproj")
+    if len(words) - pos >= 1:
+        raise TokensStateError("Trailing data in server tokens state")
+    return tokens
+
+
+def ggml_type_id(name: str) -> int:
+    return GGML_TYPES.get(name, 100 + zlib.crc32(name.encode()) % 1000)
+
+
+def seq_state_bytes(n_cells: int, k_type: int, v_type: int, seed: int) -> bytes:
+    """The fake's stand-in for state_seq_write_data: a small header, then opaque bytes."""
+    n = 256 + n_cells * int(env_float("FAKE_STATE_BYTES_PER_TOKEN", 64))
+    return SEQ_HEADER.pack(1, n_cells, k_type, v_type, n) + fake_bytes(seed, n)
+
+
+def encode_state_file(words: list[int], seq_state: bytes, version: int) -> bytes:
+    """llama_state_seq_save_file: u32 magic, u32 version, u32 n_token_count, the words, the state."""
+    return struct.pack("<III", STATE_MAGIC, version, len(words)) + struct.pack(f"<{len(words)}i", *words) + seq_state
+
+
+class LoadError(Exception):
+    """llama_state_seq_load_file returned 0; ``lines`` are the E lines libllama logs."""
+
+    def __init__(self, *lines: str):
+        super().__init__(lines[-1])
+        self.lines = lines
+
+
+@dataclass
+class LoadedState:
+    words: list[int]
+    n_cells: int
+    n_read: int
+
+
+def load_state_file(path: str, version: int, n_cells_max: int, k_type: int, v_type: int) -> LoadedState:
+    """llama_context::state_seq_load_file (src/llama-context.cpp ~3326) on the fake's state."""
+    outer = "llama_state_seq_load_file: error loading sequence state file: "
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise LoadError(f"{outer}failed to open {path}: {exc.strerror}") from None
+    with f:
+        data = f.read()
+    if len(data) < 12:
+        raise LoadError(f"{outer}unexpectedly reached end of file")
+    magic, file_version, n_words = struct.unpack_from("<III", data)
+    if magic != STATE_MAGIC or file_version != version:
+        raise LoadError(f"state_seq_load_file: unknown (magic, version) for sequence state file: "
+                        f"{magic:08x}, {file_version:08x}")
+    n_word_max = (len(data) - 12) // 4
+    if n_words > n_word_max:
+        raise LoadError(f"state_seq_load_file: token count in sequence state file exceeds the file size! "
+                        f"{n_words} > {n_word_max}")
+    words = list(struct.unpack_from(f"<{n_words}i", data, 12))
+    pos = 12 + 4 * n_words
+    if len(data) - pos < SEQ_HEADER.size:
+        raise LoadError(f"{outer}unexpectedly reached end of file")
+    n_stream, n_cells, k_file, v_file, n_bytes = SEQ_HEADER.unpack_from(data, pos)
+    if n_stream != 1:
+        raise LoadError(f"{outer}n_stream mismatch")
+    if n_cells > n_cells_max:
+        raise LoadError("state_read_meta: not enough cells in kv cache", f"{outer}failed to restore kv cache")
+    if k_file != k_type:
+        raise LoadError(f"state_read_data: mismatched key type ({k_file} != {k_type}, layer 0)",
+                        f"{outer}failed to restore kv cache")
+    if v_file != v_type:
+        raise LoadError(f"state_read_data: mismatched value type ({v_file} != {v_type}, layer 0)",
+                        f"{outer}failed to restore kv cache")
+    end = pos + SEQ_HEADER.size + n_bytes
+    if end > len(data):
+        raise LoadError(f"{outer}unexpectedly reached end of file")
+    return LoadedState(words=words, n_cells=n_cells, n_read=end)
+
+
+# ---------------------------------------------------------------- checkpoints and sidecars
+
+@dataclass
+class Ckpt:
+    n_tokens: int
+    pos_min: int
+    pos_max: int
+    size_tgt: int
+    size_dft: int = 0
+    id_task: int = -1
+
+    @property
+    def size(self) -> int:
+        return self.size_tgt + self.size_dft
+
+
+class SidecarReadError(Exception):
+    pass
+
+
+def write_pkcl(path: str, checkpoints: list[Ckpt]) -> int:
+    """PKCL v1 (turboquant PR #206): header, then per checkpoint its header and bytes."""
+    with open(path, "wb") as f:
+        f.write(PKCL_HEADER.pack(PKCL_MAGIC, PKCL_VERSION, len(checkpoints)))
+        for cp in checkpoints:
+            f.write(PKCL_ENTRY.pack(cp.n_tokens, cp.pos_min, cp.pos_max, cp.size_tgt, cp.size_dft))
+            f.write(fake_bytes(cp.n_tokens * 31 + cp.pos_min, cp.size_tgt))
+            f.write(fake_bytes(-cp.n_tokens, cp.size_dft))
+        return f.tell()
+
+
+def read_pkcl(path: str) -> list[Ckpt]:
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < PKCL_HEADER.size:
+        raise SidecarReadError("truncated header")
+    magic, version, count = PKCL_HEADER.unpack_from(data)
+    if magic != PKCL_MAGIC:
+        raise SidecarReadError(f"bad magic {magic:08x}")
+    if version != PKCL_VERSION:
+        raise SidecarReadError(f"unsupported version {version}")
+    if count > PKCL_MAX:
+        raise SidecarReadError(f"too many checkpoints ({count})")
+    out, pos = [], PKCL_HEADER.size
+    for _ in range(count):
+        if len(data) - pos < PKCL_ENTRY.size:
+            raise SidecarReadError("truncated checkpoint header")
+        n_tokens, pos_min, pos_max, n_tgt, n_dft = PKCL_ENTRY.unpack_from(data, pos)
+        pos += PKCL_ENTRY.size
+        if n_tgt + n_dft > len(data) - pos:
+            raise SidecarReadError("truncated checkpoint data")
+        if n_tokens < 0 or pos_min > pos_max:
+            raise SidecarReadError("corrupt checkpoint header")
+        pos += n_tgt + n_dft
+        out.append(Ckpt(n_tokens, pos_min, pos_max, n_tgt, n_dft))
+    return out
 
 
 # ---------------------------------------------------------------- fixtures
@@ -199,17 +439,14 @@ def load_fixture_bodies() -> dict:
     }
 
 
-def error_body(code: int, message: str, etype: str) -> dict:
-    return {"error": {"code": code, "message": message, "type": etype}}
+def error_body(code: int, message: str, etype: str, **extra) -> dict:
+    return {"error": {"code": code, "message": message, "type": etype, **extra}}
 
 
 class HttpError(Exception):
-    def __init__(self, code: int, message: str, etype: str = "invalid_request_error"):
+    def __init__(self, code: int, message: str, etype: str = "invalid_request_error", **extra):
         super().__init__(message)
-        self.code, self.message, self.etype = code, message, etype
-
-
-RESTORE_FAILED = "Unable to restore slot: No available space in KV cache or invalid slot save file"
+        self.code, self.message, self.etype, self.extra = code, message, etype, extra
 
 
 def valid_filename(name: str) -> bool:
@@ -223,17 +460,38 @@ def valid_filename(name: str) -> bool:
 
 # ---------------------------------------------------------------- server state
 
+@dataclass
 class Slot:
-    def __init__(self, sid: int, n_ctx: int):
-        self.id = sid
-        self.n_ctx = n_ctx
-        self.tokens: list[int] = []
-        self.checkpoints: list[Checkpoint] = []
-        self.restored = False  # memory cannot be truncated until a checkpoint is used
-        self.busy = threading.Lock()  # completions and slot actions run one at a time
-        self.processing = False
-        self.task: dict | None = None  # what /slots shows once the slot ran a task
-        self.t_last = 0.0
+    id: int
+    n_ctx: int
+    tokens: list[int] = field(default_factory=list)  # slot.prompt.tokens
+    checkpoints: list[Ckpt] = field(default_factory=list)  # slot.prompt.checkpoints
+    pos_min: int = -1  # llama_memory_seq_pos_min of the slot's sequence (-1: empty)
+    pos_max: int = -1
+    processing: bool = False
+    task: dict | None = None  # the running task
+    task_prev: dict | None = None  # kept after release: /slots still shows it
+    n_prompt_processed: int = 0  # slot.stats, reset at release
+    n_prompt_cached: int = 0
+    n_gen: int = 0
+    n_predict_max: int = -1
+    has_next_token: bool = True
+    t_last_used: int = -1
+
+    def task_id(self) -> int:
+        return self.task["id"] if self.task else -1
+
+
+@dataclass
+class CacheEntry:
+    tokens: list[int]
+    checkpoints: list[Ckpt]
+    state_size: int
+    addr: int
+
+    @property
+    def size(self) -> int:
+        return self.state_size + sum(cp.size for cp in self.checkpoints)
 
 
 class FakeServer:
@@ -241,53 +499,268 @@ class FakeServer:
         self.opts = opts
         self.model_path = opts.get("model") or "models/7B/ggml-model-f16.gguf"
         self.alias = opts.get("alias") or self.model_path
-        n_slots = max(1, int(opts["parallel"]))
-        n_ctx = int(opts["ctx"]) or 32768
-        self.n_ctx_slot = n_ctx // n_slots
-        self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
+        n_parallel = int(opts["parallel"])
+        kv_unified = opts["kv_unified"]
+        self.auto_parallel = n_parallel < 0
+        if n_parallel < 0:  # server.cpp: "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true"
+            n_parallel, kv_unified = 4, True
+        self.kv_unified = bool(kv_unified)
+        self.n_ctx = int(opts["ctx"]) or N_CTX_TRAIN
+        self.n_ctx_slot = self.n_ctx if self.kv_unified else self.n_ctx // max(1, n_parallel)
+        self.slots = [Slot(i, self.n_ctx_slot) for i in range(max(1, n_parallel))]
         self.save_path = opts.get("slot_save_path")
+        self.n_batch = max(1, int(opts["n_batch"]))
+        self.n_ubatch = max(1, min(int(opts["n_ubatch"]), self.n_batch))
         self.max_checkpoints = int(opts["ctx_checkpoints"])
+        self.checkpoint_min_step = int(opts["checkpoint_min_step"])
+        self.cache_ram_mib = int(opts["cache_ram"])
+        self.cache_idle_slots = bool(opts["cache_idle_slots"])
+        self.slot_prompt_similarity = float(opts["slot_prompt_similarity"])
+        self.k_type, self.v_type = ggml_type_id(opts["ctk"]), ggml_type_id(opts["ctv"])
         self.api_keys = opts["api_keys"]
         self.metrics_enabled = bool(opts.get("metrics"))
-        self.kind = os.environ.get("FAKE_MODEL_KIND", "sliding-window")
-        self.n_swa = int(env_float("FAKE_N_SWA", 512))
+        kind = os.environ.get("FAKE_MODEL_KIND", "sliding-window")
+        self.model_n_swa = int(env_float("FAKE_N_SWA", 512)) if kind == "sliding-window" else 0
+        if kind == "sliding-window" and opts["swa_full"]:
+            kind = "dense"  # a full-size SWA cache keeps every position; n_swa = 0 for the server
+        self.kind = kind
+        self.n_swa = self.model_n_swa if kind == "sliding-window" else 0
+        # the SWA cache: n_swa + n_ubatch cells per sequence, padded to 256 (llama-kv-cache-iswa.cpp)
+        pad = 256
+        self.swa_cells = min(self.n_ctx_slot, (self.n_swa + self.n_ubatch + pad - 1) // pad * pad)
         self.prefill_tps = env_float("FAKE_PREFILL_TPS", 280)
         self.gen_tps = env_float("FAKE_GEN_TPS", 40)
         self.state_version = int(env_float("FAKE_STATE_VERSION", 4))
         self.sidecar = env_flag("FAKE_SIDECAR")
         self.loading = True
-        self.lock = threading.Lock()
+        self.cv = threading.Condition(threading.RLock())
         self.next_task = 0
+        self.n_graphs_reused = 0
+        self.cache: list[CacheEntry] | None = [] if self.cache_ram_mib != 0 else None
+        self.cache_limit_size = MIB * max(0, self.cache_ram_mib)
+        self.cache_limit_tokens = self.n_ctx
+        self.next_addr = 0x55C84AFA1870
+        if self.cache is None:
+            self.cache_idle_slots = False
         self.fixtures = load_fixture_bodies()
         self.m = dict(prompt_tokens=0, prompt_cached=0, prompt_seconds=0.0, predicted=0,
                       predicted_seconds=0.0, n_decode=0, n_tokens_max=0, processing=0, deferred=0)
 
-    def new_task(self) -> int:
-        with self.lock:
-            self.next_task += 1
-            return self.next_task
+    # ------------------------------------------------------------ tasks
 
-    def slot_for(self, id_slot: int) -> Slot:
-        return self.slots[id_slot % len(self.slots)]  # llama.cpp: ids wrap around
+    def new_task(self) -> int:
+        with self.cv:
+            self.next_task += 1
+            return self.next_task - 1
+
+    def slot_by_id(self, id_slot: int) -> Slot | None:
+        # "allow id_slot to be out of bounds (wrap around)": C++ %, so a negative id finds nothing
+        idx = abs(id_slot) % len(self.slots)
+        return self.slots[idx] if id_slot >= 0 else None
+
+    def idle_tick(self) -> None:
+        """update_slots after a task: the trace line when no slot is processing."""
+        if not any(s.processing for s in self.slots):
+            srv_log("I", "update_slots", "all slots are idle", TRACE)
+
+    def send_error(self, task: int, message: str) -> None:
+        srv_log("E", "send_error", f"task id = {task}, error: {message}")
+
+    def cancel_after_error(self, task: int) -> None:
+        """server_response_reader::stop() after an error result: the task is cancelled."""
+        self.idle_tick()
+        srv_log("W", "stop", f"cancel task, id_task = {task}")
+        self.new_task()
+        self.idle_tick()
+
+    # ------------------------------------------------------------ the slot's memory
+
+    def seq_state_size(self, n_tokens: int) -> int:
+        return SEQ_HEADER.size + 256 + n_tokens * int(env_float("FAKE_STATE_BYTES_PER_TOKEN", 64))
+
+    def mem_clear(self, slot: Slot) -> None:
+        slot.pos_min = slot.pos_max = -1
+
+    def mem_decode(self, slot: Slot, p0: int, p1: int) -> None:
+        """Positions [p0, p1) were decoded into the slot's sequence."""
+        if p1 <= p0:
+            return
+        if slot.pos_min < 0:
+            slot.pos_min = p0
+        slot.pos_max = p1 - 1
+        if self.kind == "sliding-window":  # the SWA ring reuses the oldest masked cells
+            slot.pos_min = max(slot.pos_min, slot.pos_max - self.swa_cells + 1)
+        elif self.kind == "recurrent-hybrid":  # the recurrent state holds only the last position
+            slot.pos_min = slot.pos_max
+
+    def mem_seq_rm(self, slot: Slot, p0: int) -> None:
+        """memory_seq_rm [p0, end)."""
+        if slot.pos_min < 0:
+            return
+        if p0 <= slot.pos_min:
+            self.mem_clear(slot)
+        else:
+            slot.pos_max = min(slot.pos_max, p0 - 1)
+
+    def mem_load_full(self, slot: Slot, n_tokens: int) -> None:
+        """A whole sequence state was loaded (state file, prompt cache): the SWA part
+        of a state holds only the cells of the window (pos_max - n_swa, pos_max]."""
+        if n_tokens <= 0:
+            self.mem_clear(slot)
+            return
+        slot.pos_max = n_tokens - 1
+        if self.kind == "sliding-window":
+            slot.pos_min = max(0, slot.pos_max - self.n_swa + 1)
+        elif self.kind == "recurrent-hybrid":
+            slot.pos_min = slot.pos_max
+        else:
+            slot.pos_min = 0
+
+    def mem_load_checkpoint(self, slot: Slot, cp: Ckpt) -> None:
+        """load_tgt(..., LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY): the SWA/recurrent part of the
+        memory becomes the checkpoint's, which holds only its window [TAG_CHECKPOINTS_FIX_POS_MIN]."""
+        slot.pos_max = cp.pos_max
+        if self.kind == "sliding-window":
+            slot.pos_min = max(cp.pos_min, cp.pos_max - self.n_swa + 1)
+        else:
+            slot.pos_min = cp.pos_min
+
+    def checkpoint_cells(self, pos_min: int, pos_max: int) -> int:
+        if self.kind == "recurrent-hybrid":
+            return 64  # a recurrent state does not grow with the context
+        return pos_max - max(pos_min, pos_max - self.n_swa + 1) + 1
+
+    # ------------------------------------------------------------ prompt cache (server_prompt_cache)
+
+    def cache_update(self) -> None:
+        c = self.cache
+        if self.cache_limit_size > 0:
+            while c and sum(e.size for e in c) > self.cache_limit_size:
+                srv_log("W", "update", f" - cache size limit reached, removing oldest entry (size = {mib(c[0].size)} MiB)")
+                c.pop(0)
+        size = sum(e.size for e in c)
+        n_tok = sum(len(e.tokens) for e in c)
+        size_per_token = max(1.0, size / max(1, n_tok))
+        limit_cur = (max(self.cache_limit_tokens, int(self.cache_limit_size / size_per_token))
+                     if self.cache_limit_size > 0 else self.cache_limit_tokens)
+        if self.cache_limit_tokens > 0:
+            while c and sum(len(e.tokens) for e in c) > limit_cur:
+                srv_log("W", "update", f" - cache token limit ({self.cache_limit_tokens}, est: {limit_cur}) reached, "
+                        f"removing oldest entry (size = {mib(c[0].size)} MiB)")
+                c.pop(0)
+            size = sum(e.size for e in c)
+        srv_log("I", "update", f" - cache state: {len(c)} prompts, {mib(size)} MiB (limits: "
+                f"{self.cache_limit_size / MIB:.3f} MiB, {self.cache_limit_tokens} tokens, {limit_cur} est)", TRACE)
+        for e in c:
+            srv_log("I", "update", f"   - prompt {e.addr:#x}: {len(e.tokens):7d} tokens, checkpoints: "
+                    f"{len(e.checkpoints):2d}, {e.size / MIB:9.3f} MiB", TRACE)
+
+    def prompt_save(self, slot: Slot) -> bool:
+        if not slot.tokens:
+            return False
+        state_size = self.seq_state_size(len(slot.tokens))
+        srv_log("I", "prompt_save", f" - saving prompt with length {len(slot.tokens)}, total state size = "
+                f"{mib(state_size)} MiB (draft: 0.000 MiB)", TRACE)
+        for e in self.cache:
+            if common_prefix(e.tokens, slot.tokens) == len(slot.tokens):
+                srv_log("I", "alloc", " - prompt is already in the cache, skipping", TRACE)
+                return False
+        new = CacheEntry(list(slot.tokens), list(slot.checkpoints), state_size, self.next_addr)
+        if self.cache_limit_size > 0 and new.size > self.cache_limit_size:
+            srv_log("W", "alloc", f" - prompt state size {mib(new.size)} MiB exceeds cache size limit "
+                    f"{self.cache_limit_size / MIB:.3f} MiB, skipping")
+            return False
+        for e in list(self.cache):
+            n = common_prefix(e.tokens, slot.tokens)
+            if n == len(e.tokens):
+                srv_log("I", "alloc", f" - removing obsolete cached prompt with length {n}", TRACE)
+                self.cache.remove(e)
+        if self.cache_limit_size > 0:
+            while self.cache and sum(e.size for e in self.cache) + new.size > self.cache_limit_size:
+                srv_log("W", "alloc", f" - making room for prompt cache entry, removing oldest entry "
+                        f"(size = {mib(self.cache[0].size)} MiB)")
+                self.cache.pop(0)
+        self.next_addr += 0x1000
+        self.cache.append(new)
+        return True
+
+    def prompt_load(self, slot: Slot, tokens_new: list[int]) -> None:
+        lcp_best = common_prefix(slot.tokens, tokens_new)
+        f_keep_best = lcp_best / len(slot.tokens) if slot.tokens else -1.0
+        f_sim_best = lcp_best / len(tokens_new)
+        srv_log("I", "load", f" - looking for better prompt, base f_keep = {f_keep_best:.3f}, f_sim = {f_sim_best:.3f}",
+                TRACE)
+        best = None
+        for e in self.cache:
+            lcp = common_prefix(e.tokens, tokens_new)
+            f_keep, f_sim = lcp / len(e.tokens), lcp / len(tokens_new)
+            srv_log("I", "load", f"   - prompt with length {len(e.tokens):7d}, lcp = {lcp:7d}, f_keep = {f_keep:.3f}, "
+                    f"f_sim = {f_sim:.3f}", TRACE)
+            if f_keep < 0.25:
+                continue
+            if f_keep_best < f_keep and f_sim_best < f_sim:
+                f_keep_best, f_sim_best, best = f_keep, f_sim, e
+        if best is not None:
+            srv_log("I", "load", f" - found better prompt with f_keep = {f_keep_best:.3f}, f_sim = {f_sim_best:.3f}",
+                    TRACE)
+            slot.tokens = list(best.tokens)
+            slot.checkpoints = list(best.checkpoints)
+            self.mem_load_full(slot, len(slot.tokens))
+            self.cache.remove(best)
 
     # ------------------------------------------------------------ completion
 
-    def pick_slot(self, prompt: list[int]) -> Slot:
-        best, best_sim = None, 0.0
-        for s in self.slots:
-            if s.processing or not s.tokens:
-                continue
-            sim = common_prefix(s.tokens, prompt) / max(1, len(prompt))
-            if sim > best_sim:
-                best, best_sim = s, sim
-        if best is not None and best_sim > 0.1:
-            slot_log("I", "get_availabl", best.id, -1,
-                     f"selected slot by LCP similarity, f_sim_best = {best_sim:.3f} (> 0.100 thold)", 4)
-            return best
-        idle = [s for s in self.slots if not s.processing] or self.slots
-        lru = min(idle, key=lambda s: s.t_last)
-        slot_log("I", "get_availabl", lru.id, -1, f"selected slot by LRU, t_last = {int(lru.t_last * 1e6)}", 4)
-        return lru
+    def get_available_slot(self, prompt: list[int], id_slot: int) -> Slot:
+        """get_available_slot (server-context.cpp ~1680). The caller waited until the
+        requested slot (or, without one, any slot) is idle: a deferred task."""
+        ret = None
+        update_cache = False
+        if id_slot != -1:
+            ret = self.slot_by_id(id_slot)  # a negative id finds no slot: LRU below
+            if ret is not None:
+                slot_log("I", "get_availabl", ret.id, ret.task_id(), f"selected slot by id ({id_slot})")
+        if self.slot_prompt_similarity != 0.0:
+            f_sim_best = 0.0
+            for s in self.slots:
+                if id_slot != -1 and s.id != id_slot:
+                    continue
+                if s.processing:
+                    slot_log("I", "get_availabl", s.id, s.task_id(), " - skipping, is_processing = 1", TRACE)
+                    continue
+                if not s.tokens:
+                    slot_log("I", "get_availabl", s.id, s.task_id(), " - skipping, slot is empty", TRACE)
+                    continue
+                lcp = common_prefix(s.tokens, prompt)
+                f_sim = lcp / len(prompt)
+                slot_log("I", "get_availabl", s.id, s.task_id(), f" - checking sim = {f_sim:.3f} ({lcp}/{len(prompt)})"
+                         f" > {self.slot_prompt_similarity:.3f}", TRACE)
+                if f_sim > f_sim_best and f_sim > self.slot_prompt_similarity:
+                    f_sim_best, ret = f_sim, s
+            if ret is not None:
+                f_keep = (f_sim_best * len(prompt)) / len(ret.tokens) if ret.tokens else float("nan")
+                if id_slot == -1:
+                    slot_log("I", "get_availabl", ret.id, ret.task_id(),
+                             f"selected slot by LCP similarity, f_sim_best = {f_sim_best:.3f} "
+                             f"(> {self.slot_prompt_similarity:.3f} thold), f_keep = {f_keep:.3f}")
+                if f_keep < 0.5:
+                    update_cache = True
+        if ret is None:
+            t_last = -1
+            for s in self.slots:
+                if s.processing:
+                    continue
+                if ret is None or s.t_last_used <= t_last:
+                    t_last, ret = s.t_last_used, s
+            slot_log("I", "get_availabl", ret.id, ret.task_id(), f"selected slot by LRU, t_last = {t_last}")
+            update_cache = True
+        if update_cache and self.cache is not None:
+            srv_log("I", "get_availabl", "updating prompt cache", TRACE)
+            t0 = time.perf_counter()
+            self.prompt_save(ret)
+            self.prompt_load(ret, prompt)
+            self.cache_update()
+            srv_log("I", "get_availabl", f"prompt cache update took {(time.perf_counter() - t0) * 1000:.2f} ms", TRACE)
+        return ret
 
     def completion(self, body: dict) -> dict:
         if body.get("stream"):
@@ -297,171 +770,295 @@ class FakeServer:
             prompt = prompt[0]
         if isinstance(prompt, str):
             tokens = tokenize(prompt, add_bos=True)
-        elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             tokens = list(prompt)
         else:
             raise HttpError(400, "\"prompt\" must be a string or a list of tokens")
         if not tokens:
             raise HttpError(400, "empty prompt")
         n_predict = int(body.get("n_predict", body.get("max_tokens", -1)))
-        if n_predict < 0:
-            n_predict = 16
         id_slot = int(body.get("id_slot", -1))
-        slot = self.slot_for(id_slot) if id_slot >= 0 else self.pick_slot(tokens)
-        if id_slot >= 0:
-            slot_log("I", "get_availabl", slot.id, -1, f"selected slot by id ({id_slot})", 4)
-        if len(tokens) > slot.n_ctx:
-            raise HttpError(400, "the request exceeds the available context size, try increasing it",
-                            "exceed_context_size_error")
-        with self.lock:
-            deferred = slot.busy.locked()
-            self.m["deferred"] += deferred
-        with slot.busy:
-            with self.lock:
-                self.m["deferred"] -= deferred
-            return self._run_completion(slot, tokens, n_predict, bool(body.get("cache_prompt", True)))
+        cache_prompt = bool(body.get("cache_prompt", True))
+        temp = float(body.get("temperature", 0.8))
+        srv_log("I", "server_stream_create_spipe", "conv_id= (empty=1)", TRACE)
+        with self.cv:
+            task = self.new_task()
+            target = self.slot_by_id(id_slot) if id_slot != -1 else None
 
-    def _n_past(self, slot: Slot, task: int, prompt: list[int], cache_prompt: bool) -> int:
-        """How many prompt tokens the slot can reuse (llama.cpp server_context logic, simplified)."""
-        n_past = min(common_prefix(slot.tokens, prompt), len(prompt) - 1) if cache_prompt else 0
-        if self.kind == "dense" or n_past == 0 or not slot.tokens:
-            return n_past
-        # SWA / recurrent memory keeps only recent positions: a rollback is possible
-        # only if the live memory still reaches back far enough, else a checkpoint is needed.
-        if slot.restored:
-            need_checkpoint = True
-        elif self.kind == "recurrent-hybrid":
-            need_checkpoint = n_past < len(slot.tokens)
-        else:
-            pos_min = max(0, len(slot.tokens) - 2 * self.n_swa)
-            need_checkpoint = n_past < len(slot.tokens) and pos_min > max(0, n_past - self.n_swa)
-        if not need_checkpoint:
-            return n_past
-        cp = latest_covering_checkpoint(slot.checkpoints, n_past)
-        if cp is None:
-            slot_log("I", "operator()", slot.id, task,
-                     "forcing full prompt re-processing due to lack of cache data (likely due to SWA or "
-                     "hybrid/recurrent memory, see https://github.com/ggml-org/llama.cpp/pull/13194"
-                     "#issuecomment-2868343055)", 4)
-            slot.checkpoints.clear()
-            return 0
-        slot_log("I", "operator()", slot.id, task,
-                 f"checking checkpoint with [{cp.pos_min}, {cp.pos_max}] against {max(0, n_past - self.n_swa)}...", 4)
-        new_past = cp.pos_max
-        slot_log("I", "operator()", slot.id, task,
-                 f"restored context checkpoint (pos_min = {cp.pos_min}, pos_max = {cp.pos_max}, "
-                 f"n_tokens = {cp.n_tokens}, n_past = {new_past}, size = {cp.size / 1048576:.3f} MiB)", 4)
-        return new_past
+            def blocked() -> bool:
+                return target.processing if target is not None else all(s.processing for s in self.slots)
 
-    def _add_checkpoint(self, slot: Slot, task: int, n_tokens: int) -> None:
-        if self.kind == "dense" or self.max_checkpoints <= 0 or n_tokens <= 0:
-            return
-        slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens != n_tokens]
-        window = 2 * self.n_swa if self.kind == "sliding-window" else 1
-        pos_min = max(0, n_tokens - window)
-        cp = Checkpoint(n_tokens=n_tokens, pos_min=pos_min, pos_max=n_tokens - 1,
-                        size_tgt=(n_tokens - pos_min) * int(env_float("FAKE_CKPT_BYTES_PER_TOKEN", 16)), size_dft=0)
-        slot.checkpoints.append(cp)
-        del slot.checkpoints[:-self.max_checkpoints]
-        slot_log("I", "create_check", slot.id, task,
-                 f"created context checkpoint {len(slot.checkpoints)} of {self.max_checkpoints} "
-                 f"(pos_min = {cp.pos_min}, pos_max = {cp.pos_max}, n_tokens = {cp.n_tokens}, "
-                 f"size = {cp.size / 1048576:.3f} MiB)", 4)
-
-    def _run_completion(self, slot: Slot, prompt: list[int], n_predict: int, cache_prompt: bool) -> dict:
-        task = self.new_task()
-        slot.processing = True
-        with self.lock:
-            self.m["processing"] += 1
+            if blocked():  # "requested slot is unavailable, defer task"
+                self.m["deferred"] += 1
+                while blocked():
+                    self.cv.wait()
+                self.m["deferred"] -= 1
+            slot = self.get_available_slot(tokens, id_slot)
+            self._launch(slot, task, tokens, n_predict, temp)
+            try:
+                cache_n, prompt_n, n_batches = self._process_prompt(slot, tokens, cache_prompt)
+            except HttpError:
+                self._release(slot)
+                self.cancel_after_error(task)
+                self.cv.notify_all()
+                raise
         try:
-            slot_log("I", "launch_slot_", slot.id, task, "processing task, is_child = 0")
-            slot_log("I", "operator()", slot.id, task,
-                     f"new prompt, n_ctx_slot = {slot.n_ctx}, n_keep = 0, task.n_tokens = {len(prompt)}", 4)
-            cache_n = self._n_past(slot, task, prompt, cache_prompt)
-            slot.restored = False
-            slot.checkpoints = [c for c in slot.checkpoints if c.pos_max < max(cache_n, 1)]
-            prompt_n = len(prompt) - cache_n
-            slot.task = {"id_task": task, "n_prompt_tokens": len(prompt), "n_prompt_tokens_processed": prompt_n,
-                         "n_prompt_tokens_cache": cache_n, "n_predict": n_predict}
-            slot_log("I", "operator()", slot.id, task, f"cached n_tokens = {cache_n}, memory_seq_rm [{cache_n}, end)", 4)
-            if cache_n > 0 and not any(c.n_tokens == cache_n for c in slot.checkpoints):
-                self._add_checkpoint(slot, task, cache_n)
-            end = len(prompt) - 4
-            if end - 512 > cache_n:
-                self._add_checkpoint(slot, task, end - 512)
-            if end > cache_n:
-                self._add_checkpoint(slot, task, end)
             delay = env_float("FAKE_COMPLETION_DELAY", 0)
             if delay > 0:
                 time.sleep(delay)
-
-            seed = zlib.crc32(repr(prompt[-8:]).encode())
-            generated = []
-            for i in range(n_predict):
-                generated.append(token_id(" ") if i % 2 == 0 else token_id(WORDS[(seed + i) % len(WORDS)]))
-            slot.tokens = prompt + generated[:-1] if generated else list(prompt)
-            slot.t_last = time.monotonic()
-            content = detokenize(generated)
-
-            prompt_ms = prompt_n / self.prefill_tps * 1000
-            predicted_ms = len(generated) / self.gen_tps * 1000
-            timings = {
-                "cache_n": cache_n,
-                "prompt_n": prompt_n,
-                "prompt_ms": prompt_ms,
-                "prompt_per_token_ms": prompt_ms / prompt_n,
-                "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms else 0.0,
-                "predicted_n": len(generated),
-                "predicted_ms": predicted_ms,
-                "predicted_per_token_ms": predicted_ms / len(generated) if generated else 0.0,
-                "predicted_per_second": 1000.0 * len(generated) / predicted_ms if predicted_ms else 0.0,
-            }
-            slot_log("I", "print_timing", slot.id, task,
-                     f"prompt eval time = {prompt_ms:10.2f} ms / {prompt_n:5d} tokens "
-                     f"({timings['prompt_per_token_ms']:8.2f} ms per token, {timings['prompt_per_second']:8.2f} tokens per second)")
-            slot_log("I", "print_timing", slot.id, task,
-                     f"       eval time = {predicted_ms:10.2f} ms / {len(generated):5d} tokens "
-                     f"({timings['predicted_per_token_ms']:8.2f} ms per token, {timings['predicted_per_second']:8.2f} tokens per second)")
-            slot_log("I", "print_timing", slot.id, task,
-                     f"      total time = {prompt_ms + predicted_ms:10.2f} ms / {prompt_n + len(generated):5d} tokens")
-            slot_log("I", "release", slot.id, task, f"stop processing: n_tokens = {len(slot.tokens)}, truncated = 0")
-            with self.lock:
-                m = self.m
-                m["prompt_tokens"] += prompt_n
-                m["prompt_cached"] += cache_n
-                m["prompt_seconds"] += prompt_ms / 1000
-                m["predicted"] += len(generated)
-                m["predicted_seconds"] += predicted_ms / 1000
-                m["n_decode"] += 1 + len(generated)
-                m["n_tokens_max"] = max(m["n_tokens_max"], len(prompt) + len(generated))
-            settings = dict(self.fixtures["generation_settings"], n_predict=n_predict, max_tokens=n_predict)
-            return {
-                "index": 0,
-                "content": content,
-                "tokens": [],
-                "id_slot": slot.id,
-                "stop": True,
-                "model": self.alias,
-                "tokens_predicted": len(generated),
-                "tokens_evaluated": len(prompt),
-                "generation_settings": settings,
-                "prompt": detokenize(prompt),
-                "has_new_line": "\n" in content,
-                "truncated": False,
-                "stop_type": "limit",
-                "stopping_word": "",
-                "tokens_cached": len(prompt) + len(generated) - 1 if generated else len(prompt),
-                "timings": timings,
-            }
         finally:
-            slot.processing = False
-            if slot.task is not None:
-                slot.task["n_prompt_tokens"] = len(slot.tokens)
-                slot.task["n_prompt_tokens_processed"] = 0
-                slot.task["n_prompt_tokens_cache"] = 0
-            with self.lock:
-                self.m["processing"] -= 1
-            srv_log("I", "update_slots", "all slots are idle", 4)
+            with self.cv:
+                result = self._finish(slot, tokens, n_predict, cache_n, prompt_n, n_batches)
+                self.cv.notify_all()
+        return result
+
+    def _launch(self, slot: Slot, task: int, tokens: list[int], n_predict: int, temp: float) -> None:
+        """launch_slot_with_task, then the idle-slot saves of process_single_task."""
+        slot_log("I", "launch_slot_with_task", slot.id, slot.task_id(), f"sampler chain: {SAMPLER_CHAIN}", TRACE)
+        slot_log("I", "launch_slot_with_task", slot.id, slot.task_id(), (
+            "sampler params: \n"
+            "\trepeat_last_n = 64, repeat_penalty = 1.000, frequency_penalty = 0.000, presence_penalty = 0.000\n"
+            "\tdry_multiplier = 0.000, dry_base = 1.750, dry_allowed_length = 2, dry_penalty_last_n = 64\n"
+            "\ttop_k = 40, top_p = 0.950, min_p = 0.050, xtc_probability = 0.000, xtc_threshold = 0.100, "
+            f"typical_p = 1.000, top_n_sigma = -1.000, temp = {temp:.3f}\n"
+            "\tmirostat = 0, mirostat_lr = 0.100, mirostat_ent = 5.000, adaptive_target = -1.000, "
+            "adaptive_decay = 0.900"), TRACE)
+        slot.n_predict_max = n_predict
+        slot.task = {"id": task, "n_tokens": len(tokens), "n_predict": n_predict}
+        slot.processing = True
+        slot.has_next_token = True
+        slot.n_prompt_processed = slot.n_prompt_cached = slot.n_gen = 0
+        self.m["processing"] += 1
+        slot_log("I", "launch_slot_with_task", slot.id, task, "processing task, is_child = 0")
+        if self.cache_idle_slots:
+            for s in self.slots:
+                if s.processing:
+                    continue
+                slot_log("I", "process_single_task", s.id, s.task_id(), "saving idle slot to prompt cache", TRACE)
+                if self.prompt_save(s):
+                    self.cache_update()
+                if self.kv_unified:  # [TAG_IDLE_SLOT_CLEAR]
+                    self._clear(s)
+
+    def _n_past(self, slot: Slot, prompt: list[int], cache_prompt: bool) -> int:
+        """How many prompt tokens the slot reuses: update_slots, SLOT_STATE_STARTED
+        (server-context.cpp ~3440-3640, build 11434)."""
+        tid = slot.task_id()
+        n_past = common_prefix(slot.tokens, prompt) if cache_prompt else 0
+        pos_next = n_past  # no media chunks: positions are token indices
+        has_new_tokens = n_past < len(prompt)
+        # the largest pos_min required for a checkpoint to be useful
+        pos_min_thold = max(0, pos_next - self.n_swa - (0 if has_new_tokens else 1))
+        if 0 < n_past <= len(slot.tokens):
+            pos_min = slot.pos_min
+            if pos_min == -1:
+                slot_log("E", "update_slots", slot.id, tid, f"n_past = {n_past}, slot.prompt.tokens.size() = "
+                         f"{len(slot.tokens)}, seq_id = {slot.id}, pos_min = {pos_min}")
+                pos_min = pos_min_thold  # the real server aborts here; the fake re-processes
+                slot.checkpoints = []
+            if pos_min >= pos_min_thold:
+                found = None
+                for cur in reversed(slot.checkpoints):  # newest first
+                    slot_log("I", "operator()", slot.id, tid, f"checking checkpoint with [{cur.pos_min}, "
+                             f"{cur.pos_max}] against {pos_min_thold}...", TRACE)
+                    if cur.pos_max > pos_next:  # [TAG_CHECKPOINTS_FIX_POS_MIN] workaround
+                        continue
+                    if cur.pos_min < pos_min_thold or cur.pos_min == 0:
+                        found = cur
+                        break
+                if found is not None:
+                    self.mem_load_checkpoint(slot, found)
+                    pos_next = min(pos_next, max(found.pos_min + 1, found.pos_max))
+                    n_past = min(min(pos_next, len(slot.tokens)), found.n_tokens)
+                    slot_log("I", "operator()", slot.id, tid, f"restored context checkpoint (pos_min = {found.pos_min}, "
+                             f"pos_max = {found.pos_max}, n_tokens = {found.n_tokens}, n_past = {n_past}, "
+                             f"size = {mib(found.size)} MiB)", TRACE)
+                else:
+                    slot_log("I", "operator()", slot.id, tid, FULL_REPROCESS, TRACE)
+                    pos_next = 0
+                    n_past = 0
+        kept = []
+        for cur in slot.checkpoints:  # erase any checkpoints with pos_max > pos_next
+            if cur.pos_max > pos_next:
+                slot_log("I", "operator()", slot.id, tid, f"erased invalidated context checkpoint (pos_min = "
+                         f"{cur.pos_min}, pos_max = {cur.pos_max}, n_tokens = {cur.n_tokens}, n_swa = {self.n_swa}, "
+                         f"pos_next = {pos_next}, size = {mib(cur.size)} MiB)", TRACE)
+            else:
+                kept.append(cur)
+        slot.checkpoints = kept
+        if n_past == len(prompt) and n_past > 0:  # [TAG_PROMPT_LOGITS]
+            slot_log("W", "update_slots", slot.id, tid, f"need to evaluate at least 1 token for each active slot "
+                     f"(n_past = {n_past}, task.n_tokens() = {len(prompt)})")
+            n_past -= 1
+            slot_log("W", "update_slots", slot.id, tid, f"n_past was set to {n_past}")
+        return n_past
+
+    def _create_checkpoint(self, slot: Slot, n_tokens_cur: int) -> None:
+        """create_checkpoint (server-context.cpp ~2513): the memory before this batch."""
+        tid = slot.task_id()
+        cps, max_n = slot.checkpoints, self.max_checkpoints
+        last, i = -1, 0
+        while len(cps) + 1 >= max_n and i < len(cps):
+            cur = cps[i]
+            if cur.id_task != tid and last >= 0 and cur.n_tokens <= last + self.checkpoint_min_step:
+                slot_log("I", "create_checkpoint", slot.id, tid, f"erasing context checkpoint too close to an earlier "
+                         f"one (pos_min = {cur.pos_min}, pos_max = {cur.pos_max}, n_tokens = {cur.n_tokens}, "
+                         f"size = {mib(cur.size)} MiB)", TRACE)
+                del cps[i]
+                continue
+            last = cur.n_tokens
+            i += 1
+        while cps and len(cps) >= max_n:
+            cur = cps.pop(0)
+            slot_log("W", "create_checkpoint", slot.id, tid, f"erasing old context checkpoint (pos_min = {cur.pos_min}, "
+                     f"pos_max = {cur.pos_max}, n_tokens = {cur.n_tokens}, size = {mib(cur.size)} MiB)")
+        n_tokens_new = len(slot.tokens) - n_tokens_cur
+        for cur in list(cps):
+            if cur.n_tokens == n_tokens_new:
+                slot_log("I", "create_checkpoint", slot.id, tid,
+                         f"superseding context checkpoint at n_tokens = {cur.n_tokens}", TRACE)
+                cps.remove(cur)
+        size = self.checkpoint_cells(slot.pos_min, slot.pos_max) * int(env_float("FAKE_CKPT_BYTES_PER_TOKEN", 16))
+        cp = Ckpt(n_tokens_new, slot.pos_min, slot.pos_max, size, 0, tid)
+        cps.append(cp)
+        slot_log("I", "create_checkpoint", slot.id, tid, f"created context checkpoint {len(cps)} of {max_n} "
+                 f"(pos_min = {cp.pos_min}, pos_max = {cp.pos_max}, n_tokens = {cp.n_tokens}, size = {mib(cp.size)} MiB)",
+                 TRACE)
+
+    def _process_prompt(self, slot: Slot, prompt: list[int], cache_prompt: bool) -> tuple[int, int, int]:
+        """update_slots for one slot, from SLOT_STATE_STARTED to the end of the prompt.
+        Returns (cache_n, prompt_n, number of batches)."""
+        tid = slot.task_id()
+        n_task = len(prompt)
+        slot_log("I", "operator()", slot.id, tid, f"new prompt, n_ctx_slot = {slot.n_ctx}, n_keep = 0, "
+                 f"task.n_tokens = {n_task}", TRACE)
+        if n_task >= slot.n_ctx:
+            msg = (f"request ({n_task} tokens) exceeds the available context size ({slot.n_ctx} tokens), "
+                   "try increasing it")
+            self.send_error(tid, msg)
+            raise HttpError(400, msg, "exceed_context_size_error", n_prompt_tokens=n_task, n_ctx=slot.n_ctx)
+        n_past = self._n_past(slot, prompt, cache_prompt)
+        slot.n_prompt_cached = n_past
+        slot.n_prompt_processed = 0
+        self.m["prompt_cached"] += n_past
+        del slot.tokens[n_past:]  # keep_first(n_past)
+        do_checkpoint_task = self.max_checkpoints > 0 and (self.kind == "recurrent-hybrid" or self.n_swa > 0)
+        n_batches = 0
+        while len(slot.tokens) < n_task:
+            t_prompt_ms = slot.n_prompt_processed / self.prefill_tps * 1000
+            if t_prompt_ms >= 3000.0:  # print_timings_pp
+                slot_log("I", "print_timing", slot.id, tid, f"prompt processing, n_tokens = "
+                         f"{slot.n_prompt_processed:6d}, progress = {len(slot.tokens) / n_task:.2f}, t = "
+                         f"{t_prompt_ms / 1e3:6.2f} s / {self.prefill_tps:.2f} tokens per second")
+            p0 = len(slot.tokens)
+            slot_log("I", "operator()", slot.id, tid, f"cached n_tokens = {p0}, memory_seq_rm [{p0}, end)", TRACE)
+            self.mem_seq_rm(slot, p0)
+            do_checkpoint = do_checkpoint_task
+            n_cur = 0
+            while len(slot.tokens) < n_task and n_cur < self.n_batch:
+                slot.tokens.append(prompt[len(slot.tokens)])
+                n_cur += 1
+                # process the last few tokens of the prompt separately, to allow for a checkpoint
+                if do_checkpoint and any(n_task == len(slot.tokens) + min(self.n_batch, off)
+                                         for off in (4 + self.n_ubatch, 4)):
+                    break
+            n_start = len(slot.tokens) - n_cur
+            near_prompt_end = n_task < len(slot.tokens) + self.n_ubatch
+            if len(slot.tokens) == n_task:
+                slot_log("I", "init_sampler", slot.id, tid, f"init sampler, took 0.01 ms, tokens: text = {n_task}, "
+                         f"total = {n_task}", TRACE)
+            elif not near_prompt_end:
+                do_checkpoint = False  # no user-message spans on /completion
+            if do_checkpoint and slot.pos_min < 0:
+                do_checkpoint = False
+            do_checkpoint = do_checkpoint and (not slot.checkpoints or near_prompt_end or
+                                               n_start > slot.checkpoints[-1].n_tokens + self.checkpoint_min_step)
+            if do_checkpoint:
+                self._create_checkpoint(slot, n_cur)
+            self.mem_decode(slot, n_start, len(slot.tokens))
+            slot.n_prompt_processed += n_cur
+            n_batches += 1
+            self.n_graphs_reused += max(0, -(-n_cur // self.n_ubatch) - 1)
+        return n_past, slot.n_prompt_processed, n_batches
+
+    def _finish(self, slot: Slot, prompt: list[int], n_predict: int, cache_n: int, prompt_n: int,
+                n_batches: int) -> dict:
+        tid = slot.task_id()
+        n_gen = n_predict if n_predict >= 0 else 16
+        seed = zlib.crc32(repr(prompt[-8:]).encode())
+        generated = [token_id(" ") if i % 2 == 0 else token_id(WORDS[(seed + i) % len(WORDS)]) for i in range(n_gen)]
+        # every sampled token but the last is decoded into the slot's memory
+        p0 = len(slot.tokens)
+        slot.tokens.extend(generated[:-1])
+        self.mem_decode(slot, p0, len(slot.tokens))
+        slot.n_gen = len(generated)
+        slot.has_next_token = False
+        content = detokenize(generated)
+        self.n_graphs_reused += max(0, len(generated) - 2)
+
+        prompt_ms = prompt_n / self.prefill_tps * 1000
+        predicted_ms = len(generated) / self.gen_tps * 1000
+        timings = {
+            "cache_n": cache_n,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n,
+            "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": len(generated),
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / len(generated) if generated else 0.0,
+            "predicted_per_second": 1000.0 * len(generated) / predicted_ms if predicted_ms else 0.0,
+        }
+        slot_log("I", "print_timing", slot.id, tid,
+                 f"prompt eval time = {prompt_ms:10.2f} ms / {prompt_n:5d} tokens "
+                 f"({timings['prompt_per_token_ms']:8.2f} ms per token, {timings['prompt_per_second']:8.2f} tokens per second)")
+        slot_log("I", "print_timing", slot.id, tid,
+                 f"       eval time = {predicted_ms:10.2f} ms / {len(generated):5d} tokens "
+                 f"({timings['predicted_per_token_ms']:8.2f} ms per token, {timings['predicted_per_second']:8.2f} tokens per second)")
+        slot_log("I", "print_timing", slot.id, tid,
+                 f"      total time = {prompt_ms + predicted_ms:10.2f} ms / {prompt_n + len(generated):5d} tokens")
+        slot_log("I", "print_timing", slot.id, tid, f"   graphs reused = {self.n_graphs_reused:10d}")
+        m = self.m
+        m["prompt_tokens"] += prompt_n
+        m["prompt_seconds"] += prompt_ms / 1000
+        m["predicted"] += len(generated)
+        m["predicted_seconds"] += predicted_ms / 1000
+        m["n_decode"] += n_batches + max(0, len(generated) - 1)
+        m["n_tokens_max"] = max(m["n_tokens_max"], len(slot.tokens))
+        settings = dict(self.fixtures["generation_settings"], n_predict=n_predict, max_tokens=n_predict)
+        result = {
+            "index": 0,
+            "content": content,
+            "tokens": [],
+            "id_slot": slot.id,
+            "stop": True,
+            "model": self.alias,
+            "tokens_predicted": len(generated),
+            "tokens_evaluated": len(prompt),
+            "generation_settings": settings,
+            "prompt": detokenize(prompt),
+            "has_new_line": "\n" in content,
+            "truncated": False,
+            "stop_type": "limit",
+            "stopping_word": "",
+            "tokens_cached": len(slot.tokens),
+            "timings": timings,
+        }
+        self._release(slot)
+        return result
+
+    def _release(self, slot: Slot) -> None:
+        """server_slot::release + reset: the task becomes task_prev, the stats are cleared."""
+        if not slot.processing:
+            return
+        slot_log("I", "release", slot.id, slot.task_id(), f"stop processing: n_tokens = {len(slot.tokens)}, truncated = 0")
+        slot.t_last_used = ts_us()
+        slot.processing = False
+        slot.task_prev, slot.task = slot.task, None
+        slot.n_prompt_processed = slot.n_prompt_cached = slot.n_gen = 0
+        slot.n_predict_max = -1
+        self.m["processing"] -= 1
+        self.idle_tick()
 
     # ------------------------------------------------------------ slot actions
 
@@ -473,33 +1070,44 @@ class FakeServer:
             id_slot = int(id_str)
         except ValueError:
             raise HttpError(400, "Invalid slot ID") from None
-        if id_slot < 0:
-            raise HttpError(400, "Invalid slot ID")
         if action not in ("save", "restore", "erase"):
             raise HttpError(400, "Invalid action")
-        filename = body.get("filename", "") if action != "erase" else ""
-        if action != "erase" and (not isinstance(filename, str) or not valid_filename(filename)):
-            raise HttpError(400, "Invalid filename")
-        slot = self.slot_for(id_slot)
-        task = self.new_task()
-        with slot.busy:
+        filename = ""
+        if action != "erase":
+            if "filename" not in body:
+                raise HttpError(500, "[json.exception.out_of_range.403] key 'filename' not found", "server_error")
+            filename = body["filename"]
+            if not isinstance(filename, str) or not valid_filename(filename):
+                raise HttpError(400, "Invalid filename")
+        with self.cv:
+            task = self.new_task()
+            slot = self.slot_by_id(id_slot)
             try:
+                if slot is None:
+                    raise HttpError(400, "Invalid slot ID")
+                while slot.processing:  # deferred until the slot is idle
+                    self.cv.wait()
                 if action == "save":
-                    return self._save(slot, id_slot, filename)
-                if action == "restore":
-                    return self._restore(slot, id_slot, filename)
-                n = len(slot.tokens)
-                self._clear(slot)
-                return {"id_slot": id_slot, "n_erased": n}
+                    result = self._save(slot, id_slot, filename)
+                elif action == "restore":
+                    result = self._restore(slot, id_slot, filename)
+                else:
+                    n = len(slot.tokens)
+                    self._clear(slot)
+                    result = {"id_slot": id_slot, "n_erased": n}
             except HttpError as exc:
-                srv_log("E", "send_error", f"task id = {task}, error: {exc.message}")
+                self.send_error(task, exc.message)
+                self.cancel_after_error(task)
                 raise
+            self.idle_tick()
+            return result
 
     def _clear(self, slot: Slot) -> None:
-        slot_log("I", "prompt_clear", slot.id, -1, f"clearing prompt with {len(slot.tokens)} tokens")
+        """server_slot::prompt_clear."""
+        slot_log("I", "prompt_clear", slot.id, slot.task_id(), f"clearing prompt with {len(slot.tokens)} tokens", TRACE)
+        self.mem_clear(slot)
         slot.tokens = []
         slot.checkpoints = []
-        slot.restored = False
 
     def _save(self, slot: Slot, id_slot: int, filename: str) -> dict:
         t0 = time.perf_counter()
@@ -509,10 +1117,13 @@ class FakeServer:
                              '"tensor not allocated") failed\n')
             sys.stderr.flush()
             os.abort()
-        if env_flag("FAKE_SAVE_ERROR"):
-            raise HttpError(500, "Unable to save slot", "server_error")
         path = self.save_path + filename  # plain concatenation, like llama-server
-        data = state_file_bytes(slot.tokens, self.state_version)
+        if env_flag("FAKE_SAVE_ERROR"):
+            log("E", "llama_state_seq_save_file: error saving sequence state file: write error: No space left on device")
+            raise HttpError(500, "Unable to save slot", "server_error")
+        data = encode_state_file(pack_token_words(slot.tokens),
+                                 seq_state_bytes(len(slot.tokens), self.k_type, self.v_type, len(slot.tokens)),
+                                 self.state_version)
         try:
             with open(path, "wb") as f:
                 if env_flag("FAKE_DIE_DURING_SAVE"):
@@ -521,15 +1132,18 @@ class FakeServer:
                     os.fsync(f.fileno())
                     os.kill(os.getpid(), signal.SIGKILL)
                 f.write(data)
-        except OSError:
+        except OSError as exc:
+            log("E", f"llama_state_seq_save_file: error saving sequence state file: failed to open {path}: "
+                     f"{exc.strerror}")
             raise HttpError(500, "Unable to save slot", "server_error") from None
-        if self.sidecar and slot.checkpoints:
-            items = [(cp, fake_bytes(cp.n_tokens, cp.size_tgt), b"") for cp in slot.checkpoints]
+        if self.sidecar and slot.checkpoints:  # PR #206: after the state file, only with checkpoints, not atomic
             try:
-                write_pkcl(path + ".ckpt", items)
-                slot_log("I", "process_sing", slot.id, -1, f"saved {len(items)} context checkpoints to sidecar")
+                write_pkcl(path + ".ckpt", slot.checkpoints)
+                slot_log("I", "process_single_task", slot.id, slot.task_id(),
+                         f"saved {len(slot.checkpoints)} context checkpoints to sidecar")
             except OSError:
-                slot_log("W", "process_sing", slot.id, -1, f"failed to write checkpoint sidecar {path}.ckpt")
+                slot_log("W", "process_single_task", slot.id, slot.task_id(),
+                         f"failed to write checkpoint sidecar {path}.ckpt")
         return {"id_slot": id_slot, "filename": filename, "n_saved": len(slot.tokens), "n_written": len(data),
                 "timings": {"save_ms": (time.perf_counter() - t0) * 1000}}
 
@@ -537,70 +1151,77 @@ class FakeServer:
         t0 = time.perf_counter()
         path = self.save_path + filename
         try:
-            header = read_state_header(path)
-            if header.version != self.state_version:
-                raise StateFileError(f"unknown (from file) version {header.version}, expected {self.state_version}")
-            tokens = read_state_tokens(path)
-        except StateFileError as exc:
-            reason = str(exc)
-            if not os.path.exists(path):
-                reason = f"failed to open {path}: No such file or directory"
-            log("E", f"llama_state_seq_load_file: error loading sequence state file: {reason}")
+            try:
+                state = load_state_file(path, self.state_version, slot.n_ctx, self.k_type, self.v_type)
+            except LoadError as exc:
+                for line in exc.lines:
+                    log("E", line)
+                raise TokensStateError(RESTORE_FAILED) from None
+            # the sequence state is in the memory now (whatever comes next)
+            tokens = unpack_token_words(state.words)
+            if len(tokens) > slot.n_ctx:
+                raise TokensStateError("Restored prompt does not fit in the slot context")
+            if any(t < 0 or t >= N_VOCAB for t in tokens):
+                raise TokensStateError("Invalid tokens in slot save file")
+        except TokensStateError as exc:
             self._clear(slot)
-            raise HttpError(400, RESTORE_FAILED) from None
-        if len(tokens) > slot.n_ctx:
-            self._clear(slot)
-            raise HttpError(400, "Unable to restore slot: Restored prompt does not fit in the slot context")
-        if any(t < 0 or t >= N_VOCAB for t in tokens):
-            self._clear(slot)
-            raise HttpError(400, "Unable to restore slot: Invalid tokens in slot save file")
-        slot.tokens = tokens
-        slot.checkpoints = []  # even a same-process restore drops the in-memory checkpoints
-        slot.restored = True
-        slot.task = None  # /slots shows no task after a restore
+            raise HttpError(400, f"Unable to restore slot: {exc}") from None
+        slot.tokens = tokens  # slot->prompt.clear(): the in-memory checkpoints are gone too
+        slot.checkpoints = []
+        self.mem_load_full(slot, state.n_cells)
         ckpt = path + ".ckpt"
         if self.sidecar and self.max_checkpoints > 0 and os.path.isfile(ckpt):
             try:
-                cps = read_pkcl(ckpt)
-                validate_checkpoints(cps, len(tokens))
-                slot.checkpoints = list(cps)[-self.max_checkpoints:]
-                slot_log("I", "process_sing", slot.id, -1,
+                cps = read_pkcl(ckpt)  # nothing ties a PR #206 sidecar to its state file
+                slot.checkpoints = cps[-self.max_checkpoints:]
+                slot_log("I", "process_single_task", slot.id, slot.task_id(),
                          f"restored {len(slot.checkpoints)} context checkpoints from sidecar")
-            except (SidecarError, OSError) as exc:
-                slot_log("W", "process_sing", slot.id, -1, f"failed to read checkpoint sidecar {ckpt}: {exc}")
-        return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens), "n_read": header.file_size,
+            except (SidecarReadError, OSError) as exc:
+                slot_log("W", "process_single_task", slot.id, slot.task_id(),
+                         f"failed to read checkpoint sidecar {ckpt}: {exc}")
+        return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens), "n_read": state.n_read,
                 "timings": {"restore_ms": (time.perf_counter() - t0) * 1000}}
 
     # ------------------------------------------------------------ read-only endpoints
 
     def slots_json(self) -> list:
-        out = []
-        for s in self.slots:
-            entry = {"id": s.id, "n_ctx": s.n_ctx, "speculative": False, "is_processing": s.processing}
-            if s.task is not None:
-                n_predict = s.task["n_predict"]
-                entry.update(
-                    id_task=s.task["id_task"],
-                    n_prompt_tokens=s.task["n_prompt_tokens"],
-                    n_prompt_tokens_processed=s.task["n_prompt_tokens_processed"],
-                    n_prompt_tokens_cache=s.task["n_prompt_tokens_cache"],
-                    params=dict(self.fixtures["slot_params"], n_predict=n_predict, max_tokens=n_predict),
-                    next_token=[{"has_next_token": s.processing, "has_new_line": False,
-                                 "n_remain": n_predict if s.processing else -1, "n_decoded": 0}],
-                )
-            out.append(entry)
-        return out
+        """server_slot::to_json(only_metrics): the task fields only once the slot ran a task
+        (the running one, else the previous one); token counts are the slot's current ones."""
+        with self.cv:
+            self.new_task()
+            out = []
+            for s in self.slots:
+                entry = {"id": s.id, "n_ctx": s.n_ctx, "speculative": False, "is_processing": s.processing}
+                ptask = s.task or s.task_prev
+                if ptask is not None:
+                    n_predict = ptask["n_predict"]
+                    n_remain = -1 if s.n_predict_max == -1 else s.n_predict_max - s.n_gen
+                    entry.update(
+                        id_task=ptask["id"],
+                        n_prompt_tokens=len(s.tokens),
+                        n_prompt_tokens_processed=s.n_prompt_processed,
+                        n_prompt_tokens_cache=s.n_prompt_cached,
+                        params=dict(self.fixtures["slot_params"], n_predict=n_predict, max_tokens=n_predict),
+                        next_token=[{"has_next_token": s.has_next_token, "has_new_line": False,
+                                     "n_remain": n_remain, "n_decoded": s.n_gen}],
+                    )
+                out.append(entry)
+            self.idle_tick()
+            return out
 
     def props_json(self) -> dict:
         props = json.loads(json.dumps(self.fixtures["props"]))
         props["default_generation_settings"]["n_ctx"] = self.n_ctx_slot
         props.update(total_slots=len(self.slots), model_alias=self.alias, model_path=self.model_path,
                      build_info=os.environ.get("FAKE_BUILD_INFO", "b11434-fake"),
-                     endpoint_metrics=self.metrics_enabled)
+                     endpoint_slots=not self.opts.get("no_slots"), endpoint_metrics=self.metrics_enabled)
         return props
 
     def metrics_text(self) -> str:
-        m = self.m
+        with self.cv:
+            self.new_task()
+            m = dict(self.m)
+            self.idle_tick()
         rows = [
             ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens", m["prompt_tokens"]),
             ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache", m["prompt_cached"]),
@@ -623,26 +1244,6 @@ class FakeServer:
         for name, kind, help_text, value in rows:
             lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value}"]
         return "\n".join(lines) + "\n"
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def fake_bytes(seed: int, n: int) -> bytes:
-    block = hashlib.sha256(str(seed).encode()).digest()
-    return (block * (n // len(block) + 1))[:n]
-
-
-def state_file_bytes(tokens: list[int], version: int) -> bytes:
-    """A state file like llama_state_seq_save_file writes (packed tokens, PR #26640)."""
-    payload = fake_bytes(len(tokens), 256 + len(tokens) * int(env_float("FAKE_STATE_BYTES_PER_TOKEN", 64)))
-    return encode_state_file(tokens, payload, version=version, packed=True)
 
 
 # ---------------------------------------------------------------- HTTP
@@ -692,11 +1293,13 @@ class Handler(BaseHTTPRequestHandler):
                     raise HttpError(401, "Invalid API Key", "authentication_error")
             self._route(method, path, parse_qs(url.query), body)
         except HttpError as exc:
-            self._send(exc.code, error_body(exc.code, exc.message, exc.etype))
+            self._send(exc.code, error_body(exc.code, exc.message, exc.etype, **exc.extra))
         except (BrokenPipeError, ConnectionResetError):
             pass
-        except Exception as exc:  # like llama-server: an exception becomes a 500
-            self._send(500, error_body(500, str(exc), "server_error"))
+        except Exception as exc:  # like llama-server's ex_wrapper: an exception becomes a 500
+            body = error_body(500, str(exc), "server_error")
+            srv_log("W", "operator()", f"got exception: {json.dumps(body, separators=(',', ':'))}")
+            self._send(500, body)
 
     def _route(self, method: str, path: str, query: dict, body: dict) -> None:
         if method == "GET" and path in ("/health", "/v1/health"):
@@ -743,10 +1346,12 @@ def main(argv: list[str]) -> int:
     opts = parse_args(argv)
     VERBOSITY = 10 if opts.get("verbose") else int(opts["verbosity"])
     srv_log("I", "llama_server", "initializing ...")
+    if int(opts["parallel"]) < 0:
+        srv_log("I", "llama_server", "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true", TRACE)
     try:
         httpd = ThreadingHTTPServer((opts["host"], int(opts["port"])), Handler)
     except OSError:
-        srv_log("E", "init_listene",
+        srv_log("E", "init_listener",
                 f"couldn't bind HTTP server socket, hostname: {opts['host']}, port: {opts['port']}")
         return 1
     httpd.daemon_threads = True
@@ -761,13 +1366,14 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    srv_log("I", "init_listene", "running without SSL")
-    srv_log("I", "init", "using 6 threads for HTTP server")
+    srv_log("I", "init_listener", "running without SSL", TRACE)
+    srv_log("I", "init", "using 6 threads for HTTP server", TRACE)
     if not SERVER.api_keys:
         srv_log("W", "llama_server", "security: no API key is set and CORS allows all origins "
                 "(see https://github.com/ggml-org/llama.cpp/pull/25655)")
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     srv_log("I", "load_model", f"loading model '{SERVER.model_path}'")
+    srv_log("I", "load_model", f"local path '{SERVER.model_path}'", TRACE)
     if not os.path.isfile(SERVER.model_path):
         log("E", f"llama_model_load: error loading model: llama_model_loader: failed to open "
                  f"{SERVER.model_path}: No such file or directory")
@@ -778,16 +1384,35 @@ def main(argv: list[str]) -> int:
     if stop.wait(env_float("FAKE_LOAD_SECONDS", 0.3)):
         srv_log("I", "operator()", "operator(): cleaning up before exit...")
         return 0
-    srv_log("I", "load_model", f"initializing, n_slots = {len(SERVER.slots)}, n_ctx_slot = {SERVER.n_ctx_slot}, "
-            "kv_unified = 'false'")
-    for s in SERVER.slots:
-        slot_log("I", "load_model", s.id, -1, f"new slot, n_ctx = {s.n_ctx}")
-    if SERVER.max_checkpoints > 0:
-        srv_log("I", "load_model", f"context checkpoints enabled, max = {SERVER.max_checkpoints}, min spacing = 8192")
-    SERVER.loading = False
+    s = SERVER
+    srv_log("I", "load_model", f"initializing, n_slots = {len(s.slots)}, n_ctx_slot = {s.n_ctx_slot}, "
+            f"kv_unified = '{'true' if s.kv_unified else 'false'}'")
+    for slot in s.slots:
+        slot_log("I", "load_model", slot.id, -1, f"new slot, n_ctx = {slot.n_ctx}", TRACE)
+    if s.cache is not None:
+        limit = "no limit" if s.cache_ram_mib < 0 else f"{s.cache_ram_mib} MiB"
+        srv_log("I", "load_model", f"prompt cache is enabled, size limit: {limit}", TRACE)
+        srv_log("I", "load_model", "use `--cache-ram 0` to disable the prompt cache", TRACE)
+    else:
+        srv_log("I", "load_model", "prompt cache is disabled - use `--cache-ram N` to enable it", TRACE)
+    srv_log("I", "load_model", "for more info see https://github.com/ggml-org/llama.cpp/pull/16391", TRACE)
+    if s.max_checkpoints > 0:
+        srv_log("I", "load_model", f"context checkpoints enabled, max = {s.max_checkpoints}, "
+                f"min spacing = {s.checkpoint_min_step}", TRACE)
+    else:
+        srv_log("I", "load_model", "context checkpoints disabled", TRACE)
+    if opts["cache_idle_slots"] and s.cache is None:
+        srv_log("W", "init", "--cache-idle-slots requires --cache-ram, disabling")
+    elif s.cache_idle_slots:
+        srv_log("I", "init", "idle slots will be saved to prompt cache and cleared upon starting a new task"
+                if s.kv_unified else "idle slots will be saved to prompt cache upon starting a new task", TRACE)
+    srv_log("I", "init", f"init: chat template, example_format: '{CHAT_TEMPLATE_EXAMPLE}'", TRACE)
+    srv_log("I", "init", "init: chat template, thinking = 0", TRACE)
+    srv_log("I", "init", "preserve_reasoning kwarg: not supported by template", TRACE)
+    s.loading = False
     srv_log("I", "llama_server", "model loaded")
     srv_log("I", "llama_server", f"listening on http://{host}:{port}")
-    srv_log("I", "update_slots", "all slots are idle", 4)
+    srv_log("I", "update_slots", "all slots are idle", TRACE)
     stop.wait()
     srv_log("I", "operator()", "operator(): cleaning up before exit...")
     return 0

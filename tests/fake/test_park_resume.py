@@ -584,3 +584,33 @@ def test_cli_park_by_profile_and_resume_all(fake_server, tmp_path, capsys):
         assert load_resume_plan("fk") == []
     assert cli_main(["park", "fk", "--slot", "0"]) == 1
     assert "not running" in capsys.readouterr().err
+
+
+def test_cli_resume_resets_the_verdict_and_uses_the_one_slot_rule(fake_server, tmp_path, capsys):
+    """Regression: `kv-valet resume` left the session's last verdict in the catalog
+    (only the window reset it), and the CLI chose its default slot by its own rule."""
+    from app.core.verdict import VerdictKind
+
+    write_model(tmp_path, dense=True)
+    slots = str(tmp_path / "slots")
+    with fake_server(FAKE_MODEL_KIND="dense") as (url, _):
+        run(_fill(url, 1))
+        assert cli_main(["park", url, "--name", "v", "--save-dir", slots]) == 0  # default: the slot with tokens
+        assert "parked slot 1 as 'v'" in capsys.readouterr().out
+        with Catalog(paths.catalog_path()) as cat:
+            rec = cat.list()[0]
+            cat.update_verdict(rec.id, VerdictKind.HIT, "an earlier resume")
+        run(_fill(url, 0))
+        # slot 1 (where it was parked) holds tokens: the default is the first empty slot; none is empty
+        assert cli_main(["resume", url, "v", "--save-dir", slots]) == 1
+        assert "no empty slot" in capsys.readouterr().err
+        async def erase():
+            async with LlamaClient(url) as c:
+                await c.erase_slot(1)
+        run(erase())
+        assert cli_main(["resume", url, "v", "--save-dir", slots]) == 0
+        assert "into slot 1" in capsys.readouterr().out  # back where it was parked
+        with Catalog(paths.catalog_path()) as cat:
+            after = cat.get(rec.profile, "v")
+        assert after.last_verdict is VerdictKind.UNKNOWN
+        assert after.last_verdict_reason == "no query on this slot since the restore yet"

@@ -136,3 +136,20 @@ async def test_orderly_shutdown_from_another_tool_is_stopped_not_crashed(profile
         assert sup.restart_times == []  # an orderly shutdown is not restarted
     finally:
         await sup.aclose()
+
+
+async def test_every_line_goes_to_the_profiles_log_file(profile):
+    """The ring buffer drops old lines; the log file keeps them, with a header per launch."""
+    from app import paths
+
+    sup = make_supervisor(plan_launch(profile), log_capacity=5)
+    try:
+        await sup.start()
+        pid = sup.pid
+    finally:
+        await sup.aclose()
+    assert sup.log_file_path == paths.server_log_path("fake")
+    text = sup.log_file_path.read_text()
+    assert text.startswith("===== ") and f"pid {pid}:" in text.splitlines()[0]
+    assert "listening on" in text and len(sup.log) == 5  # the buffer kept 5, the file everything
+    assert text.rstrip().splitlines()[-1].endswith("exit: stopped by the user") or "===== exit:" in text

@@ -50,3 +50,35 @@ def test_copy(panel, qtbot):
     qtbot.keyClicks(p.search, "listening on")
     p.copy_button.click()
     assert "listening on http://127.0.0.1:18080" in QGuiApplication.clipboard().text()
+
+
+def test_a_flood_far_beyond_the_caps_stays_bounded_and_shows_the_newest(qtbot):
+    """200,000 lines (40x the panel's cap, 10x the buffer's): memory stops growing
+    once the caps are reached, and the newest line is the one on screen."""
+    import tracemalloc
+
+    from app.ui.log_panel import MAX_LINES_SHOWN
+
+    p = LogPanel(interval_ms=10_000)
+    qtbot.addWidget(p)
+    buf = LogBuffer(20_000)
+    p.set_buffer(buf)
+    line = "0.{i:08d} I slot update_slots: id  0 | task 7 | prompt processing progress, n_tokens = {i}"
+
+    def flood(start: int, n: int) -> None:
+        for i in range(start, start + n, 2_500):
+            for j in range(i, i + 2_500):
+                buf.append(line.format(i=j))
+            p.pull()
+
+    tracemalloc.start()
+    flood(0, 50_000)  # past every cap: the buffer and the view are full
+    first = tracemalloc.get_traced_memory()[0]
+    flood(50_000, 150_000)
+    grown = tracemalloc.get_traced_memory()[0] - first
+    tracemalloc.stop()
+    assert len(buf) == 20_000
+    assert p.view.document().blockCount() <= MAX_LINES_SHOWN
+    assert p.shown_text().splitlines()[-1] == line.format(i=199_999)
+    assert p.view.verticalScrollBar().value() == p.view.verticalScrollBar().maximum()
+    assert grown < 1_000_000, f"memory grew by {grown:,} bytes over 150,000 more lines"

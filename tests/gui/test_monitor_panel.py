@@ -100,6 +100,7 @@ def test_same_row_count_updates_in_place(panel, qtbot):
     busy = json.loads(json.dumps(SLOTS_AFTER_TASK))
     busy[1]["is_processing"] = True
     busy[1]["next_token"][0]["n_decoded"] = 40
+    busy[1]["n_prompt_tokens"] = 376  # build 11434 counts each decoded token in the prompt tokens
     resets = []
     panel.slots_model.modelReset.connect(lambda: resets.append(1))
     with qtbot.waitSignal(panel.slots_model.dataChanged,

@@ -51,3 +51,77 @@ def qtbot_button():
     from PySide6.QtCore import Qt
 
     return Qt.LeftButton
+
+
+def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_profile):
+    """The user's workflow on the stock build: park, restart, resume, and the
+    next query from another client is judged DISCARDED (no checkpoint sidecar)."""
+    import asyncio
+
+    from PySide6.QtCore import Qt
+
+    from app import paths
+    from app.server.client import LlamaClient
+    from app.store.catalog import Catalog
+    from app.ui.monitor_panel import SlotsTableModel
+    from app.ui.wiring import attach_panels
+    from tests.fake.test_gui_sessions import choose_slot, click, click_row, open_tab, slot_chooser_shows
+    from tests.real.helpers import TEXT
+
+    store = ProfileStore()
+    store.save(real_profile)
+    w = MainWindow(store)
+    w.confirm_quit = False
+    attach_panels(w)
+    panel = w.sessions_panel
+    panel.confirm = lambda title, text: True
+    qtbot.addWidget(w)
+    w.show()
+    w.profiles.set_profiles([real_profile], select="real")
+    open_tab(qtbot, w, panel)
+
+    async def start():
+        connected = signal_future(panel.sig_service, lambda s: s is not None)
+        qtbot.mouseClick(w.profiles.start_button, Qt.LeftButton)
+        await asyncio.wait_for(connected, 120)
+
+    async def scenario():
+        await start()
+        async with LlamaClient(real_profile.url) as c:
+            await c.completion(TEXT, slot_id=0, n_predict=4)
+        await slot_chooser_shows(panel, 0, "tokens")
+        choose_slot(panel, 0)
+        qtbot.keyClicks(panel.name, "real chat")
+        label, ok, text = await click(qtbot, panel, panel.park_button, "Park", 60)
+        assert ok and "Parked slot 0 as 'real chat'" in text and "sidecar" in text.lower()
+        with Catalog(paths.catalog_path()) as cat:
+            rec = cat.get("real", "real chat")
+        assert rec.n_tokens > 600 and rec.state_path.is_file() and rec.sidecar_status == "missing"
+
+        stopped = signal_future(w.controller.sig_state, lambda s, d: s == "Stopped")
+        qtbot.mouseClick(w.profiles.stop_button, Qt.LeftButton)
+        await asyncio.wait_for(stopped, 30)
+        await start()
+
+        click_row(qtbot, panel, "real chat")
+        choose_slot(panel, 0)
+        label, ok, text = await click(qtbot, panel, panel.resume_button, "Resume", 60)
+        assert ok and f"into slot 0: {rec.n_tokens:,} tokens" in text and "re-prefill" in text
+        restored = signal_future(w.monitor_panel.sig_snapshot, lambda snap: any(
+            r.id == 0 and r.tokens_known_from_restore for r in snap.slots))
+        open_tab(qtbot, w, w.monitor_panel)
+        await asyncio.wait_for(restored, 15)
+        m = w.monitor_panel.slots_model
+        assert m.data(m.index(0, SlotsTableModel.COL_TOKENS)) == f"{rec.n_tokens:,} (restored)"
+
+        verdict = signal_future(panel.sig_verdict)
+        async with LlamaClient(real_profile.url) as c:
+            await c.completion(TEXT + " And then?", slot_id=0, n_predict=2)
+        slot, session, v = await asyncio.wait_for(verdict, 60)
+        assert (slot, session, v.kind) == (0, "real chat", "DISCARDED")
+        assert v.cache_n == 0 and v.prompt_n >= rec.n_tokens
+        with Catalog(paths.catalog_path()) as cat:
+            assert cat.get("real", "real chat").last_verdict == "DISCARDED"
+        await w.shutdown()
+
+    run(qloop, scenario(), 240)

@@ -90,3 +90,39 @@ def test_default_verbosity_added_only_when_unset():
     p = LaunchProfile(name="k", model="m.gguf")
     assert to_argv(p, "srv", default_verbosity=4)[-2:] == ["-lv", "4"]
     assert "2" == to_argv(p.replace(verbosity=2), "srv", default_verbosity=4)[-1]
+
+
+def test_extra_arguments_that_belong_to_a_field_move_into_it():
+    """Regression: an API key typed into Extra arguments reached the server's argv (ps shows it)."""
+    from app.core.argv import absorb_extra_args, to_argv
+    from app.core.profile import LaunchProfile, validate
+
+    p = LaunchProfile(name="x", model="/m.gguf", extra_args=("--jinja", "--api-key", "sekret", "--temp", "0.6",
+                                                             "-np", "4"))
+    moved, conflicts = absorb_extra_args(p)
+    assert conflicts == [] and moved.api_key == "sekret" and moved.parallel == 4
+    assert moved.extra_args == ("--jinja", "--temp", "0.6")
+    assert "sekret" not in to_argv(moved, "llama-server")
+
+    clash = LaunchProfile(name="x", model="/m.gguf", port=8081, api_key="mine", extra_args=("--port", "9090",
+                                                                                           "--api-key", "other"))
+    assert absorb_extra_args(clash)[1] == [
+        "--port 9090 in the extra arguments conflicts with the field's value 8081",
+        "--api-key in the extra arguments: the profile has its own key; remove it there"]
+    assert {e.field for e in validate(clash, check_files=False)} >= {"extra_args"}
+
+
+def test_plan_launch_never_puts_a_key_from_extra_arguments_on_argv(tmp_path):
+    from app.core.profile import LaunchProfile
+    from app.server.launcher import plan_launch
+
+    fake = tmp_path.parent  # any folder: the plan is checked against the fake server's --help
+    from tests.fake.test_supervisor_fake import FAKE
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    plan = plan_launch(LaunchProfile(name="x", model=str(model), server_binary=FAKE,
+                                     extra_args=("--api-key", "sekret", "--jinja")))
+    assert "sekret" not in plan.argv and "--api-key" not in plan.argv and "--jinja" in plan.argv
+    assert plan.env["LLAMA_API_KEY"] == "sekret"
+    del fake

@@ -31,3 +31,17 @@ def test_status_of_a_server_that_is_not_there():
 
     snap = json.loads(r.stdout)
     assert snap["health"].startswith("unreachable")
+
+
+def test_status_of_a_dead_server_says_why_not_http_0():
+    """Regression: "unreachable: HTTP 0" for a server that does not answer at all."""
+    r = _run(["status", "http://127.0.0.1:9"])
+    assert r.returncode == 1
+    assert "HTTP 0" not in r.stdout and "unreachable" in r.stdout
+
+
+def test_no_option_puts_an_api_key_on_the_command_line():
+    """An --api-key argument would show the key to `ps`: the CLI has none."""
+    for cmd in (["status", "http://x"], ["park", "p", "--slot", "0"], ["resume", "p", "s"], ["check", "p", "s"]):
+        r = _run(cmd + ["--api-key", "sekret"])
+        assert r.returncode == 2 and "--api-key would show the key to every user" in r.stderr

@@ -54,7 +54,7 @@ def test_once_the_slot_runs_a_task_the_server_count_wins(responses):
     slots[1]["next_token"][0]["n_decoded"] = 25
     slots[1]["is_processing"] = True
     rows = slot_rows(slots, {1: RestoredSlot(336, "s1.bin", id_task=0)})
-    assert rows[1].tokens_held == 425 and not rows[1].tokens_known_from_restore
+    assert rows[1].tokens_held == 400 and not rows[1].tokens_known_from_restore  # n_prompt_tokens counts decoded ones
     assert rows[1].busy and rows[1].session == "s1.bin"
 
 
@@ -68,7 +68,7 @@ def test_older_builds_n_tokens_and_odd_json():
         {"id": 3, "n_ctx": 1024, "n_prompt_tokens": True},
     ])
     assert len(rows) == 4
-    assert rows[0].tokens_held == 105 and rows[0].id_task is None and rows[0].busy
+    assert rows[0].tokens_held == 100 and rows[0].id_task is None and rows[0].busy
     assert rows[1].id == 1 and rows[1].n_ctx is None and rows[1].tokens_held is None
     assert rows[2].id is None and rows[2].n_decoded is None
     assert rows[3].n_prompt_tokens is None  # a bool is not a count

@@ -13,7 +13,6 @@ from app.server.sidecar import (
     SidecarStatus,
     appended_checkpoints,
     inspect_sidecar,
-    latest_covering_checkpoint,
     read_lsckpt2,
     read_pkcl,
     sidecar_candidates,
@@ -118,8 +117,9 @@ def test_corrupt_positions(tmp_path):
 def test_bad_version_count_and_magic(tmp_path):
     state = tmp_path / "s1.bin"
     ckpt = tmp_path / "s1.bin.ckpt"
-    ckpt.write_bytes(struct.pack("<III", 0x4C434B50, 2, 0))
-    assert "PKCL version 2" in inspect_sidecar(state, None, "sliding-window").reason
+    ckpt.write_bytes(struct.pack("<III", 0x4C434B50, 7, 0))
+    r = inspect_sidecar(state, None, "sliding-window")
+    assert r.status is SidecarStatus.PRESENT_UNVERIFIED and r.reason.startswith("present, unverified (version 7)")
     ckpt.write_bytes(struct.pack("<III", 0x4C434B50, 1, 5000))
     assert "5,000 checkpoints" in inspect_sidecar(state, None, "sliding-window").reason
     ckpt.write_bytes(b"NOPE" + bytes(20))
@@ -167,16 +167,87 @@ def test_dense_models_need_no_sidecar(tmp_path):
     assert "not needed" in r.reason
 
 
-def test_latest_covering_checkpoint_follows_the_real_rollback():
-    # real capture: follow-up with n_past 2884 rolled back to pos_max 2880, n_past 2880
-    assert latest_covering_checkpoint(REAL_CHECKPOINTS, 2884).pos_max == 2880
-    assert latest_covering_checkpoint(REAL_CHECKPOINTS, 2892).pos_max == 2880
-    assert latest_covering_checkpoint(REAL_CHECKPOINTS, 2880).pos_max == 2863
-    assert latest_covering_checkpoint(reversed(REAL_CHECKPOINTS), 2860).pos_max == 2856
-    assert latest_covering_checkpoint(REAL_CHECKPOINTS, 2344) is None
-    assert latest_covering_checkpoint((), 100) is None
-
-
 def test_candidates_and_appended_checkpoints(tmp_path):
     assert sidecar_candidates(tmp_path / "a.bin") == [tmp_path / "a.bin.ckpt", tmp_path / "a.bin.checkpoints"]
     assert appended_checkpoints() is None
+
+
+# -- PKCL version 2: written here with struct, from the reference's layout ---------
+
+def fnv1a(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) % (1 << 64)
+    return h
+
+
+def write_v2(path, state_hash: int, cps, trailing: bytes = b"") -> None:
+    """cps: (n_tokens, pos_min, pos_max, target bytes, draft bytes, speculative bytes)."""
+    out = struct.pack("<IIQI", 0x4C434B50, 2, state_hash, len(cps))
+    for n, lo, hi, tgt, dft, spec in cps:
+        out += struct.pack("<qii", n, lo, hi)
+        for block in (tgt, dft, spec):
+            out += struct.pack("<Q", len(block)) + block
+    path.write_bytes(out + trailing)
+
+
+V2_CPS = [(2345, 1321, 2344, b"t" * 300, b"", b"s" * 7), (2857, 1833, 2856, b"u" * 300, b"d" * 5, b"")]
+
+
+def test_fnv1a_of_the_state_file_matches_the_reference_constants(tmp_path):
+    from app.server.sidecar import fnv1a64_file
+
+    f = tmp_path / "s.bin"
+    f.write_bytes(b"")
+    assert fnv1a64_file(f) == 0xCBF29CE484222325
+    f.write_bytes(b"a")
+    assert fnv1a64_file(f) == 0xAF63DC4C8601EC8C  # the published FNV-1a 64 test vector for "a"
+    data = bytes(range(256)) * 5000
+    f.write_bytes(data)
+    assert fnv1a64_file(f, chunk=4096) == fnv1a(data)
+
+
+def test_v2_sidecar_with_the_right_hash_is_present(tmp_path):
+    state = tmp_path / "s1.bin"
+    state.write_bytes(b"qsgg" + bytes(200))
+    write_v2(tmp_path / "s1.bin.ckpt", fnv1a(state.read_bytes()), V2_CPS)
+    r = inspect_sidecar(state, 2892, "sliding-window", state_hash=lambda: fnv1a(state.read_bytes()))
+    assert r.status is SidecarStatus.PRESENT_VALID and r.kind == "PKCL v2" and r.version == 2
+    assert [(c.n_tokens, c.size_tgt, c.size_dft, c.size_spec) for c in r.checkpoints] == [
+        (2345, 300, 0, 7), (2857, 300, 5, 0)]
+    assert "not checked" not in r.reason
+    unchecked = inspect_sidecar(state, 2892, "sliding-window")
+    assert unchecked.status is SidecarStatus.PRESENT_VALID and "hash is not checked yet" in unchecked.reason
+
+
+def test_v2_sidecar_of_an_older_state_file_is_stale(tmp_path):
+    state = tmp_path / "s1.bin"
+    state.write_bytes(b"qsgg" + bytes(200))
+    write_v2(tmp_path / "s1.bin.ckpt", fnv1a(b"an older save"), V2_CPS)
+    r = inspect_sidecar(state, 2892, "sliding-window", state_hash=lambda: fnv1a(state.read_bytes()))
+    assert r.status is SidecarStatus.INVALID and "stale" in r.reason
+
+
+@pytest.mark.parametrize("cps, trailing, why", [
+    (V2_CPS, b"x", "1 trailing bytes"),
+    ([(2345, 1321, 2344, b"t" * 300, b"", b"")], b"", None),
+    ([(2345, 2344, 1321, b"t", b"", b"")], b"", "corrupt"),
+    ([(9999, 1321, 2344, b"t", b"", b"")], b"", "the state file holds"),
+])
+def test_v2_sidecar_refusals(tmp_path, cps, trailing, why):
+    state = tmp_path / "s1.bin"
+    write_v2(tmp_path / "s1.bin.ckpt", 1, cps, trailing)
+    r = inspect_sidecar(state, 2892, "sliding-window")
+    if why is None:
+        assert r.status is SidecarStatus.PRESENT_VALID
+    else:
+        assert r.status is SidecarStatus.INVALID and why in r.reason, r.reason
+
+
+def test_v2_block_longer_than_the_file_is_truncated(tmp_path):
+    state = tmp_path / "s1.bin"
+    write_v2(tmp_path / "s1.bin.ckpt", 1, V2_CPS)
+    raw = (tmp_path / "s1.bin.ckpt").read_bytes()
+    (tmp_path / "s1.bin.ckpt").write_bytes(raw[:-50])
+    r = inspect_sidecar(state, 2892, "sliding-window")
+    assert r.status is SidecarStatus.INVALID and "truncated" in r.reason
