@@ -46,6 +46,16 @@ async def cmd_serve(args) -> int:
 
     catalog = Catalog(paths.catalog_path())
     sup.on_line(lambda item: record_prefill_sample(catalog, profile.name, item.event))
+    # The Cache health detectors, as in the window: findings with the known issue and the remedy.
+    from app.jobs.cache_health import CacheHealth
+
+    health = CacheHealth()
+    health.on_finding(lambda f: print(f"[kv-valet] {f.severity}: {f.message}"
+                                      + "".join(f"\n[kv-valet]   remedy: {r.label}" for r in f.remedies)
+                                      + (f"\n[kv-valet]   known from: {f.source}" if f.source else ""),
+                                      file=sys.stderr, flush=True))
+    sup.on_line(health.feed)
+    sup.on_state(lambda s, o: health.crashed(o) if s == ServerState.CRASHED and o else None)
     sup.on_state(lambda s, o: print(f"[kv-valet] server {s.value}" + (f": {o.summary()}" if o and s in
                                     (ServerState.CRASHED,) else ""), file=sys.stderr, flush=True))
     stop = asyncio.Event()

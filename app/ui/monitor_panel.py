@@ -23,7 +23,7 @@ from PySide6.QtCore import (QAbstractTableModel, QEvent, QLineF, QModelIndex, QO
                             Signal)
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPalette, QPen, QPolygonF
 from PySide6.QtWidgets import (QAbstractItemView, QFrame, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
-                               QProgressBar, QScrollArea, QSizePolicy,
+                               QProgressBar, QPushButton, QScrollArea, QSizePolicy,
                                QStyledItemDelegate, QStyleOptionViewItem, QTableView, QVBoxLayout, QWidget)
 
 from app.monitor.gpu import GpuHistory, GpuMonitor, GpuSample, GpuSnapshot
@@ -579,6 +579,15 @@ class MonitorPanel(QWidget):
         blay.setContentsMargins(8, 8, 8, 8)
         blay.setSpacing(8)
         blay.addWidget(self.status_label)
+        # Cache health badge: a finding of the runtime detectors (see the Cache health tab)
+        self.health_badge = QPushButton("")
+        self.health_badge.setObjectName("health_badge")
+        self.health_badge.setFlat(True)
+        self.health_badge.setStyleSheet("#health_badge { color: #b00020; font-weight: 600; text-align: left; }")
+        self.health_badge.setToolTip("The server's log shows cache trouble: open the Cache health tab for the "
+                                     "cause and the remedy.")
+        self.health_badge.hide()
+        blay.addWidget(self.health_badge)
         blay.addWidget(self.warnings_box)
         blay.addWidget(slots_box)
         blay.addLayout(middle)
@@ -795,6 +804,15 @@ class MonitorPanel(QWidget):
             await sampler.stop()
         if client is not None:
             await client.aclose()
+
+    def set_health(self, count: int, worst) -> None:
+        """Show the Cache health badge: ``count`` findings, the worst of severity ``worst``."""
+        if count <= 0:
+            self.health_badge.hide()
+            return
+        self.health_badge.setText(f"⚠ Cache health: {count} finding{'s' if count != 1 else ''} "
+                                  f"(worst: {worst}) — open")
+        self.health_badge.show()
 
     def request_tick(self) -> None:
         """Sample now (after a park/resume changed ``restored``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.ui.health_panel import HealthPanel
 from app.ui.monitor_panel import MonitorPanel
 from app.ui.sessions_panel import SessionsPanel
 
@@ -9,8 +10,19 @@ from app.ui.sessions_panel import SessionsPanel
 def attach_panels(window) -> None:
     sessions = _attached(SessionsPanel(store=window.store), window.controller)
     monitor = _attached(MonitorPanel(), window.controller)
+    health = HealthPanel(store=window.store)
+    health.attach(window.controller, sessions, window)
     window.add_panel(sessions, "Sessions")
     window.add_panel(monitor, "Monitor")
+    window.add_panel(health, "Cache health")
+
+    # A finding of the runtime detectors: a badge on the Monitor tab and a count on the tab.
+    def on_findings(count: int, worst) -> None:
+        monitor.set_health(count, worst)
+        window.tabs.setTabText(window.tabs.indexOf(health), f"Cache health ({count})" if count else "Cache health")
+
+    health.sig_findings.connect(on_findings)
+    monitor.health_badge.clicked.connect(lambda: window.tabs.setCurrentWidget(health))
 
     # One bookkeeping for both tabs: the Monitor shows the session service's own
     # record of what was restored where (with its verdict) and of each slot's
@@ -32,6 +44,7 @@ def attach_panels(window) -> None:
     monitor.sig_snapshot.connect(on_snapshot)
     window.sessions_panel = sessions
     window.monitor_panel = monitor
+    window.health_panel = health
 
 
 def _attached(panel, controller):

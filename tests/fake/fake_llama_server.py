@@ -47,6 +47,9 @@ Environment knobs:
   FAKE_SAVE_DELAY (0)              seconds added to every save
   FAKE_DIE_DURING_SAVE (0)         1: write half the state file, then SIGKILL
   FAKE_ABORT_ON_SAVE (0)           1: print the seed-002 GGML_ASSERT and abort
+  FAKE_ABORT_ON_IDLE_SAVE (0)      1: the same on the first idle-slot save of a slot holding tokens
+                                   (seed 002: the KV cache on an RPC backend; --cache-ram 0 avoids it)
+  FAKE_IDLE_SAVE_SECONDS (0)       seconds an idle-slot save blocks the server (seed 004's stall)
   FAKE_BUILD_INFO (b11434-fake)    /props build_info
 """
 
@@ -99,6 +102,14 @@ SAMPLER_CHAIN = ("logits -> ?penalties -> ?dry -> ?top-n-sigma -> top-k -> ?typi
 CHAT_TEMPLATE_EXAMPLE = ("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello"
                          "<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\n"
                          "How are you?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def abort_tensor_not_allocated() -> None:
+    """Seed 002 (llama.cpp #26128): the assert text, then abort (SIGABRT)."""
+    sys.stderr.write('/src/ggml/src/ggml-backend.cpp:359: GGML_ASSERT(tensor->data != NULL && '
+                     '"tensor not allocated") failed\n')
+    sys.stderr.flush()
+    os.abort()
 
 
 def env_float(name: str, default: float) -> float:
@@ -835,7 +846,10 @@ class FakeServer:
                 if s.processing:
                     continue
                 slot_log("I", "process_single_task", s.id, s.task_id(), "saving idle slot to prompt cache", TRACE)
+                if s.tokens and env_flag("FAKE_ABORT_ON_IDLE_SAVE"):
+                    abort_tensor_not_allocated()
                 if self.prompt_save(s):
+                    time.sleep(env_float("FAKE_IDLE_SAVE_SECONDS", 0))  # the copy, under the server's lock
                     self.cache_update()
                 if self.kv_unified:  # [TAG_IDLE_SLOT_CLEAR]
                     self._clear(s)
@@ -1113,10 +1127,7 @@ class FakeServer:
         t0 = time.perf_counter()
         time.sleep(env_float("FAKE_SAVE_DELAY", 0))
         if env_flag("FAKE_ABORT_ON_SAVE"):
-            sys.stderr.write('/src/ggml/src/ggml-backend.cpp:359: GGML_ASSERT(tensor->data != NULL && '
-                             '"tensor not allocated") failed\n')
-            sys.stderr.flush()
-            os.abort()
+            abort_tensor_not_allocated()
         path = self.save_path + filename  # plain concatenation, like llama-server
         if env_flag("FAKE_SAVE_ERROR"):
             log("E", "llama_state_seq_save_file: error saving sequence state file: write error: No space left on device")

@@ -153,3 +153,41 @@ async def test_every_line_goes_to_the_profiles_log_file(profile):
     assert text.startswith("===== ") and f"pid {pid}:" in text.splitlines()[0]
     assert "listening on" in text and len(sup.log) == 5  # the buffer kept 5, the file everything
     assert text.rstrip().splitlines()[-1].endswith("exit: stopped by the user") or "===== exit:" in text
+
+
+def test_serve_prints_the_crash_cause_and_remedy(tmp_path, monkeypatch):
+    """`kv-valet serve` runs the Cache health detectors too (seed 002's abort)."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from app.store.profiles import ProfileStore
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 64)
+    port = free_port()
+    ProfileStore().save(LaunchProfile(name="crashy", model=str(model), server_binary=FAKE, port=port,
+                                      ctx_size=2048, parallel=2))
+    env = dict(os.environ, FAKE_ABORT_ON_IDLE_SAVE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "crashy", "--quiet"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # wait for Ready from the CLI's own output
+            if "ready at" in line:
+                break
+        for slot in (0, 1):  # the second request saves idle slot 0, which holds tokens: abort
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", method="POST",
+                                         data=b'{"prompt": "hello there", "n_predict": 2, "id_slot": %d}' % slot,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=10).read()
+            except OSError:
+                pass
+        err = proc.stderr.read()
+        assert proc.wait(timeout=30) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "error: llama-server aborted with GGML_ASSERT" in err
+    assert "remedy: Turn the prompt cache off (--cache-ram 0)" in err and "llama.cpp #26128" in err

@@ -1,0 +1,210 @@
+"""Cache health: what the running server's own log says about its caches.
+
+The two field reports in the seeds took their users days: llama-server
+aborting with ``GGML_ASSERT(tensor->data != NULL && "tensor not allocated")``
+when the prompt cache saves an idle slot whose KV lives on an RPC backend
+(seed 002, llama.cpp #26128), and every stream stalling while idle slots are
+saved with ``-kvu --cache-idle-slots`` (seed 004, #30252, fixed by #31391).
+:class:`CacheHealth` is fed every parsed log line (and the crash outcome) and
+keeps, Qt-free:
+
+* **findings** (app.core.findings) with the known issue and its remedy: the
+  crash cause, an idle-slot save that stalled the streams, a slot forced into a
+  full re-processing;
+* **figures**: idle-slot save durations (a histogram), forced full
+  re-processings per slot, checkpoints created / erased / restored (also from a
+  sidecar), and how each request picked its slot (similarity vs LRU vs id).
+
+The window's Cache health panel and the Monitor's badge show them; a remedy is
+applied by :func:`app.jobs.remedy.apply_remedy`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from app.core.findings import Finding, Remedy, Severity
+from app.server.logparse import Kind, LogEvent, parse_line
+
+#: An idle-slot save this long stalls every stream noticeably (seed 004: 0.7-0.9 s per save).
+STALL_MS = 200.0
+#: Histogram bucket upper bounds (ms) of idle-slot save durations.
+BUCKETS_MS = (10, 50, 100, 200, 500, 1000, 2000, float("inf"))
+
+ASSERT_TENSOR = "tensor not allocated"
+REMEDIES_RPC_ASSERT = (Remedy("Turn the prompt cache off (--cache-ram 0)", {"cache_ram": 0}),
+                       Remedy("Use one slot (-np 1)", {"parallel": 1}))
+REMEDIES_IDLE_STALL = (Remedy("Stop saving idle slots (--no-cache-idle-slots)", {"cache_idle_slots": False}),
+                       Remedy("Give each slot its own KV buffer (drop -kvu)", {"kv_unified": False}))
+
+_ERASED = re.compile(r"(erasing old|erased invalidated|erasing) context checkpoint")
+_SELECTED = re.compile(r"selected slot by (LCP similarity|LRU|id)")
+
+
+def elapsed_seconds(stamp: str) -> float | None:
+    """llama.cpp's log clock: ``mm.ss.ms.us`` (``0.13.116.678``) or ``s.us`` (``20.410333``)."""
+    parts = stamp.split(".")
+    try:
+        if len(parts) == 4:
+            m, s, ms, us = (int(p) for p in parts)
+            return m * 60 + s + ms / 1e3 + us / 1e6
+        if len(parts) == 2:
+            return float(stamp)
+    except ValueError:
+        return None
+    return None
+
+
+@dataclass
+class IdleSave:
+    slot: int | None
+    ms: float
+    at: float  # epoch seconds when seen
+
+
+@dataclass
+class HealthFigures:
+    idle_saves: list[IdleSave] = field(default_factory=list)
+    full_reprocess: Counter = field(default_factory=Counter)  # slot -> count
+    checkpoints_created: int = 0
+    checkpoints_erased: int = 0
+    checkpoints_restored: int = 0  # rolled back to a checkpoint for a request
+    sidecar_checkpoints_loaded: int = 0  # restored from a sidecar at slot restore
+    slot_selection: Counter = field(default_factory=Counter)  # "similarity" / "LRU" / "id" -> count
+
+    def histogram(self) -> list[tuple[float, int]]:
+        """(bucket upper bound in ms, idle-slot saves that took at most that long and more than the previous)."""
+        counts = [0] * len(BUCKETS_MS)
+        for s in self.idle_saves:
+            for i, bound in enumerate(BUCKETS_MS):
+                if s.ms <= bound:
+                    counts[i] += 1
+                    break
+        return list(zip(BUCKETS_MS, counts))
+
+    @property
+    def worst_idle_save_ms(self) -> float | None:
+        return max((s.ms for s in self.idle_saves), default=None)
+
+
+class CacheHealth:
+    """Runtime detectors over one server's log (and its crash outcome)."""
+
+    def __init__(self, *, stall_ms: float = STALL_MS, clock: Callable[[], float] = time.time):
+        self.stall_ms = stall_ms
+        self.clock = clock
+        self.figures = HealthFigures()
+        self.findings: list[Finding] = []
+        self._listeners: list[Callable[[Finding], None]] = []
+        self._pending_idle: tuple[int | None, float | None] | None = None  # (slot, elapsed s) of a save in progress
+        self._reprocess_reported: set[int] = set()
+
+    def on_finding(self, cb: Callable[[Finding], None]) -> None:
+        self._listeners.append(cb)
+
+    def _add(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        for cb in list(self._listeners):
+            try:
+                cb(finding)
+            except Exception:  # an observer must never break log handling
+                pass
+
+    # -- feeding ------------------------------------------------------------------
+    def feed_lines(self, lines) -> None:
+        for line in lines:
+            self.feed(line)
+
+    def feed(self, item) -> None:
+        """A LogEvent, a supervisor LogLine or a raw line."""
+        ev = item if isinstance(item, LogEvent) else getattr(item, "event", None)
+        if ev is None:
+            ev = parse_line(str(item))
+        self._close_idle_save(ev)
+        kind = ev.kind
+        if kind is Kind.IDLE_SLOT_SAVE:
+            self._pending_idle = (ev.slot, elapsed_seconds(ev.elapsed))
+        elif kind is Kind.PROMPT_CACHE_UPDATE:
+            # the other call site (a slot taken over by LRU): the server times it itself
+            self._idle_save(None, float(ev.fields.get("ms", 0.0)))
+        elif kind is Kind.FULL_REPROCESS and ev.slot is not None:
+            self.figures.full_reprocess[ev.slot] += 1
+            if ev.slot not in self._reprocess_reported:
+                self._reprocess_reported.add(ev.slot)
+                self._add(Finding(
+                    "forced-full-reprocess", Severity.WARNING,
+                    f"slot {ev.slot} re-processed its whole prompt: the cache could not be rolled back (a "
+                    "sliding-window or hybrid model with no covering context checkpoint). After a resume this "
+                    "means the restore bought nothing; during a chat it means the client changed earlier text.",
+                    source="llama.cpp #25913, turboquant #206", slot=ev.slot, at=self.clock()))
+        elif kind is Kind.CHECKPOINT_CREATED:
+            self.figures.checkpoints_created += 1
+        elif kind is Kind.CHECKPOINT_RESTORED:
+            self.figures.checkpoints_restored += 1
+        elif kind is Kind.SIDECAR_RESTORED:
+            self.figures.sidecar_checkpoints_loaded += int(ev.fields.get("count", 0))
+        elif kind is Kind.SLOT_SELECTED:
+            how = str(ev.fields.get("how", "")).split(",")[0].split(" (")[0].strip()
+            self.figures.slot_selection["similarity" if "similarity" in how else how or "other"] += 1
+        elif kind is Kind.GGML_ASSERT:
+            pass  # judged with the outcome: the process is gone then
+        else:
+            text = ev.text or ev.line
+            if _ERASED.search(text):
+                self.figures.checkpoints_erased += 1
+            elif kind is Kind.RAW and _SELECTED.search(text):
+                self.figures.slot_selection[_SELECTED.search(text).group(1).replace("LCP ", "")] += 1
+
+    def _close_idle_save(self, ev: LogEvent) -> None:
+        """An idle-slot save lasts until the server's next line (build 11434 logs no end line)."""
+        if self._pending_idle is None or ev.kind is Kind.IDLE_SLOT_SAVE and ev.elapsed == "":
+            return
+        if ev.func.strip() == "prompt_save" or "saving prompt with length" in ev.text:
+            return  # logged before the copy starts: the save lasts until the line after it
+        if ev.kind is Kind.PROMPT_CACHE_UPDATE:
+            self._pending_idle = None  # another save, timed by the server itself
+            return
+        slot, start = self._pending_idle
+        end = elapsed_seconds(ev.elapsed) if ev.elapsed else None
+        if start is None or end is None:
+            return  # an untimestamped continuation line: keep waiting
+        self._pending_idle = None
+        if 0.0 <= end - start < 3600.0:  # else a clock from another run: no figure
+            self._idle_save(slot, (end - start) * 1000.0)
+
+    def _idle_save(self, slot: int | None, ms: float) -> None:
+        self.figures.idle_saves.append(IdleSave(slot, ms, self.clock()))
+        if ms >= self.stall_ms:
+            self._add(Finding(
+                "idle-slot-save-stall", Severity.WARNING,
+                f"saving an idle slot to the prompt cache took {ms:,.0f} ms, and every stream waits meanwhile "
+                "(unified KV with --cache-idle-slots; seed 004 measured 0.7-0.9 s per save). A build with "
+                "llama.cpp #31391 fixes it; until then drop one of the two.",
+                REMEDIES_IDLE_STALL, "seed 004, llama.cpp #30252 (fixed by #31391)", slot=slot, at=self.clock(),
+                details={"ms": ms}))
+
+    def crashed(self, outcome) -> Finding:
+        """The server died: the cause mapped to the known issue and its remedy."""
+        text = " ".join([outcome.detail or "", *getattr(outcome, "last_lines", ())])
+        if ASSERT_TENSOR in text:
+            f = Finding(
+                "rpc-prompt-cache-assert", Severity.ERROR,
+                "llama-server aborted with GGML_ASSERT(tensor->data != NULL && \"tensor not allocated\"): the "
+                "prompt cache saved an idle slot whose KV cache is on a backend it cannot read directly (RPC "
+                "workers), which happens once there are two or more slots. --no-cache-prompt does not help; "
+                "--cache-ram 0 (or -np 1) does, and in-slot prefix reuse keeps working.",
+                REMEDIES_RPC_ASSERT, "seed 002, llama.cpp #26128", at=self.clock(),
+                details={"summary": outcome.summary()})
+        else:
+            f = Finding("server-crashed", Severity.ERROR, f"the server stopped unexpectedly: {outcome.summary()}",
+                        at=self.clock(), details={"summary": outcome.summary()})
+        self._add(f)
+        return f
+
+    @property
+    def worst(self) -> Severity | None:
+        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=None)

@@ -1,0 +1,281 @@
+"""The Cache health tab: what the server's log says, the known issue, and the fix in one click.
+
+The detectors are Qt-free (app.jobs.cache_health); the remedy workflow too
+(app.jobs.remedy). This panel lists the findings with their time, slot and
+source, shows the figures (idle-slot save durations, forced re-processing,
+checkpoints, slot selection), and applies a remedy when the user clicks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QMessageBox, QPushButton, QSizePolicy,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.core.findings import Finding, Severity
+from app.jobs.cache_health import CacheHealth
+from app.server.supervisor import ServerState
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["Time", "Slot", "Severity", "Finding", "Known from"]
+SEVERITY_COLOURS = {Severity.ERROR: "#b00020", Severity.WARNING: "#8a5a00", Severity.INFO: "#555555"}
+
+
+class HealthPanel(QWidget):
+    sig_findings = Signal(int, object)  # number of findings, worst Severity (None: none)
+    sig_remedy_done = Signal(bool, str)  # ok, what happened
+
+    def __init__(self, parent=None, *, store=None, confirm=None):
+        super().__init__(parent)
+        self.store = store
+        self.health = CacheHealth()
+        self.health.on_finding(self._on_finding)
+        self.controller = None
+        self.sessions = None  # the SessionsPanel: its service parks and resumes
+        self.window_ref = None  # the MainWindow: to show the new profile
+        self._restored_at_crash: dict = {}
+        self._last_service = None
+        self.confirm = confirm or self._ask
+        self.question_box = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self._build()
+
+    # -- layout ---------------------------------------------------------------
+    def _build(self) -> None:
+        intro = QLabel("Runtime detectors over the server's own log: crash causes, idle-slot save stalls, forced "
+                       "full re-processing, checkpoints. Each finding names the known issue and, when there is "
+                       "one, the fix — applied to a copy of the profile, parking your slots first and resuming "
+                       "them after.")
+        intro.setWordWrap(True)
+        intro.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().hide()
+        self.table.setSelectionBehavior(QTableWidget.SelectRows)
+        self.table.setSelectionMode(QTableWidget.SingleSelection)
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.setWordWrap(True)
+        hh = self.table.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeToContents)
+        hh.setSectionResizeMode(3, QHeaderView.Stretch)
+        self.table.itemSelectionChanged.connect(self._show_remedies)
+        self.detail = QLabel("No finding: the server's log shows no cache trouble.")
+        self.detail.setWordWrap(True)
+        self.detail.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.detail.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.remedy_row = QHBoxLayout()
+        self.remedy_buttons: list[QPushButton] = []
+        self.figures = QLabel("")
+        self.figures.setWordWrap(True)
+        self.figures.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.figures.setStyleSheet("font-family: monospace;")
+        self.message = QLabel("")
+        self.message.setWordWrap(True)
+        self.message.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        lay = QVBoxLayout(self)
+        lay.addWidget(intro)
+        lay.addWidget(self.table, 1)
+        lay.addWidget(self.detail)
+        lay.addLayout(self.remedy_row)
+        lay.addWidget(self.message)
+        lay.addWidget(self.figures)
+        self.figures_timer = QTimer(self)
+        self.figures_timer.setInterval(1000)
+        self.figures_timer.timeout.connect(self._show_figures)
+        self._show_figures()
+
+    # -- following the server ------------------------------------------------------
+    def attach(self, controller, sessions=None, window=None) -> None:
+        self.controller = controller
+        self.sessions = sessions
+        self.window_ref = window
+        controller.sig_plan.connect(self._on_plan)
+        controller.sig_crashed.connect(self._on_crashed)
+        controller.sig_state.connect(self._on_state)
+        if sessions is not None:
+            sessions.sig_service.connect(self._on_service)
+
+    def _on_plan(self, _plan) -> None:
+        sup = self.controller.supervisor
+        if sup is not None:
+            sup.on_line(self.health.feed)
+
+    def _on_service(self, service) -> None:
+        if service is not None:
+            self._last_service = service
+
+    def _on_state(self, state, _detail) -> None:
+        if state == ServerState.READY:
+            self.figures_timer.start()
+        elif state in (ServerState.STOPPED, ServerState.CRASHED):
+            self.figures_timer.stop()
+            self._show_figures()
+
+    def _on_crashed(self, outcome) -> None:
+        svc = self._last_service
+        self._restored_at_crash = dict(svc.target.restored) if svc is not None else {}
+        self.health.crashed(outcome)
+
+    # -- findings ---------------------------------------------------------------
+    def _on_finding(self, f: Finding) -> None:
+        if self._closed:
+            return
+        row = self.table.rowCount()
+        self.table.insertRow(row)
+        values = [time.strftime("%H:%M:%S", time.localtime(f.at or time.time())),
+                  "-" if f.slot is None else str(f.slot), str(f.severity), f.message, f.source]
+        for col, v in enumerate(values):
+            item = QTableWidgetItem(v)
+            item.setToolTip(f.message if col == 3 else v)
+            if col == 2:
+                item.setForeground(QColor(SEVERITY_COLOURS.get(f.severity, "#555555")))
+            self.table.setItem(row, col, item)
+        self.table.selectRow(row)
+        self.sig_findings.emit(len(self.health.findings), self.health.worst)
+        self._show_figures()
+
+    def selected(self) -> Finding | None:
+        rows = self.table.selectionModel().selectedRows()
+        return self.health.findings[rows[0].row()] if rows else None
+
+    def _show_remedies(self) -> None:
+        for b in self.remedy_buttons:
+            self.remedy_row.removeWidget(b)
+            b.deleteLater()
+        self.remedy_buttons = []
+        f = self.selected()
+        if f is None:
+            return
+        self.detail.setText(f"<b>{f.severity}</b>: {f.message}<br><i>Known from: {f.source or '-'}</i>")
+        for remedy in f.remedies:
+            b = QPushButton(f"Apply: {remedy.label}")
+            b.setToolTip("Apply this change to a copy of the profile and restart the server with it. Slots that "
+                         "hold tokens are parked first and resumed after the restart.")
+            b.clicked.connect(lambda _=False, r=remedy, fi=f: self.spawn(self.apply(fi, r)))
+            self.remedy_row.addWidget(b)
+            self.remedy_buttons.append(b)
+        self.remedy_row.addStretch(0)
+
+    def _show_figures(self) -> None:
+        fig = self.health.figures
+        lines = []
+        saves = fig.idle_saves
+        if saves:
+            lines.append(f"Idle-slot / prompt-cache saves: {len(saves)}, worst {fig.worst_idle_save_ms:,.0f} ms")
+            prev = 0
+            for bound, n in fig.histogram():
+                label = f"> {prev:g} ms" if bound == float("inf") else f"{prev:g}–{bound:g} ms"
+                lines.append(f"  {label:>14} {'█' * min(n, 40)} {n}")
+                prev = bound
+        else:
+            lines.append("Idle-slot / prompt-cache saves: none seen")
+        reproc = ", ".join(f"slot {s}: {n}" for s, n in sorted(fig.full_reprocess.items())) or "none"
+        lines.append(f"Forced full re-processing: {reproc}")
+        lines.append(f"Context checkpoints: {fig.checkpoints_created} created, {fig.checkpoints_erased} erased, "
+                     f"{fig.checkpoints_restored} rolled back to, {fig.sidecar_checkpoints_loaded} loaded from "
+                     "sidecars")
+        sel = ", ".join(f"{k}: {v}" for k, v in fig.slot_selection.most_common()) or "none yet"
+        lines.append(f"How requests picked their slot: {sel}")
+        self.figures.setText("\n".join(lines))
+
+    # -- the remedy -------------------------------------------------------------
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("remedy failed", exc_info=task.exception())
+            self._say(f"The remedy failed: {task.exception()}", ok=False)
+
+    def _say(self, text: str, ok: bool = True) -> None:
+        if self._closed:
+            return
+        self.message.setStyleSheet("" if ok else "color: #b00020;")
+        self.message.setText(text)
+        self.sig_remedy_done.emit(ok, text)
+
+    async def apply(self, finding: Finding, remedy) -> object | None:
+        from app.jobs.remedy import apply_remedy, fixed_copy
+
+        c = self.controller
+        profile = c.profile if c is not None else None
+        if profile is None or c.attached is not None:
+            self._say("Only a server KV Valet launched from a profile can be restarted with a fix.", ok=False)
+            return None
+        new = fixed_copy(profile, remedy, finding.rule_id)
+        running = c.state == ServerState.READY and self.sessions is not None and self.sessions.service is not None
+        question = (f"{remedy.label}.\n\nKV Valet saves a copy of profile '{profile.name}' as '{new.name}' with "
+                    "this change and restarts the server with it. "
+                    + ("Every slot that holds tokens is parked first and resumed after the restart."
+                       if running else "The sessions that had been resumed into the crashed server are resumed."))
+        if not await self._confirmed("Apply the remedy", question):
+            self._say("Remedy not applied.")
+            return None
+        self._say(f"Applying: {remedy.label}…")
+        outcome = await apply_remedy(profile, remedy, finding.rule_id,
+                                     service=self.sessions.service if running else None,
+                                     restored=None if running else self._restored_at_crash,
+                                     store=self.store, restart=self._restart)
+        if self.window_ref is not None:
+            self.window_ref.reload_profiles(select=outcome.profile.name)
+        self._say("Remedy applied: " + outcome.summary() + ". The verdicts come with the next query on each slot.")
+        return outcome
+
+    async def _restart(self, profile):
+        """Stop the server, start ``profile``, and return the session service connected to it."""
+        connected = asyncio.get_running_loop().create_future()
+
+        def on_service(svc) -> None:
+            if svc is not None and not connected.done():
+                connected.set_result(svc)
+
+        self.sessions.sig_service.connect(on_service)
+        try:
+            await self.controller.stop_async()
+            if not await self.controller.start_async(profile):
+                return None
+            return await asyncio.wait_for(connected, 60)
+        finally:
+            self.sessions.sig_service.disconnect(on_service)
+
+    async def _ask(self, title: str, text: str) -> bool:
+        box = QMessageBox(QMessageBox.Question, title, text, QMessageBox.Yes | QMessageBox.Cancel, self)
+        fut = asyncio.get_running_loop().create_future()
+        box.finished.connect(lambda _r: fut.done() or fut.set_result(
+            box.standardButton(box.clickedButton()) == QMessageBox.Yes))
+        self.question_box = box
+        box.open()  # not exec(): a nested loop would re-enter other tasks (see SessionsPanel._ask)
+        try:
+            return await fut
+        finally:
+            self.question_box = None
+            box.deleteLater()
+
+    async def _confirmed(self, title: str, text: str) -> bool:
+        answer = self.confirm(title, text)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        return bool(answer)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self.figures_timer.stop()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            try:
+                await t
+            except BaseException:
+                pass
