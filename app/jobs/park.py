@@ -145,24 +145,39 @@ def _cached_memory_kind(model_path: str) -> str:
     return kind
 
 
-async def model_identity(model_path: str) -> tuple[int, str, str]:
-    """(size, sha256, memory kind) of a model file, or (0, "", "unknown") when it
-    is not readable here (attach mode to a remote server). Hash and kind are
-    cached by size + mtime, so only the first park of a model pays for them."""
-    from app.server.gguf_info import model_sha256
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What is known about a model file now: its size and quick id at once, the
+    full SHA-256 only once computed (in the background: minutes for 20 GB)."""
+
+    size: int = 0
+    quick_id: str = ""
+    sha256: str = ""  # "" until computed
+    memory_kind: str = "unknown"
+
+
+async def model_identity(model_path: str, *, full: bool = False) -> ModelIdentity:
+    """The model's identity without waiting for the full hash (unless ``full``), or an
+    empty identity when the file is not readable here (attach mode to another machine).
+    The memory kind is read from the GGUF metadata, cached by size + mtime."""
+    from app.server.gguf_info import cached_model_sha256, model_quick_id, model_sha256
 
     if not model_path or not os.path.isfile(model_path):
-        return 0, "", "unknown"
+        return ModelIdentity()
     try:
         size = os.path.getsize(model_path)
-        digest = await asyncio.to_thread(model_sha256, model_path, model_hash_cache())
+        quick = await asyncio.to_thread(model_quick_id, model_path)
+        if full:
+            digest = await asyncio.to_thread(model_sha256, model_path, model_hash_cache())
+        else:
+            digest = cached_model_sha256(model_path, model_hash_cache()) or ""
     except Exception:  # unreadable: identity unknown, not an error
-        return 0, "", "unknown"
+        return ModelIdentity()
     try:
         kind = await asyncio.to_thread(_cached_memory_kind, model_path)
     except Exception:
         kind = "unknown"
-    return size, digest, kind
+    return ModelIdentity(size, quick, digest, kind)
 
 
 # --------------------------------------------------------------------------- journal
@@ -326,7 +341,8 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
 
     # Model identity first (the first hash of a big model takes minutes): nothing on disk yet.
     _say(on_progress, "identifying the model")
-    model_size, model_sha, memory_kind = await model_identity(target.model_path)
+    ident = await model_identity(target.model_path)
+    memory_kind = ident.memory_kind
 
     journal = Journal(catalog)
     jid = journal.begin(entry)
@@ -350,8 +366,8 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
             sidecar_file=(final_name + sidecar.path.name[len(tmp_name):]) if sidecar.path else None,
             state_size=state_size, sidecar_size=sidecar.size, n_tokens=n_tokens,
             save_ms=float((resp.get("timings") or {}).get("save_ms") or 0.0),
-            server_build=target.build, model_path=target.model_path, model_size=model_size,
-            model_sha256=model_sha, cache_type_k=target.cache_type_k, cache_type_v=target.cache_type_v,
+            server_build=target.build, model_path=target.model_path, model_size=ident.size,
+            model_sha256=ident.sha256, model_quick_id=ident.quick_id, cache_type_k=target.cache_type_k, cache_type_v=target.cache_type_v,
             n_ctx_slot=int(slot.n_ctx or 0), flash_attn=target.flash_attn, swa_full=target.swa_full,
             memory_kind=memory_kind, sidecar_status=sidecar.status, sidecar_reason=sidecar.reason,
             sidecar_count=len(sidecar.checkpoints), slot_id=slot_id, updated_at=now,

@@ -104,20 +104,32 @@ def _expected_version(catalog: Catalog, build: str, skip: SessionRecord) -> int 
 
 
 async def _same_model(target: ServerTarget, rec: SessionRecord, live_path: str) -> str | None:
-    """Why the server's model is not the one the session was parked from, or None."""
-    if not rec.model_path and not rec.model_sha256:
+    """Why the server's model is not the one the session was parked from, or None.
+
+    Uses what is known now, and says which: the full SHA-256 when both sides
+    have it; else the quick identity (size + the first 16 MiB: header and
+    metadata) while the full hash is still being computed in the background."""
+    if not rec.model_path and not rec.model_sha256 and not rec.model_quick_id:
         return None
     same_path = bool(live_path) and os.path.abspath(live_path) == os.path.abspath(rec.model_path)
-    size, sha, _kind = await model_identity(live_path)
-    if sha and rec.model_sha256:
-        if sha == rec.model_sha256:
+    # A session from before quick ids knows only the full hash: then compute it (once, cached).
+    live = await model_identity(live_path, full=bool(rec.model_sha256 and not rec.model_quick_id))
+    what = "the model file changed since the park" if same_path else "a different model file"
+    if live.sha256 and rec.model_sha256:
+        if live.sha256 == rec.model_sha256:
             return None  # a moved or copied file with the same bytes is fine
-        what = "the model file changed since the park" if same_path else "a different model file"
-        return (f"{what}: the server runs {live_path} (SHA-256 {sha[:12]}…), the session was parked "
-                f"from {rec.model_path} (SHA-256 {rec.model_sha256[:12]}…)")
+        return (f"{what} (compared by the SHA-256 of the whole file): the server runs {live_path} "
+                f"({live.sha256[:12]}…), the session was parked from {rec.model_path} ({rec.model_sha256[:12]}…)")
+    if live.quick_id and rec.model_quick_id:
+        if live.quick_id == rec.model_quick_id:
+            return None
+        return (f"{what} (compared by size and the SHA-256 of the first 16 MiB, the header and metadata; the "
+                f"whole-file hash is not known yet): the server runs {live_path} ({live.size:,} bytes), the "
+                f"session was parked from {rec.model_path} ({rec.model_size:,} bytes)")
     if same_path:
-        if size and rec.model_size and size != rec.model_size:
-            return f"the model file {live_path} changed size since the park ({rec.model_size:,} → {size:,} bytes)"
+        if live.size and rec.model_size and live.size != rec.model_size:
+            return (f"the model file {live_path} changed size since the park ({rec.model_size:,} → "
+                    f"{live.size:,} bytes)")
         return None
     return (f"a different model file: the server runs {live_path or 'an unknown model'}, the session "
             f"was parked from {rec.model_path}")

@@ -166,9 +166,13 @@ class SessionService:
         return msgs + recover_interrupted(self.catalog, known_save_dirs(self.catalog, extra))
 
     async def warm_model_identity(self) -> None:
-        """Hash the model and read its memory kind now, so the first park does not wait."""
+        """Read the memory kind now and hash the whole model in the background (minutes
+        for a big one): parks never wait for it, and when it is done every session parked
+        from this model meanwhile gets its full SHA-256."""
         if self.target.model_path and Path(self.target.model_path).is_file():
-            await model_identity(self.target.model_path)
+            ident = await model_identity(self.target.model_path, full=True)
+            if ident.sha256 and ident.quick_id and not self._closed:
+                await asyncio.to_thread(self.catalog.fill_model_sha256, ident.quick_id, ident.size, ident.sha256)
 
     async def aclose(self) -> None:
         if self._closed:

@@ -181,6 +181,41 @@ def _load_cache(cache_file: Path) -> dict:
         return {}
 
 
+QUICK_ID_BYTES = 16 * 1024 * 1024
+
+
+def model_quick_id(path: str | os.PathLike) -> str:
+    """A model's identity available at once: its size and a SHA-256 of its first
+    16 MiB (the GGUF header and metadata: architecture, hyper-parameters,
+    vocabulary, tensor directory). Two files that differ there are different
+    models; the full SHA-256 (:func:`model_sha256`, minutes for a big model)
+    settles the rest when it is done."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            h.update(size.to_bytes(8, "little"))
+            h.update(f.read(QUICK_ID_BYTES))
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    return "q1:" + h.hexdigest()
+
+
+def cached_model_sha256(path: str | os.PathLike, cache_file: str | os.PathLike) -> str | None:
+    """The full SHA-256 if it was computed for this file as it is now (size, mtime), else None."""
+    path = Path(path).absolute()
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    entry = _load_cache(Path(cache_file)).get(str(path))
+    if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
+        digest = entry.get("sha256")
+        if isinstance(digest, str) and len(digest) == 64:
+            return digest
+    return None
+
+
 def model_sha256(
     path: str | os.PathLike,
     cache_file: str | os.PathLike,

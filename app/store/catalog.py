@@ -37,7 +37,7 @@ from app.core.verdict import VerdictKind
 from app.server.gguf_info import MemoryKind
 from app.server.sidecar import SidecarStatus
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Memory kinds whose parks say something about sidecar support. A dense model
 #: keeps every KV position and never needs checkpoints, so its parks tell nothing.
@@ -76,7 +76,8 @@ class SessionRecord:
     server_build: str = ""
     model_path: str = ""
     model_size: int = 0
-    model_sha256: str = ""
+    model_sha256: str = ""  # "" until the background hash is done
+    model_quick_id: str = ""  # size + SHA-256 of the first 16 MiB (app.server.gguf_info.model_quick_id)
     cache_type_k: str = ""
     cache_type_v: str = ""
     n_ctx_slot: int = 0
@@ -216,8 +217,13 @@ CREATE TABLE pending (
 );
 """
 
+_SCHEMA_V2 = """
+ALTER TABLE sessions ADD COLUMN model_quick_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX sessions_profile ON sessions(profile, updated_at)
+"""
+
 #: _MIGRATIONS[n] takes a file at version n to version n + 1.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2}
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -431,6 +437,14 @@ class Catalog:
 
     def update_verdict(self, session_id: int, verdict: VerdictKind | str, reason: str) -> None:
         self._update(session_id, last_verdict=str(VerdictKind(verdict)), last_verdict_reason=reason)
+
+    def fill_model_sha256(self, quick_id: str, size: int, sha256: str) -> int:
+        """The background hash of a model is done: record it in every session parked
+        from that model (same quick id and size) that did not have it. Returns how many."""
+        with self._tx() as conn:
+            cur = conn.execute("UPDATE sessions SET model_sha256 = ? WHERE model_quick_id = ? AND model_size = ? "
+                               "AND model_sha256 = ''", (sha256, quick_id, size))
+            return cur.rowcount
 
     def update_sidecar(self, session_id: int, *, status: SidecarStatus, reason: str, count: int, size: int,
                        file: str | None) -> None:

@@ -95,7 +95,8 @@ def test_park_writes_files_and_catalog_row(fake_server, tmp_path):
     assert rec.state_file == "chat-one.bin" and state.is_file()
     assert rec.n_tokens == read_state_header(state).token_count > 300
     assert rec.state_size == state.stat().st_size
-    assert rec.memory_kind == "sliding-window" and len(rec.model_sha256) == 64
+    # a park never waits for the whole-model hash: size + first 16 MiB now, the SHA-256 in the background
+    assert rec.memory_kind == "sliding-window" and rec.model_quick_id.startswith("q1:") and rec.model_size > 0
     assert rec.sidecar_status == "missing" and rec.sidecar_file is None
     assert rec.n_ctx_slot == 4096 and rec.server_build == "b11434-fake" and rec.save_ms >= 0
     assert any("re-prefill" in w for w in res.warnings)
@@ -104,7 +105,7 @@ def test_park_writes_files_and_catalog_row(fake_server, tmp_path):
         assert cat.get(rec.profile, "chat one").state_size == rec.state_size
         assert cat.list_pending() == []
         assert cat.build_persists_checkpoints("b11434-fake") is False
-    assert (paths.data_dir() / "model-hashes.json").is_file()
+    assert not (paths.data_dir() / "model-hashes.json").exists()  # the park did not hash the whole model
 
 
 def test_default_name_and_slug():
@@ -358,7 +359,7 @@ def test_refuse_other_model(fake_server, tmp_path):
         rec = run(fill_and_park(url, tmp_path, name="s")).record
         with Catalog(paths.catalog_path()) as cat:
             cat.add_or_replace(rec.__class__(**{**asdict(rec), "id": None, "model_path": "/models/other.gguf",
-                                                "model_sha256": "ab" * 32}))
+                                                "model_sha256": "ab" * 32, "model_quick_id": "q1:" + "cd" * 32}))
         reasons = _refusal(url, tmp_path)
         # same bytes under another path is fine
         other = tmp_path / "copy.gguf"
@@ -374,6 +375,30 @@ def test_refuse_other_model(fake_server, tmp_path):
                 await close(t)
         assert run(ok()).refusals == []
     assert any("a different model file" in r and "other.gguf" in r for r in reasons)
+    # said how it was compared: the whole-file hash is not known yet
+    assert any("first 16 MiB" in r for r in reasons)
+
+
+def test_background_model_hash_fills_sessions_without_changing_compatibility(fake_server, tmp_path):
+    write_model(tmp_path)
+    with fake_server() as (url, _):
+        rec = run(fill_and_park(url, tmp_path, name="h")).record
+        assert rec.model_sha256 == ""
+
+        async def go():
+            t = await connect(url, tmp_path, model_path=str(tmp_path / "model.gguf"))
+            svc = SessionService(t)
+            try:
+                before = await preflight(t, t.catalog.get(rec.profile, "h"), 1)
+                await svc.warm_model_identity()  # what the window runs after the server starts
+                stored = t.catalog.get(rec.profile, "h")
+                after = await preflight(t, stored, 1)
+                return before, stored, after
+            finally:
+                await close(t)
+        before, stored, after = run(go())
+    assert stored.model_sha256 == sha(tmp_path / "model.gguf")
+    assert before.refusals == after.refusals == []
 
 
 def test_refuse_missing_file_and_bad_slot(fake_server, tmp_path):
