@@ -222,3 +222,33 @@ def judge(
     else:
         reason = f"the server did not reuse the restored tokens, {tail}"
     return verdict(VerdictKind.DISCARDED, f"{processed}: {reason}")
+
+
+def time_saved(verdict: Verdict, prefill_rate: float | None) -> float | None:
+    """Seconds of prefill a resume avoided: the tokens it reused at this server's
+    measured prefill rate (tokens/s). 0 for DISCARDED (it re-prefilled), None when
+    not known yet (UNKNOWN, or no prefill rate measured on this server)."""
+    if verdict.kind is VerdictKind.DISCARDED:
+        return 0.0
+    if verdict.kind not in (VerdictKind.HIT, VerdictKind.PARTIAL) or not prefill_rate or prefill_rate <= 0:
+        return None
+    return max(0, verdict.cache_n or 0) / prefill_rate
+
+
+TIME_SAVED_HELP = ("Prefill time the resumes avoided: for each resume judged HIT or PARTIAL, the tokens the "
+                   "server reused from the restored cache (cache_n of the first query) divided by this "
+                   "profile's measured prefill rate (the median of its recent prompts of 32 tokens or more). "
+                   "A resume judged DISCARDED re-prefilled everything and adds 0. Checks and A/B runs are "
+                   "measurements and add nothing.")
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:,.0f} ms"
+    if seconds < 90:
+        return f"{seconds:,.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:,.0f} min"
+    return f"{seconds / 3600:,.1f} h"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from app.core.profile import LaunchProfile
-from app.core.verdict import Verdict, VerdictKind
+from app.core.verdict import Verdict, VerdictKind, time_saved
 from app.jobs import check as check_job
 from app.jobs.check import ABReport, CheckError, CheckReport, recover_hidden_sidecars
 from app.jobs.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
@@ -410,10 +410,16 @@ class SessionService:
 
     def _on_verdict(self, slot_id: int, session: str | None, verdict: Verdict) -> None:
         if session:
-            rec = self.catalog.get(self.profile_name, session)
+            try:
+                rec = find_session(self.catalog, self.profile_name, session)
+            except ResumeRefused:
+                rec = None
             if rec is not None and rec.id is not None:
                 with contextlib.suppress(Exception):
                     self.catalog.update_verdict(rec.id, verdict.kind, verdict.reason)
+                    saved = time_saved(verdict, self.catalog.prefill_rate(self.profile_name))
+                    if saved is not None:
+                        self.catalog.record_time_saved(rec.id, saved)
         entry = self.target.restored.get(slot_id)
         if entry is not None:
             entry.verdict = verdict

@@ -37,7 +37,7 @@ from app.core.verdict import VerdictKind
 from app.server.gguf_info import MemoryKind
 from app.server.sidecar import SidecarStatus
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Memory kinds whose parks say something about sidecar support. A dense model
 #: keeps every KV position and never needs checkpoints, so its parks tell nothing.
@@ -96,6 +96,10 @@ class SessionRecord:
     last_verdict: VerdictKind | None = None
     last_verdict_reason: str | None = None
     notes: str = ""
+    # Prefill time the resumes of this session avoided (tokens reused x the profile's
+    # measured prefill rate), summed; a resume that re-prefilled adds 0.
+    time_saved_s: float = 0.0
+    last_time_saved_s: float | None = None
 
     def __post_init__(self) -> None:
         # Stored as their text values; typed in memory (StrEnum: compares equal to the text).
@@ -222,8 +226,13 @@ ALTER TABLE sessions ADD COLUMN model_quick_id TEXT NOT NULL DEFAULT '';
 CREATE INDEX sessions_profile ON sessions(profile, updated_at)
 """
 
+_SCHEMA_V3 = """
+ALTER TABLE sessions ADD COLUMN time_saved_s REAL NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN last_time_saved_s REAL
+"""
+
 #: _MIGRATIONS[n] takes a file at version n to version n + 1.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3}
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -437,6 +446,19 @@ class Catalog:
 
     def update_verdict(self, session_id: int, verdict: VerdictKind | str, reason: str) -> None:
         self._update(session_id, last_verdict=str(VerdictKind(verdict)), last_verdict_reason=reason)
+
+    def record_time_saved(self, session_id: int, seconds: float) -> None:
+        """One resume's avoided prefill time (0 for a resume that re-prefilled)."""
+        with self._tx() as conn:
+            cur = conn.execute("UPDATE sessions SET time_saved_s = time_saved_s + ?, last_time_saved_s = ? "
+                               "WHERE id = ?", (max(0.0, seconds), max(0.0, seconds), session_id))
+            if cur.rowcount == 0:
+                raise CatalogError(f"no session with id {session_id}")
+
+    def total_time_saved(self, profile: str | None = None) -> float:
+        sql = "SELECT COALESCE(SUM(time_saved_s), 0) AS t FROM sessions"
+        rows = self._read(sql + " WHERE profile = ?", (profile,)) if profile else self._read(sql)
+        return float(rows[0]["t"])
 
     def fill_model_sha256(self, quick_id: str, size: int, sha256: str) -> int:
         """The background hash of a model is done: record it in every session parked

@@ -71,6 +71,9 @@ class MainWindow(QMainWindow):
         sb = QStatusBar()
         sb.addWidget(self.state_label)
         sb.addWidget(self.url_label, 1)
+        self.time_saved_label = QLabel("")
+        self.time_saved_label.setObjectName("time_saved")
+        sb.addPermanentWidget(self.time_saved_label)
         sb.addPermanentWidget(self.progress)
         self.setStatusBar(sb)
         self._show_state(ServerState.STOPPED, "")
@@ -183,6 +186,13 @@ class MainWindow(QMainWindow):
         self.profiles.set_running(running)
         if state != ServerState.STARTING:
             self.progress.hide()
+
+    def show_time_saved(self, seconds: float) -> None:
+        """The prefill time all resumes avoided (app.core.verdict.time_saved), in the status bar."""
+        from app.core.verdict import TIME_SAVED_HELP, format_duration
+
+        self.time_saved_label.setText(f"Time saved by resumes: {format_duration(seconds)}" if seconds > 0 else "")
+        self.time_saved_label.setToolTip(TIME_SAVED_HELP)
 
     def _on_plan(self, plan) -> None:
         self.log_panel.set_buffer(self.controller.log_buffer)

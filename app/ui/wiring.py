@@ -22,6 +22,12 @@ def attach_panels(window) -> None:
         window.tabs.setTabText(window.tabs.indexOf(health), f"Cache health ({count})" if count else "Cache health")
 
     health.sig_findings.connect(on_findings)
+
+    def on_sessions_changed() -> None:
+        window.show_time_saved(sessions.catalog.total_time_saved())
+
+    sessions.sig_changed.connect(on_sessions_changed)
+    on_sessions_changed()
     monitor.health_badge.clicked.connect(lambda: window.tabs.setCurrentWidget(health))
 
     # One bookkeeping for both tabs: the Monitor shows the session service's own

@@ -143,6 +143,10 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
         slot, session, v = await asyncio.wait_for(verdict, 20)
         assert (slot, session, v.kind) == (1, "long chat", "HIT")
         assert panel.model.records[0].last_verdict == "HIT"
+        # the prefill it avoided, at the rate measured from the first fill, shows in the status bar
+        assert panel.model.records[0].time_saved_s > 0
+        assert w.time_saved_label.text().startswith("Time saved by resumes: ")
+        assert "cache_n" in w.time_saved_label.toolTip()
         monitor_verdict = signal_future(w.monitor_panel.sig_snapshot, lambda snap: any(
             r.id == 1 and "HIT" in (r.session or "") for r in snap.slots))
         w.monitor_panel.request_tick()
