@@ -24,7 +24,7 @@ def add_commands(sub) -> None:
 
 def cmd_profiles(args) -> int:
     from app.core.argv import parse_command_line, preview
-    from app.core.hazards import hazards
+    from app.core.hazards import hazard_prefix, hazards
     from app.core.profile import check
     from app.server.discovery import DiscoveryError, binary_info, find_server_binary
     from app.server.launcher import slot_save_path_for
@@ -57,7 +57,7 @@ def cmd_profiles(args) -> int:
         print("# command line:")
         print(preview(to_argv(prof, binary, slot_save_path=slot_save_path_for(prof))))
         for h in hazards(prof):
-            print(f"# warning: {h.text}")
+            print(f"# {hazard_prefix(h)}: {h.text}")
         return EXIT_OK
     if args.action == "import":
         takes_value = None
@@ -72,7 +72,7 @@ def cmd_profiles(args) -> int:
         path = store.save(prof, overwrite=args.force)
         print(f"saved profile '{name}' to {path}")
         for h in hazards(prof):
-            print(f"warning: {h.text}")
+            print(f"{hazard_prefix(h)}: {h.text}")
         return EXIT_OK
     return EXIT_USAGE
 

@@ -156,7 +156,7 @@ class ModelIdentity:
     memory_kind: str = "unknown"
 
 
-async def model_identity(model_path: str, *, full: bool = False) -> ModelIdentity:
+async def model_identity(model_path: str, *, full: bool = False, kind: bool = True) -> ModelIdentity:
     """The model's identity without waiting for the full hash (unless ``full``), or an
     empty identity when the file is not readable here (attach mode to another machine).
     The memory kind is read from the GGUF metadata, cached by size + mtime."""
@@ -164,20 +164,23 @@ async def model_identity(model_path: str, *, full: bool = False) -> ModelIdentit
 
     if not model_path or not os.path.isfile(model_path):
         return ModelIdentity()
-    try:
+    def quick() -> tuple[int, str, str]:
         size = os.path.getsize(model_path)
-        quick = await asyncio.to_thread(model_quick_id, model_path)
-        if full:
-            digest = await asyncio.to_thread(model_sha256, model_path, model_hash_cache())
-        else:
-            digest = cached_model_sha256(model_path, model_hash_cache()) or ""
+        digest = model_sha256(model_path, model_hash_cache()) if full else \
+            cached_model_sha256(model_path, model_hash_cache()) or ""
+        return size, model_quick_id(model_path), digest
+
+    try:
+        size, quick_id, digest = await asyncio.to_thread(quick)
     except Exception:  # unreadable: identity unknown, not an error
         return ModelIdentity()
-    try:
-        kind = await asyncio.to_thread(_cached_memory_kind, model_path)
-    except Exception:
-        kind = "unknown"
-    return ModelIdentity(size, quick, digest, kind)
+    memory_kind = "unknown"
+    if kind:
+        try:
+            memory_kind = await asyncio.to_thread(_cached_memory_kind, model_path)
+        except Exception:
+            pass
+    return ModelIdentity(size, quick_id, digest, memory_kind)
 
 
 # --------------------------------------------------------------------------- journal

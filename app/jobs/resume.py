@@ -113,7 +113,7 @@ async def _same_model(target: ServerTarget, rec: SessionRecord, live_path: str) 
         return None
     same_path = bool(live_path) and os.path.abspath(live_path) == os.path.abspath(rec.model_path)
     # A session from before quick ids knows only the full hash: then compute it (once, cached).
-    live = await model_identity(live_path, full=bool(rec.model_sha256 and not rec.model_quick_id))
+    live = await model_identity(live_path, full=bool(rec.model_sha256 and not rec.model_quick_id), kind=False)
     what = "the model file changed since the park" if same_path else "a different model file"
     if live.sha256 and rec.model_sha256:
         if live.sha256 == rec.model_sha256:
@@ -146,8 +146,9 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
     except SlotError as e:
         pf.refusals.append(str(e))
         slot = None
-    props = await target.client.props()
-    live_model = str(props.get("model_path") or target.model_path or "")
+    # the model the server loaded, as /props said when the service connected (a restarted
+    # server is a new connection): no second HTTP call per resume
+    live_model = str(target.model_path or "")
     why = await _same_model(target, record, live_model)
     if why:
         pf.refusals.append(why)

@@ -184,12 +184,29 @@ def _load_cache(cache_file: Path) -> dict:
 QUICK_ID_BYTES = 16 * 1024 * 1024
 
 
+_QUICK_IDS: dict[tuple[str, int, int], str] = {}
+
+
 def model_quick_id(path: str | os.PathLike) -> str:
     """A model's identity available at once: its size and a SHA-256 of its first
     16 MiB (the GGUF header and metadata: architecture, hyper-parameters,
     vocabulary, tensor directory). Two files that differ there are different
     models; the full SHA-256 (:func:`model_sha256`, minutes for a big model)
-    settles the rest when it is done."""
+    settles the rest when it is done. Remembered per (path, size, mtime) in this
+    process: a resume's preflight asks for it every time."""
+    try:
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    if key in _QUICK_IDS:
+        return _QUICK_IDS[key]
+    value = _quick_id(path)
+    _QUICK_IDS[key] = value
+    return value
+
+
+def _quick_id(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     try:
         with open(path, "rb") as f:
@@ -201,6 +218,9 @@ def model_quick_id(path: str | os.PathLike) -> str:
     return "q1:" + h.hexdigest()
 
 
+_KNOWN_SHA: dict[tuple[str, int, int], str] = {}
+
+
 def cached_model_sha256(path: str | os.PathLike, cache_file: str | os.PathLike) -> str | None:
     """The full SHA-256 if it was computed for this file as it is now (size, mtime), else None."""
     path = Path(path).absolute()
@@ -208,10 +228,14 @@ def cached_model_sha256(path: str | os.PathLike, cache_file: str | os.PathLike) 
         st = path.stat()
     except OSError:
         return None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _KNOWN_SHA:
+        return _KNOWN_SHA[key]
     entry = _load_cache(Path(cache_file)).get(str(path))
     if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
         digest = entry.get("sha256")
         if isinstance(digest, str) and len(digest) == 64:
+            _KNOWN_SHA[key] = digest
             return digest
     return None
 

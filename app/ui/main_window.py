@@ -165,6 +165,13 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Saved profile '{profile.name}'", 4000)
 
     def _on_start(self, profile: LaunchProfile) -> None:
+        from app.core.findings import Severity
+        from app.core.rules import diagnose
+
+        # the profile rules once more, as the launch goes: an error is said, not hidden in the form
+        errors = [f for f in diagnose(profile) if f.severity is Severity.ERROR]
+        if errors:
+            self._message("Starting despite: " + "; ".join(f.message for f in errors))
         self.log_panel.set_buffer(self.controller.log_buffer)
         self.controller.start(profile)
 

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
                                QSpinBox, QVBoxLayout, QWidget)
 
 from app.core.argv import CommandLineError, absorb_extra_args, parse_command_line, preview, to_argv
-from app.core.hazards import hazards
+from app.core.hazards import hazard_prefix, hazards
 from app.core.profile import (FLASH_ATTN_VALUES, KNOWN_CACHE_TYPES, SPLIT_MODES, LaunchProfile, exposure_warning,
                               is_loopback, validate)
 from app.server.discovery import default_model_path
@@ -292,7 +292,8 @@ class ProfilePanel(QWidget):
             # Assembled from its package at the first Start (with progress).
             errs = [e for e in errs if e.field != "model"]
         self.errors.setText("\n".join(f"{FIELDS.get(e.field, (e.field,))[0]}: {e.message}" for e in errs))
-        self.warnings.setText("\n".join("⚠ " + h.text for h in hazards(p)))
+        marks = {"error": "✖ ", "warning": "⚠ "}
+        self.warnings.setText("\n".join(marks.get(hazard_prefix(h), "ℹ ") + h.text for h in hazards(p)))
         argv = to_argv(p, p.server_binary or self._binary, slot_save_path=slot_save_path_for(p),
                        default_verbosity=self._default_verbosity)
         self.preview.setPlainText(preview(argv))

@@ -1,0 +1,238 @@
+"""Gather the :class:`app.core.rules.Facts` a profile's rules need (the I/O half of doctor).
+
+Every fact is optional: a missing binary, an unreadable model, no catalog yet
+leave their fields ``None`` and the rules that need them stay quiet.
+:func:`gather_facts` never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from app import paths
+from app.core.argv import absorb_extra_args
+from app.core.profile import LaunchProfile
+from app.core.rules import Facts, parse_build_number, swa_layer_pattern
+from app.store.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+
+def gather_facts(profile: LaunchProfile, catalog: Catalog | None = None) -> Facts:
+    """What the binary, the model, the slot-save folder and the catalog say about ``profile``.
+
+    ``catalog``: the app's open catalog; ``None`` opens the catalog file if there
+    is one (and creates nothing).
+    """
+    profile = absorb_extra_args(profile)[0]
+    facts = Facts()
+    keys: list[str] = []
+    try:
+        binary, keys = _binary_facts(profile)
+        facts = replace(facts, **binary)
+    except Exception as e:  # a fact we cannot learn is a fact left unknown
+        log.debug("doctor: binary facts: %s", e)
+    for step in (_model_facts, _save_dir_facts):
+        try:
+            facts = replace(facts, **step(profile))
+        except Exception as e:
+            log.debug("doctor: %s: %s", step.__name__, e)
+    try:
+        facts = replace(facts, **_catalog_facts(profile, keys, catalog))
+    except Exception as e:
+        log.debug("doctor: catalog facts: %s", e)
+    return facts
+
+
+# -- the binary ------------------------------------------------------------------------
+
+
+def build_keys(version_text: str) -> list[str]:
+    """The names the catalog may know this build by: ``/props`` build_info
+    ("b<number>-<commit>", what a running server reports) first, then
+    app.server.discovery.build_id of ``--version`` (what a launch plan records)."""
+    from app.server.discovery import build_id
+
+    keys: list[str] = []
+    m = (re.search(r"\(build\s*(\d+),\s*commit\s*(\S+?)\)", version_text)
+         or re.search(r"version:\s*(\d+)\s*\((\S+?)\)", version_text))
+    if m:
+        keys.append(f"b{m.group(1)}-{m.group(2)}")
+    ident = build_id(version_text)
+    if ident and ident not in keys:
+        keys.append(ident)
+    return keys
+
+
+def _binary_facts(profile: LaunchProfile) -> tuple[dict[str, Any], list[str]]:
+    from app.server.discovery import binary_info, find_server_binary
+
+    found = find_server_binary(profile.server_binary)
+    caps, version = binary_info(found.path)
+    keys = build_keys(version)
+    facts = {"caps": caps, "build_number": parse_build_number(version), "build": keys[0] if keys else None,
+             "binary": found.path}
+    return facts, keys
+
+
+# -- the model -------------------------------------------------------------------------
+
+
+def _model_facts(profile: LaunchProfile) -> dict[str, Any]:
+    from app.server.gguf_info import read_model_info
+
+    if not profile.model:
+        return {}
+    info = read_model_info(Path(profile.model).expanduser())
+    out: dict[str, Any] = {"memory_kind": str(info.memory_kind), "architecture": info.architecture,
+                           "n_swa": info.n_swa, "n_ctx_train": info.context_length}
+    try:
+        out.update(gguf_kv_numbers(Path(profile.model).expanduser(), info.architecture))
+    except Exception as e:
+        log.debug("doctor: GGUF numbers of %s: %s", profile.model, e)
+    return out
+
+
+def gguf_kv_numbers(path: Path, arch: str) -> dict[str, Any]:
+    """Layer count, per-token K/V widths of the sliding-window layers and which layers
+    slide, from the GGUF metadata (the fast reader: the vocabulary is not unpacked)."""
+    from app.server.gguf_info import _MetadataReader, _value
+
+    reader = _MetadataReader(path, "r")
+    try:
+        def num(key: str):
+            return _value(reader, f"{arch}.{key}")
+
+        n_layer = _as_int(num("block_count"))
+        pattern = swa_layer_pattern(arch, n_layer, _as_pattern(num("attention.sliding_window_pattern")))
+        n_head = _first_int(num("attention.head_count"))
+        n_embd = _as_int(num("embedding_length"))
+        head_k = _as_int(num("attention.key_length_swa")) or _as_int(num("attention.key_length"))
+        head_v = _as_int(num("attention.value_length_swa")) or _as_int(num("attention.value_length"))
+        if not head_k and n_embd and n_head:
+            head_k = n_embd // n_head
+        if not head_v:
+            head_v = head_k
+        n_head_kv = _head_count_kv(num("attention.head_count_kv"), pattern) or n_head
+        return {
+            "n_layer": n_layer,
+            "swa_layers": pattern,
+            "n_embd_k_gqa": n_head_kv * head_k if n_head_kv and head_k else None,
+            "n_embd_v_gqa": n_head_kv * head_v if n_head_kv and head_v else None,
+        }
+    finally:
+        mmap_obj = getattr(getattr(reader, "data", None), "_mmap", None)
+        if mmap_obj is not None:
+            try:
+                mmap_obj.close()
+            except Exception:
+                pass
+
+
+def _as_int(v) -> int | None:
+    try:
+        return int(v) if v is not None and not isinstance(v, (list, tuple, str)) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _as_list(v) -> list | None:
+    if v is None or isinstance(v, (str, bytes)):
+        return None
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    return list(v) if isinstance(v, (list, tuple)) else None
+
+
+def _first_int(v) -> int | None:
+    values = _as_list(v)
+    if values:
+        return max(int(x) for x in values)
+    return _as_int(v)
+
+
+def _as_pattern(v):
+    values = _as_list(v)
+    return [bool(x) for x in values] if values else _as_int(v)
+
+
+def _head_count_kv(v, pattern: tuple[bool, ...] | None) -> int | None:
+    """KV heads of the sliding-window layers (a per-layer array is allowed)."""
+    values = _as_list(v)
+    if not values:
+        return _as_int(v)
+    if pattern and len(pattern) == len(values):
+        swa = [int(x) for x, is_swa in zip(values, pattern) if is_swa]
+        if swa:
+            return max(swa)
+    return max(int(x) for x in values)
+
+
+# -- the slot-save folder --------------------------------------------------------------
+
+
+def _save_dir_facts(profile: LaunchProfile) -> dict[str, Any]:
+    from app.server.launcher import slot_save_path_for
+
+    folder = Path(slot_save_path_for(profile)).expanduser()
+    out: dict[str, Any] = {"save_dir_setting": profile.slot_save_path or None, "save_dir": str(folder)}
+    exists = folder.exists()
+    out["save_dir_exists"] = exists
+    if exists:
+        out["save_dir_is_dir"] = folder.is_dir()
+        out["save_dir_writable"] = out["save_dir_is_dir"] and os.access(folder, os.W_OK | os.X_OK)
+        probe = folder if out["save_dir_is_dir"] else folder.parent
+    else:
+        # The launch creates it (plan_launch): possible when the nearest existing
+        # folder above it is writable.
+        probe = _nearest_existing(folder)
+        out["save_dir_writable"] = probe is not None and probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+    if probe is not None:
+        try:
+            out["save_free_bytes"] = shutil.disk_usage(probe).free
+        except OSError:
+            pass
+    return out
+
+
+def _nearest_existing(folder: Path) -> Path | None:
+    for parent in folder.parents:
+        if parent.exists():
+            return parent
+    return None
+
+
+# -- the catalog -----------------------------------------------------------------------
+
+
+def _catalog_facts(profile: LaunchProfile, keys: list[str], catalog: Catalog | None) -> dict[str, Any]:
+    own = catalog is None
+    if own:
+        path = paths.catalog_path()
+        if not path.exists():
+            return {}
+        catalog = Catalog(path)
+    try:
+        sessions = catalog.list(profile.name)
+        sizes = [s.state_size + (s.sidecar_size or 0) for s in sessions if s.state_size > 0]
+        out: dict[str, Any] = {
+            "parked_sessions": len(sessions),
+            "typical_park_bytes": int(statistics.median(sizes)) if sizes else None,
+            "largest_session_tokens": max((s.n_tokens for s in sessions), default=0) or None,
+        }
+        for key in keys:
+            known = catalog.build_persists_checkpoints(key)
+            if known is not None:
+                out["build_persists_checkpoints"] = known
+                break
+        return out
+    finally:
+        if own:
+            catalog.close()
