@@ -154,9 +154,9 @@ class CacheHealth:
             pass  # judged with the outcome: the process is gone then
         else:
             text = ev.text or ev.line
-            if _ERASED.search(text):
+            if "checkpoint" in text and _ERASED.search(text):  # substring first: a flood is mostly other lines
                 self.figures.checkpoints_erased += 1
-            elif kind is Kind.RAW and _SELECTED.search(text):
+            elif kind is Kind.RAW and "selected slot" in text and _SELECTED.search(text):
                 self.figures.slot_selection[_SELECTED.search(text).group(1).replace("LCP ", "")] += 1
 
     def _close_idle_save(self, ev: LogEvent) -> None:

@@ -398,7 +398,7 @@ class SessionService:
             return
         if ev.kind is Kind.NEW_PROMPT:
             self._first_cached.pop(ev.slot, None)
-        elif ev.kind is Kind.RAW and ev.slot not in self._first_cached:
+        elif ev.kind is Kind.RAW and ev.slot not in self._first_cached and "cached n_tokens" in ev.text:
             m = _CACHED.search(ev.text)
             if m:
                 self._first_cached[ev.slot] = int(m.group(1))

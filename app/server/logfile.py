@@ -10,6 +10,7 @@ can read them without ``--log-file``, and a user can attach it to a bug report.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -24,26 +25,29 @@ class ServerLogFile:
         self.backups = backups
         self._f = None
         self._size = 0
+        self._lock = threading.Lock()  # written by the supervisor's reader thread, opened/closed by the loop
 
     def open(self, header: str = "") -> None:
         """Open for appending; ``header`` starts a new section (one launch)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
-        self._size = self.path.stat().st_size
+        with self._lock:
+            self._f = open(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
+            self._size = self.path.stat().st_size
         if header:
             self.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}")
 
     def write(self, line: str) -> None:
-        if self._f is None:
-            return
-        text = line.rstrip("\n") + "\n"
-        if self._size + len(text) > self.max_bytes and self._size > 0:
-            self._rotate()
-        try:
-            self._f.write(text)
-        except OSError:  # a full disk must not stop the server's supervision
-            return
-        self._size += len(text)
+        with self._lock:
+            if self._f is None:
+                return
+            text = line.rstrip("\n") + "\n"
+            if self._size + len(text) > self.max_bytes and self._size > 0:
+                self._rotate()
+            try:
+                self._f.write(text)
+            except (OSError, ValueError):  # a full disk must not stop the server's supervision
+                return
+            self._size += len(text)
 
     def _rotate(self) -> None:
         self._f.close()
@@ -56,6 +60,7 @@ class ServerLogFile:
         self._size = 0
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        with self._lock:
+            if self._f is not None:
+                self._f.close()
+                self._f = None

@@ -20,7 +20,9 @@ import json
 import logging
 import os
 import signal
+import select
 import socket
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -44,6 +46,12 @@ class ServerState(enum.StrEnum):
     READY = "Ready"
     STOPPING = "Stopping"
     CRASHED = "Crashed"
+
+
+#: The reader thread hands parsed lines to the event loop in batches of at most
+#: this many lines or this many seconds (a line never waits longer).
+READ_BATCH_LINES = 256
+READ_BATCH_S = 0.03
 
 
 class LaunchError(Exception):
@@ -71,8 +79,12 @@ class LogBuffer:
         self.seq = 0
 
     def append(self, text: str) -> LogLine:
+        return self.append_event(parse_line(text), time.time())
+
+    def append_event(self, event: LogEvent, at: float) -> LogLine:
+        """A line parsed elsewhere (the supervisor's reader thread)."""
         self.seq += 1
-        item = LogLine(self.seq, time.time(), parse_line(text))
+        item = LogLine(self.seq, at, event)
         self._lines.append(item)
         return item
 
@@ -314,17 +326,21 @@ class Supervisor:
             env.update(self.env)
             if "LLAMA_API_KEY" not in self.env:
                 env.pop("LLAMA_API_KEY", None)
+        # The server's output goes to a pipe that a thread of ours reads and parses
+        # (a flood of -lv 4 lines must not cost the GUI thread anything but batches).
+        read_fd, write_fd = os.pipe()
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
+                stdout=write_fd,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                limit=1 << 20,
             )
         except OSError as e:
+            os.close(read_fd)
+            os.close(write_fd)
             self._exited.set()
             self.outcome = Outcome(None, None, Cause.EXITED, f"could not run {self.argv[0]}: {e.strerror or e}")
             self._set_state(ServerState.CRASHED)
@@ -336,8 +352,9 @@ class Supervisor:
 
                 self._log_file.close()
                 self._log_file.open(f"pid {self.proc.pid}: {' '.join(masked_argv(self.argv))}")
+        os.close(write_fd)  # the server holds the write end now: EOF when it exits
         self._write_pid_record()
-        self._spawn_task(self._read_output(self.proc))
+        self._start_reader(read_fd, loop)
         self._spawn_task(self._watch_exit(self.proc))
         self._spawn_task(self._watch_health(self.proc))
 
@@ -364,20 +381,75 @@ class Supervisor:
         write_pid_record(self.pid_record_path, PidRecord(self.proc.pid, ct, self.url, self.profile_name,
                                                          tuple(masked_argv(self.argv)), time.time()))
 
-    async def _read_output(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        while True:
-            try:
-                raw = await proc.stdout.readline()
-            except ValueError:  # a line over the limit: take what is there
-                raw = await proc.stdout.read(1 << 20)
-            if not raw:
-                return
-            text = raw.decode("utf-8", "replace")
-            item = self.log.append(text)
-            if self._log_file is not None:
-                self._log_file.write(text)
-            for cb in list(self._line_cbs):
+    # -- the server's output ------------------------------------------------------
+    def _start_reader(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._reader_eof = asyncio.Event()
+        self.lines_read = 0
+        thread = threading.Thread(target=self._read_output, args=(fd, loop), name=f"log {self.profile_name}",
+                                  daemon=True)
+        self._reader_thread = thread
+        thread.start()
+
+    def _read_output(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        """Reader thread: split, parse, write the log file; hand batches to the loop.
+
+        A batch goes every READ_BATCH_S or READ_BATCH_LINES, whichever comes
+        first, and at once when the server goes quiet, so a line never waits."""
+        batch: list[tuple[float, LogEvent]] = []
+        partial = b""
+        last = time.monotonic()
+
+        def flush() -> None:
+            nonlocal batch, last
+            if batch:
+                try:
+                    loop.call_soon_threadsafe(self._deliver, batch)
+                except RuntimeError:  # the loop is closed: nobody is listening any more
+                    pass
+                batch = []
+            last = time.monotonic()
+
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], READ_BATCH_S)
+                if not ready:
+                    flush()
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                if len(partial) > 1 << 20:  # a line over 1 MiB: take what is there
+                    lines.append(partial)
+                    partial = b""
+                now = time.time()
+                for raw in lines:
+                    text = raw.decode("utf-8", "replace")
+                    if self._log_file is not None:
+                        self._log_file.write(text)
+                    batch.append((now, parse_line(text)))
+                if len(batch) >= READ_BATCH_LINES or time.monotonic() - last >= READ_BATCH_S:
+                    flush()
+            if partial:
+                text = partial.decode("utf-8", "replace")
+                if self._log_file is not None:
+                    self._log_file.write(text)
+                batch.append((time.time(), parse_line(text)))
+            flush()
+        except OSError:
+            log.exception("reading the server's output failed")
+        finally:
+            os.close(fd)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._reader_eof.set)
+
+    def _deliver(self, batch: list[tuple[float, LogEvent]]) -> None:
+        """On the loop: into the ring buffer, then to the observers (watcher, health, …)."""
+        for at, event in batch:
+            item = self.log.append_event(event, at)
+            self.lines_read += 1
+            for cb in self._line_cbs:
                 try:
                     cb(item)
                 except Exception:
@@ -401,10 +473,8 @@ class Supervisor:
     async def _watch_exit(self, proc: asyncio.subprocess.Process) -> None:
         rc = await proc.wait()
         # Let the reader drain the pipe so the outcome sees the last lines.
-        for t in list(self._tasks):
-            if t.get_coro().__name__ == "_read_output":
-                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(t), 2.0)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._reader_eof.wait(), 2.0)
         by_user = self._stopping_by_user
         self.outcome = classify(rc, self.log.tail(40), by_user)
         if self._log_file is not None:

@@ -22,6 +22,9 @@ def _has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
+GIL_SWITCH_INTERVAL_S = 0.001
+
+
 def run_gui() -> int:
     smoke = os.environ.get("KV_VALET_SMOKE") == "1"
     if smoke:
@@ -35,6 +38,10 @@ def run_gui() -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.ui.main_window import MainWindow
+
+    # The server log is read and parsed by a thread of ours; with Python's default
+    # 5 ms GIL switch interval the GUI thread can wait that long for every turn.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     from app.ui.wiring import attach_panels
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
