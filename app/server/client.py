@@ -9,7 +9,9 @@ answered with an error body) or ``ServerUnreachable`` (no answer at all).
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from json import loads as _json_loads
 from typing import Any
 
 import httpx
@@ -129,6 +131,55 @@ class LlamaClient:
         result = await self._json("POST", "/completion", json=body, timeout=COMPLETION_TIMEOUT)
         result.setdefault("_client_ms", (time.perf_counter() - t0) * 1000.0)
         return result
+
+    async def stream_completion(self, prompt: str | list[int], *, slot_id: int | None = None, n_predict: int = 64,
+                                cache_prompt: bool = True, extra: dict | None = None,
+                                timeout: float = COMPLETION_TIMEOUT) -> AsyncIterator[dict]:
+        """``POST /completion`` with ``"stream": true``: yields each server-sent event's JSON
+        object (``data: {...}``) as it arrives, the last one with ``"stop": true`` and its
+        ``timings``. Close the generator (``contextlib.aclosing``) or cancel its consumer to
+        drop the request; the server stops the task when the connection goes.
+
+        Errors: ``ServerError`` (an HTTP error, or an ``error`` event in the stream),
+        ``ServerUnreachable`` (no answer, or the connection broke)."""
+        body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": cache_prompt,
+                                "stream": True}
+        if slot_id is not None:
+            body["id_slot"] = slot_id
+        if extra:
+            body.update(extra)
+        path = "/completion"
+        try:
+            async with self._client.stream("POST", path, json=body,
+                                           timeout=httpx.Timeout(timeout, connect=DEFAULT_TIMEOUT)) as r:
+                if r.status_code >= 400:
+                    await r.aread()
+                    _decode(r, path)  # raises ServerError
+                async for line in r.aiter_lines():
+                    if not line or line.startswith(":"):
+                        continue  # event separator, SSE comment
+                    field, _, value = line.partition(":")
+                    value = value.strip()
+                    if field == "data" and value == "[DONE]":
+                        return
+                    if field not in ("data", "error"):
+                        continue
+                    try:
+                        event = _json_loads(value)
+                    except ValueError:
+                        raise ServerError(r.status_code, f"bad event in the stream: {line[:200]!r}", "",
+                                          path) from None
+                    err = event.get("error") if isinstance(event, dict) else None
+                    if field == "error" or err is not None:
+                        err = err if isinstance(err, dict) else (event if isinstance(event, dict) else {})
+                        code = err.get("code")
+                        raise ServerError(code if isinstance(code, int) else r.status_code,
+                                          str(err.get("message", event)), str(err.get("type", "")), path)
+                    yield event
+        except httpx.TimeoutException as e:
+            raise ServerUnreachable(self.base_url, f"timed out ({type(e).__name__})") from None
+        except httpx.TransportError as e:
+            raise ServerUnreachable(self.base_url, _transport_reason(e)) from None
 
     async def tokenize(self, content: str) -> list[int]:
         return (await self._json("POST", "/tokenize", json={"content": content}))["tokens"]

@@ -104,12 +104,28 @@ class MainWindow(QMainWindow):
         self.attach_action.triggered.connect(self._on_attach)
         self.detach_action = menu.addAction("Detach")
         self.detach_action.triggered.connect(lambda: asyncio.ensure_future(self.controller.detach_async()))
+        self.loadcheck_action = menu.addAction("Load check…")
+        self.loadcheck_action.setToolTip("Parallel streams for some seconds: inter-token gaps and stalls per stream, "
+                                         "to compare before and after a remedy.")
+        self.loadcheck_action.triggered.connect(self._on_load_check)
         menu.addSeparator()
         quit_action = menu.addAction("Quit")
         quit_action.triggered.connect(self.close)
         help_menu = self.menuBar().addMenu("&Help")
         lifetime = help_menu.addAction("When does the server stop?")
         lifetime.triggered.connect(lambda: QMessageBox.information(self, "Server lifetime", SERVER_LIFETIME))
+
+    def _on_load_check(self) -> None:
+        from app.server.launcher import resolve_api_key
+        from app.ui.loadcheck_view import LoadCheckDialog
+
+        url = self.controller.url
+        if not url or self.controller.state != ServerState.READY:
+            self._message("Start or attach to a server first.")
+            return
+        profile = None if self.controller.attached else self.controller.profile
+        self.loadcheck_dialog = LoadCheckDialog(url, resolve_api_key(profile), self)  # kept: it runs on
+        self.loadcheck_dialog.show()
 
     def _on_attach(self) -> None:
         url, ok = QInputDialog.getText(self, "Attach to a server", "Server URL:", text="http://127.0.0.1:8080")
@@ -245,6 +261,9 @@ class MainWindow(QMainWindow):
         event.accept()
 
     async def shutdown(self) -> None:
+        dialog = getattr(self, "loadcheck_dialog", None)
+        if dialog is not None:
+            await dialog.aclose()
         for panel in self.extra_panels:
             closer = getattr(panel, "aclose", None)
             if closer:
