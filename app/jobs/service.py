@@ -392,7 +392,7 @@ class SessionService:
         if self._closed:
             return
         ev = getattr(item, "event", item)
-        self.watcher.feed(ev)
+        self.watcher.feed(item)  # the LogLine: its read time tells an earlier task's late lines apart
         record_prefill_sample(self.catalog, self.profile_name, ev)
         if ev.slot is None or ev.task is None or ev.task < 0:
             return

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -53,6 +54,9 @@ class Expectation:
     full_reprocess: bool = False
     checkpoint: dict | None = None
     cached_first: int | None = None
+    # when the restore was registered: the server's log reaches us in batches from a
+    # reader thread, so lines of an earlier task can arrive after it; they are not this one's
+    since: float = field(default_factory=time.time)
     prompt_ms: float | None = None
     prompt_n: int | None = None
     events: list[str] = field(default_factory=list)
@@ -125,6 +129,9 @@ class ResumeWatcher:
             if ev.kind == Kind.NEW_PROMPT:
                 self._recent_sidecar.pop(slot, None)
             return None
+        at = getattr(item, "at", None)
+        if exp.task is None and isinstance(at, float) and at < exp.since:
+            return None  # read before the restore was registered: an earlier task's line
         if exp.task is None:
             if ev.kind == Kind.NEW_PROMPT:
                 exp.task = ev.task

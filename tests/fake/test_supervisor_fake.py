@@ -27,6 +27,15 @@ def profile(tmp_path):
                          parallel=2)
 
 
+async def wait_for_line(sup, text: str, timeout: float = 10.0) -> None:
+    """Wait until a log line containing ``text`` was delivered (event-driven, bounded)."""
+    if any(text in line for line in sup.log.tail(200)):
+        return
+    seen = asyncio.get_running_loop().create_future()
+    sup.on_line(lambda item: seen.done() or text not in item.event.line or seen.set_result(True))
+    await asyncio.wait_for(seen, timeout)
+
+
 def recorder(sup):
     states = []
     sup.on_state(lambda s, o: states.append(s))
@@ -45,7 +54,8 @@ async def test_start_reaches_ready_through_loading_and_stop_leaves_no_process(pr
         assert states[:3] == [ServerState.STARTING, ServerState.LOADING, ServerState.READY]
         pid = sup.pid
         assert find_leftover_server(pid_record_path("fake")).pid == pid
-        assert any("listening on" in line for line in sup.log.tail(50))
+        # the log reaches the buffer in batches from the reader thread: wait for the line
+        await wait_for_line(sup, "listening on")
     finally:
         await sup.aclose()
     assert states[-2:] == [ServerState.STOPPING, ServerState.STOPPED]

@@ -13,7 +13,7 @@ from app.jobs.service import SessionService
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.store.catalog import Catalog
-from tests.fake.test_supervisor_fake import FAKE, free_port
+from tests.fake.test_supervisor_fake import FAKE, free_port, wait_for_line
 
 PROMPT = " ".join(f"word{i}" for i in range(700))
 
@@ -48,6 +48,7 @@ async def test_a_resume_records_what_it_saved(tmp_path, monkeypatch, sidecar):
     try:
         async with LlamaClient(profile.url) as c:
             await c.completion(PROMPT, slot_id=0, n_predict=2)
+        await wait_for_line(sup, "prompt eval time")  # the fill's prefill rate is measured from it
         await svc.park(0, "chat")
     finally:
         await svc.aclose()

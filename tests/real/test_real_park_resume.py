@@ -41,7 +41,7 @@ def test_real_park_restart_resume(real_profile):
         rec = parked.record
         assert rec.n_tokens >= n_prompt and rec.n_tokens == read_state_header(rec.state_path).token_count
         assert rec.memory_kind == "sliding-window" and rec.sidecar_status == "missing"
-        assert len(rec.model_sha256) == 64 and rec.n_ctx_slot == 2048
+        assert rec.model_quick_id.startswith("q1:") and rec.n_ctx_slot == 2048
 
         plan, sup = await start_server(real_profile)
         try:

@@ -32,7 +32,9 @@ async def test_start_ready_crash_autorestart_stop(real_profile):
             assert (await c.health()).ok
             props = await c.props()
             assert props["total_slots"] == 2
-        assert any("listening on" in line for line in sup.log.tail(200))
+        from tests.fake.test_supervisor_fake import wait_for_line
+
+        await wait_for_line(sup, "listening on")
 
         # kill -9: Crashed with its outcome, then the auto-restart brings it back.
         first = sup.pid
