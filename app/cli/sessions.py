@@ -44,7 +44,7 @@ def add_commands(sub) -> None:
     add_key_option(ra)
     ra.set_defaults(run=lambda a: _run(cmd_resume_all, a))
 
-    ss = sub.add_parser("sessions", help="list, show, rename or delete parked sessions")
+    ss = sub.add_parser("sessions", help="list, show, rename or delete parked sessions; disk usage")
     ssa = ss.add_subparsers(dest="action", required=True)
     ls = ssa.add_parser("list", help="list sessions, most recent first")
     ls.add_argument("--profile", default=None)
@@ -53,9 +53,24 @@ def add_commands(sub) -> None:
     sh.add_argument("name")
     sh.add_argument("--profile", default=None)
     sh.add_argument("--json", action="store_true")
-    rm = ssa.add_parser("rm", help="delete a session: its catalog row, state file and sidecar")
-    rm.add_argument("name")
+    du = ssa.add_parser(
+        "du", help="disk usage per profile: sessions, state files and sidecars",
+        description="Disk usage of the parked sessions, one line per profile: 'profile X: N sessions, "
+                    "SIZE (state files Z, sidecars W)', then the total. Sidecars are looked at on disk first; "
+                    "a state file two sessions share counts once. The Sessions tab shows the same line "
+                    "under its table.")
+    du.add_argument("--profile", default=None, help="only this profile")
+    du.add_argument("--json", action="store_true", help="bytes per profile as JSON")
+    rm = ssa.add_parser(
+        "rm", help="delete a session (or every session older than N days): catalog row, state file, sidecar",
+        description="Delete one session by name, or with --older-than every session last parked more than "
+                    "DAYS days ago (in one profile with --profile). --older-than without --yes only lists "
+                    "what would go and the space it would free, and deletes nothing.")
+    rm.add_argument("name", nargs="?", help="the session to delete (not with --older-than)")
     rm.add_argument("--profile", default=None)
+    rm.add_argument("--older-than", type=float, default=None, metavar="DAYS",
+                    help="every session last parked more than DAYS days ago (fractions allowed)")
+    rm.add_argument("--yes", action="store_true", help="with --older-than: delete them (else: only list them)")
     rn = ssa.add_parser("rename", help="rename a session (the file keeps its name)")
     rn.add_argument("old")
     rn.add_argument("new")
@@ -192,6 +207,46 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+def _when(ts: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def _rm_older_than(args, catalog) -> int:
+    import time
+
+    from app.jobs.sessions import cutoff, delete_older_than, older_than, usage_of
+    from app.monitor.units import fmt_bytes
+
+    if args.name is not None:
+        raise CliError("give a session name or --older-than, not both", Exit.USAGE)
+    if args.older_than < 0:
+        raise CliError("--older-than: the number of days cannot be negative", Exit.USAGE)
+    now = time.time()
+    before = _when(cutoff(args.older_than, now))
+    where = f" in profile '{args.profile}'" if args.profile else ""
+    doomed = older_than(catalog, args.older_than, args.profile, now=now)
+    if not doomed:
+        print(f"no session{where} was parked before {before}")
+        return Exit.OK
+    for r in doomed:
+        print(f"  {r.name:<28} {r.profile:<16} parked {_when(r.updated_at)} "
+              f"{fmt_bytes(r.state_size + r.sidecar_size):>10}")
+    if not args.yes:
+        u = usage_of(doomed)
+        print(f"{u.sessions:,} session{'s' if u.sessions != 1 else ''}{where} parked before {before} would be "
+              f"deleted ({fmt_bytes(u.total_bytes)}): pass --yes to delete")
+        return Exit.OK
+    removed = delete_older_than(catalog, args.older_than, args.profile, now=now)
+    u = usage_of(removed)
+    print(f"deleted {u.sessions:,} session{'s' if u.sessions != 1 else ''}{where} parked before {before} "
+          f"({fmt_bytes(u.total_bytes)} freed)")
+    if len(removed) < len(doomed):
+        print(f"{len(doomed) - len(removed)} of them changed meanwhile (deleted or parked again) and were kept")
+    return Exit.OK
+
+
 def cmd_sessions(args) -> int:
     from app.jobs.sessions import delete_session, get_session, list_sessions, rename_session
 
@@ -204,9 +259,16 @@ def cmd_sessions(args) -> int:
                 return Exit.OK
             if not recs:
                 print("no parked sessions")
+            from app.core.verdict import format_duration
+
             for r in recs:
+                saved = format_duration(r.time_saved_s) if r.last_time_saved_s is not None else "-"
                 print(f"{r.name:<28} {r.profile:<16} {r.n_tokens:>8,} tok "
-                      f"{_mb(r.state_size + r.sidecar_size):>10}  sidecar {r.sidecar_status}")
+                      f"{_mb(r.state_size + r.sidecar_size):>10}  saved {saved:>8}  sidecar {r.sidecar_status}")
+            if recs:
+                total = sum(r.time_saved_s for r in recs)
+                print(f"time saved by resumes: {format_duration(total)} (tokens reused x the measured prefill "
+                      "rate; a resume that re-prefilled counts 0)")
             return Exit.OK
         if args.action == "show":
             r = get_session(catalog, args.name, args.profile, verify_hash=True)
@@ -228,7 +290,26 @@ def cmd_sessions(args) -> int:
             for k, v in rows:
                 print(f"{k + ':':<13}{v}")
             return Exit.OK
+        if args.action == "du":
+            from app.jobs.sessions import describe_usage, disk_usage, total_usage
+
+            usage = disk_usage(catalog, args.profile)
+            if args.json:
+                print(json.dumps({p: {**asdict(u), "total_bytes": u.total_bytes} for p, u in usage.items()},
+                                 indent=1, ensure_ascii=False))
+                return Exit.OK
+            if not usage:
+                print("no parked sessions" + (f" in profile '{args.profile}'" if args.profile else ""))
+            for p, u in usage.items():
+                print(describe_usage(p, u))
+            if len(usage) > 1:
+                print(describe_usage(None, total_usage(usage.values())))
+            return Exit.OK
+        if args.action == "rm" and args.older_than is not None:
+            return _rm_older_than(args, catalog)
         if args.action == "rm":
+            if args.name is None:
+                raise CliError("give the name of the session to delete, or --older-than DAYS", Exit.USAGE)
             removed = delete_session(catalog, args.name, args.profile)
             print(f"deleted '{args.name}'" + (f" ({', '.join(Path(p).name for p in removed)})" if removed else ""))
             return Exit.OK

@@ -93,8 +93,12 @@ class Sampler:
         task, self._task = self._task, None
         if task is None:
             return
-        if not task.done():
+        # Python 3.11's asyncio.wait_for can swallow a cancel that lands just as the
+        # awaited call completes (gh-86296): the loop then runs on. Cancel again until
+        # the task is really done.
+        while not task.done():
             task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
         try:
             await task
         except asyncio.CancelledError:

@@ -16,17 +16,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QInputDialog,
-                               QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton, QStyle, QTableView,
-                               QVBoxLayout, QWidget)
+from PySide6.QtCore import (QAbstractTableModel, QModelIndex, QRegularExpression, QSortFilterProxyModel, Qt, QTimer,
+                            QUrl, Signal)
+from PySide6.QtGui import QColor, QDesktopServices
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QFileDialog, QHBoxLayout, QHeaderView,
+                               QInputDialog, QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton, QStyle,
+                               QTableView, QVBoxLayout, QWidget)
 
 from app import paths
-from app.core.verdict import Verdict, VerdictKind
+from app.core.verdict import TIME_SAVED_HELP, Verdict, VerdictKind, format_duration
 from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
 from app.jobs.service import NeedsConfirmation, ServiceError, SessionService
-from app.jobs.sessions import list_sessions
+from app.jobs.sessions import (cutoff, delete_older_than, describe_usage, disk_usage, list_sessions, older_than,
+                               usage_of)
 from app.jobs.slots import Purpose, default_slot
 from app.monitor.slots import RestoredSlot, SlotRow
 from app.server.sidecar import SidecarStatus
@@ -46,7 +48,21 @@ SIDECAR_HELP = {
     "present, unverified": "A companion checkpoint file is there, in a format KV Valet cannot check.",
 }
 SLOTS_POLL_MS = 2000
-COLUMNS = ["Name", "Model", "Tokens", "Size", "Age", "Sidecar", "Last restore", "Verdict"]
+COLUMNS = ["Name", "Model", "Tokens", "Size", "Age", "Sidecar", "Last restore", "Time saved", "Verdict"]
+(COL_NAME, COL_MODEL, COL_TOKENS, COL_SIZE, COL_AGE, COL_SIDECAR, COL_RESTORE, COL_SAVED,
+ COL_VERDICT) = range(len(COLUMNS))
+#: The order a first click on a header sorts in: biggest, oldest and most recent restore first.
+FIRST_CLICK_ORDER = {COL_TOKENS: Qt.DescendingOrder, COL_SIZE: Qt.DescendingOrder, COL_AGE: Qt.DescendingOrder,
+                     COL_RESTORE: Qt.DescendingOrder, COL_SAVED: Qt.DescendingOrder}
+SORT_ROLE = int(Qt.UserRole) + 1  # numbers for numeric columns, case-folded text for the others
+FILTER_ROLE = int(Qt.UserRole) + 2  # column 0: name, model file, profile and verdict, for the filter box
+# Plain ints: looking up and comparing a PySide6 enum costs microseconds, and a sort or a
+# repaint of a thousand rows calls data() tens of thousands of times.
+_DISPLAY, _DECORATION, _TOOLTIP = int(Qt.DisplayRole), int(Qt.DecorationRole), int(Qt.ToolTipRole)
+_FOREGROUND, _ALIGNMENT = int(Qt.ForegroundRole), int(Qt.TextAlignmentRole)
+_INITIAL_SORT_ORDER = int(Qt.InitialSortOrderRole)
+_RIGHT = int((Qt.AlignRight | Qt.AlignVCenter).value)
+VERDICT_COLORS = {"HIT": "#1a7f37", "PARTIAL": "#8a5a00", "DISCARDED": "#b00020"}
 
 
 def _age(ts: float | None) -> str:
@@ -67,16 +83,74 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+class _Row:
+    """What the table shows of one record, worked out once per change of the record
+    (a repaint of a thousand rows asks for these many times)."""
+
+    __slots__ = ("cells", "sort", "haystack", "color")
+
+    def __init__(self, r: SessionRecord):
+        model = Path(r.model_path).name
+        size = r.state_size + r.sidecar_size
+        verdict = str(r.last_verdict) if r.last_verdict else ""
+        saved = format_duration(r.time_saved_s) if r.time_saved_s or r.last_time_saved_s is not None else "-"
+        self.cells = (r.name, model or "-", f"{r.n_tokens:,}", _size(size), None,
+                      r.sidecar_status + (f" ({r.sidecar_count})" if r.sidecar_count else ""), None,
+                      saved, verdict or "-")
+        self.sort = (r.name.casefold(), model.casefold(), r.n_tokens, float(size), -float(r.updated_at or 0.0),
+                     str(r.sidecar_status), -1.0 if r.last_restore_ms is None else float(r.last_restore_ms),
+                     float(r.time_saved_s or 0.0), verdict.casefold())
+        self.haystack = "  ".join((r.name, model, r.profile, verdict))
+        self.color = QColor(VERDICT_COLORS.get(verdict, "#666666")) if verdict else None
+
+
 class SessionsModel(QAbstractTableModel):
+    """The sessions, in the catalog's order (most recently parked first).
+
+    :meth:`set_records` changes only what changed: nothing when a refresh finds
+    the same records (selection, scroll position and sort stay as they are), the
+    changed rows when the same sessions are listed in the same order, and a
+    reset otherwise. The view sorts and filters through a
+    :class:`QSortFilterProxyModel` (``SORT_ROLE``, ``FILTER_ROLE``).
+    """
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.records: list[SessionRecord] = []
+        self._rows: list[_Row] = []
         self.icon_for: dict = {}  # sidecar status -> QIcon, set by the panel from its style
 
-    def set_records(self, records: list[SessionRecord]) -> None:
+    def set_records(self, records: list[SessionRecord]) -> bool:
+        """Show ``records``; False when they are what is shown already."""
+        records = list(records)
+        if records == self.records:
+            return False
+        if [r.id for r in records] == [r.id for r in self.records]:
+            last = len(COLUMNS) - 1
+            for i, (old, new) in enumerate(zip(self.records, records)):
+                if old != new:
+                    self.records[i] = new
+                    self._rows[i] = _Row(new)
+                    self.dataChanged.emit(self.index(i, 0), self.index(i, last))
+            return True
         self.beginResetModel()
-        self.records = list(records)
+        self.records = records
+        self._rows = [_Row(r) for r in records]
         self.endResetModel()
+        return True
+
+    def row_of(self, *, session_id: int | None = None, name: str | None = None,
+               profile: str | None = None) -> int | None:
+        """The row of a session (by id, or by name and, if given, profile); None if not listed."""
+        for i, r in enumerate(self.records):
+            if (r.id == session_id if session_id is not None else
+                    r.name == name and (profile is None or r.profile == profile)):
+                return i
+        return None
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
         return 0 if parent.isValid() else len(self.records)
@@ -85,46 +159,87 @@ class SessionsModel(QAbstractTableModel):
         return len(COLUMNS)
 
     def headerData(self, section, orientation, role=Qt.DisplayRole):  # noqa: N802
-        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
-            return COLUMNS[section]
+        if orientation == Qt.Horizontal:
+            if role == _DISPLAY:
+                return COLUMNS[section]
+            if role == _INITIAL_SORT_ORDER:
+                return FIRST_CLICK_ORDER.get(section, Qt.AscendingOrder).value  # an int, as Qt reads it
+            if role == _TOOLTIP and section == COL_AGE:
+                return "Time since the session was last parked (or renamed)."
+            if role == _TOOLTIP and section == COL_SAVED:
+                return TIME_SAVED_HELP
         return None
 
-    def data(self, index: QModelIndex, role=Qt.DisplayRole) -> Any:
-        if not index.isValid():
+    def data(self, index: QModelIndex, role: int = _DISPLAY) -> Any:
+        row, col = index.row(), index.column()
+        if row < 0:
             return None
-        r = self.records[index.row()]
-        col = COLUMNS[index.column()]
-        if role == Qt.DisplayRole:
-            return {
-                "Name": r.name,
-                "Model": Path(r.model_path).name or "-",
-                "Tokens": f"{r.n_tokens:,}",
-                "Size": _size(r.state_size + r.sidecar_size),
-                "Age": _age(r.created_at),
-                "Sidecar": r.sidecar_status + (f" ({r.sidecar_count})" if r.sidecar_count else ""),
-                "Last restore": (f"{r.last_restore_ms:,.0f} ms, {_age(r.last_restore_at)}"
-                                 if r.last_restore_ms is not None else "never"),
-                "Verdict": r.last_verdict or "-",
-            }[col]
-        if role == Qt.ToolTipRole:
-            if col == "Sidecar":
+        if role == SORT_ROLE:
+            return self._rows[row].sort[col]
+        if role == _DISPLAY:
+            text = self._rows[row].cells[col]
+            if text is None:  # relative times: worked out when shown, so they do not go stale
+                r = self.records[row]
+                if col == COL_AGE:
+                    return _age(r.updated_at)
+                return (f"{r.last_restore_ms:,.0f} ms, {_age(r.last_restore_at)}"
+                        if r.last_restore_ms is not None else "never")
+            return text
+        if role == FILTER_ROLE:
+            return self._rows[row].haystack
+        if role == _DECORATION:
+            return self.icon_for.get(self.records[row].sidecar_status) if col == COL_SIDECAR else None
+        if role == _FOREGROUND:
+            return self._rows[row].color if col == COL_VERDICT else None
+        if role == _ALIGNMENT:
+            return _RIGHT if col in (COL_TOKENS, COL_SIZE, COL_SAVED) else None
+        if role == _TOOLTIP:
+            r = self.records[row]
+            if col == COL_SIDECAR:
                 return f"{SIDECAR_HELP.get(r.sidecar_status, '')}\n\n{r.sidecar_reason}".strip()
-            if col == "Verdict":
+            if col == COL_VERDICT:
                 return r.last_verdict_reason or "No query judged since the last resume."
-            if col == "Model":
+            if col == COL_SAVED:
+                last = ("the last resume re-prefilled: it saved nothing" if r.last_time_saved_s == 0 else
+                        f"the last resume saved {format_duration(r.last_time_saved_s)}"
+                        if r.last_time_saved_s is not None else "no resume judged yet")
+                return f"{last}.\n\n{TIME_SAVED_HELP}"
+            if col == COL_MODEL:
                 return f"{r.model_path}\nKV cache: K {r.cache_type_k}, V {r.cache_type_v}; {r.memory_kind}"
-            if col == "Name":
-                return str(r.state_path)
-        if role == Qt.DecorationRole and col == "Sidecar":
-            return self.icon_for.get(r.sidecar_status)
-        if role == Qt.ForegroundRole and col == "Verdict" and r.last_verdict:
-            from PySide6.QtGui import QColor
-
-            return QColor({"HIT": "#1a7f37", "PARTIAL": "#8a5a00", "DISCARDED": "#b00020"}.get(r.last_verdict,
-                                                                                               "#666666"))
-        if role == Qt.TextAlignmentRole and col in ("Tokens", "Size"):
-            return int(Qt.AlignRight | Qt.AlignVCenter)
+            if col == COL_NAME:
+                return f"{r.state_path}\nprofile {r.profile}"
+            if col == COL_AGE:
+                return f"parked {_when(r.updated_at)}" + (
+                    f", first parked {_when(r.created_at)}" if r.created_at and r.created_at < r.updated_at else "")
         return None
+
+
+class ShownSessions(QSortFilterProxyModel):
+    """The sessions as the table shows them: filtered by the filter box, sorted by the
+    clicked header (``SORT_ROLE``), else in the catalog's order."""
+
+    def __init__(self, source: SessionsModel, parent=None):
+        super().__init__(parent)
+        self.setSourceModel(source)
+        self.setSortRole(SORT_ROLE)
+        self.setFilterRole(FILTER_ROLE)
+        self.setFilterKeyColumn(0)
+        self.setDynamicSortFilter(True)
+
+    def record(self, row: int) -> SessionRecord | None:
+        """The session shown in view row ``row``."""
+        source = self.mapToSource(self.index(row, 0))
+        return self.sourceModel().records[source.row()] if source.isValid() else None
+
+    @property
+    def records(self) -> list[SessionRecord]:
+        """The sessions shown, top to bottom."""
+        return [self.record(i) for i in range(self.rowCount())]
+
+
+def filter_pattern(text: str) -> str:
+    """The filter box's text as a regular expression: every word must appear, in any order."""
+    return "".join(f"(?=.*{QRegularExpression.escape(w)})" for w in text.split())
 
 
 class SessionsPanel(QWidget):
@@ -143,7 +258,10 @@ class SessionsPanel(QWidget):
         self.controller = None
         # confirm(title, text) -> bool or awaitable bool; a test may replace the dialog.
         self.confirm = confirm or self._ask
+        # ask_days() -> int or None (or awaitable): "Delete older than…"'s first question; a test may replace it.
+        self.ask_days = self._ask_days
         self.question_box: QMessageBox | None = None
+        self.days_dialog: QInputDialog | None = None
         self.report_dialog = None
         self._rows: list[SlotRow] = []
         self._reading_slots = False
@@ -162,15 +280,46 @@ class SessionsPanel(QWidget):
 
     # -- layout -----------------------------------------------------------
     def _build(self) -> None:
-        self.model = SessionsModel(self)
+        self.source_model = SessionsModel(self)
+        style = self.style()
+        icons = {SidecarStatus.PRESENT_VALID: QStyle.SP_DialogApplyButton,
+                 SidecarStatus.MISSING: QStyle.SP_MessageBoxWarning,
+                 SidecarStatus.INVALID: QStyle.SP_MessageBoxCritical,
+                 SidecarStatus.NOT_NEEDED: QStyle.SP_MessageBoxInformation}
+        self.source_model.icon_for = {k: style.standardIcon(v) for k, v in icons.items()}
+        # The table shows the sessions through a proxy that filters and sorts: ``self.model``
+        # is what the table shows (its rows are the view's rows), ``self.source_model`` every
+        # session listed; selected()/select() map between them.
+        self.model = ShownSessions(self.source_model, self)
         self.table = QTableView()
         self.table.setModel(self.model)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.verticalHeader().setSectionResizeMode(QHeaderView.Fixed)  # no row measures every cell
+        self.table.setWordWrap(False)
+        header = self.table.horizontalHeader()
+        # Fit the columns to what is on screen, not to every one of a thousand rows each time they change.
+        header.setSectionResizeMode(QHeaderView.ResizeToContents)
+        header.setResizeContentsPrecision(0)
+        header.setStretchLastSection(True)
+        header.setSortIndicatorClearable(True)  # a third click goes back to "most recently parked first"
+        header.setSortIndicator(-1, Qt.AscendingOrder)
+        self.table.setSortingEnabled(True)  # a click on a header sorts by that column
         self.table.doubleClicked.connect(lambda _i: self._on_resume())
+
+        self.filter = QLineEdit(placeholderText="Filter by name, model file, profile or verdict")
+        self.filter.setClearButtonEnabled(True)
+        self.filter.setToolTip("Shows the sessions whose name, model file, profile or last verdict contain every "
+                               "word typed here (any case, any order).")
+        self.filter.textChanged.connect(self._on_filter)
+        self.shown_label = QLabel("")
+        self.usage_label = _wrapping_label()
+        self.usage_label.setText("No parked sessions.")
+        self.usage_label.setToolTip("Disk space of the parked sessions: their state files and checkpoint sidecars.")
+        self.delete_old_button = QPushButton("Delete older than…")
+        self.delete_old_button.setToolTip("Delete the sessions last parked more than a number of days ago, with "
+                                          "their files (asks for the days, then confirms with the count and size).")
 
         self.slot = QComboBox()
         self.slot.setToolTip("The slot to park from, or to resume into. It follows the server's live /slots.")
@@ -218,15 +367,20 @@ class SessionsPanel(QWidget):
             top.addWidget(b)
         row2 = QHBoxLayout()
         for b in (self.resume_button, self.check_button, self.ab_button, self.history_button, self.rename_button,
-                  self.delete_button, self.folder_button, self.resume_all_button):
+                  self.delete_button, self.delete_old_button, self.folder_button, self.resume_all_button):
             row2.addWidget(b)
         row2.addStretch(1)
         row2.addWidget(self.queue_label)
         row2.addWidget(self.busy)
+        filter_row = QHBoxLayout()
+        filter_row.addWidget(self.filter, 1)
+        filter_row.addWidget(self.shown_label)
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(self.hint)
+        lay.addLayout(filter_row)
         lay.addWidget(self.table, 1)
+        lay.addWidget(self.usage_label)
         lay.addLayout(row2)
         lay.addWidget(self.message)
 
@@ -239,6 +393,7 @@ class SessionsPanel(QWidget):
         self.history_button.clicked.connect(self._on_history)
         self.rename_button.clicked.connect(self._on_rename)
         self.delete_button.clicked.connect(self._on_delete)
+        self.delete_old_button.clicked.connect(lambda: self.spawn(self.delete_older()))
         self.folder_button.clicked.connect(self._on_folder)
         self.resume_all_button.clicked.connect(lambda: self.spawn(self.resume_planned()))
 
@@ -248,21 +403,32 @@ class SessionsPanel(QWidget):
         return self.service.profile_name if self.service else None
 
     def refresh(self) -> None:
+        """Show the catalog's sessions as they are now; the table changes only where they changed."""
         if self._closed:
             return
         selected = self.selected()
         # each sidecar is looked at again on disk: a removed or replaced one shows as such
         records = self.service.sessions() if self.service else list_sessions(self.catalog)
         self._verify_hashes_later(records)
-        self.model.set_records(records)
-        style = self.style()
-        icons = {SidecarStatus.PRESENT_VALID: QStyle.SP_DialogApplyButton,
-                 SidecarStatus.MISSING: QStyle.SP_MessageBoxWarning,
-                 SidecarStatus.INVALID: QStyle.SP_MessageBoxCritical,
-                 SidecarStatus.NOT_NEEDED: QStyle.SP_MessageBoxInformation}
-        self.model.icon_for = {k: style.standardIcon(v) for k, v in icons.items()}
-        if selected:
-            self.select(selected.name)
+        if not self.source_model.set_records(records):
+            return
+        self._show_usage()
+        self._show_counts()
+        if selected is not None and self.selected() is None:  # the model was reset: select it again
+            self.select(selected.name, selected.profile, session_id=selected.id)
+
+    def _show_usage(self) -> None:
+        usage = disk_usage(self.catalog, records=self.source_model.records)
+        self.usage_label.setText("; ".join(describe_usage(p, u) for p, u in usage.items()) or "No parked sessions.")
+
+    def _show_counts(self) -> None:
+        shown, total = self.model.rowCount(), self.source_model.rowCount()
+        self.shown_label.setText(f"{shown:,} of {total:,} shown" if self.filter.text().strip() else "")
+
+    def _on_filter(self, text: str) -> None:
+        self.model.setFilterRegularExpression(QRegularExpression(filter_pattern(text),
+                                                                 QRegularExpression.CaseInsensitiveOption))
+        self._show_counts()
 
     def _verify_hashes_later(self, records) -> None:
         """PKCL v2 sidecars: hash their state files off the GUI thread, once per change."""
@@ -285,14 +451,27 @@ class SessionsPanel(QWidget):
         self.spawn(run())
 
     def selected(self) -> SessionRecord | None:
+        """The session of the selected row (a view row, mapped to the listed records)."""
         rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
-        return self.model.records[rows[0].row()] if rows else None
+        if not rows:
+            return None
+        return self.model.record(rows[0].row())
 
-    def select(self, name: str) -> None:
-        for i, r in enumerate(self.model.records):
-            if r.name == name:
-                self.table.selectRow(i)
-                return
+    def index_of(self, name: str, profile: str | None = None, *, session_id: int | None = None) -> QModelIndex:
+        """The view's index (column 0) of a session's row; invalid when it is not listed or filtered out."""
+        row = self.source_model.row_of(session_id=session_id, name=name, profile=profile)
+        if row is None:
+            return QModelIndex()
+        return self.model.mapFromSource(self.source_model.index(row, 0))
+
+    def select(self, name: str, profile: str | None = None, *, session_id: int | None = None) -> bool:
+        """Select a session's row and scroll to it; False when it is not shown (e.g. filtered out)."""
+        index = self.index_of(name, profile, session_id=session_id)
+        if not index.isValid():
+            return False
+        self.table.selectRow(index.row())
+        self.table.scrollTo(index)
+        return True
 
     # -- server -----------------------------------------------------------
     def attach(self, controller) -> None:
@@ -706,6 +885,76 @@ class SessionsPanel(QWidget):
             return False
         self._say(f"Deleted '{name}' ({len(removed)} files).", label="Delete")
         return True
+
+    async def delete_older(self) -> list[SessionRecord] | None:
+        """'Delete older than…': ask the days, confirm with the count and the space, delete.
+
+        The sessions listed (this server's profile when connected, else all)
+        last parked before the cutoff go, each as a single delete does it.
+        Returns those deleted; None when the user cancelled.
+        """
+        self.delete_old_button.setEnabled(False)  # one clean-up at a time
+        try:
+            return await self._delete_older()
+        finally:
+            if not self._closed:
+                self.delete_old_button.setEnabled(True)
+
+    async def _delete_older(self) -> list[SessionRecord] | None:
+        label = "Delete older"
+        days = self.ask_days()
+        if inspect.isawaitable(days):
+            days = await days
+        if days is None or self._closed:
+            return None
+        profile, now = self.profile_name, time.time()
+        before = _when(cutoff(days, now))
+        doomed = older_than(self.catalog, days, profile, now=now)
+        if not doomed:
+            self._say(f"No session was parked before {before}: nothing to delete.", label=label)
+            return []
+        u = usage_of(doomed)
+        plural = "s" if u.sessions != 1 else ""
+        if not await self._confirmed("Delete older sessions", f"Delete {u.sessions:,} session{plural} "
+                                     f"({_size(u.total_bytes)}) parked before {before}?\n\nTheir state files "
+                                     "and sidecars are removed from disk."
+                                     + ("\n\nThe filter does not apply: this counts every session listed."
+                                        if self.filter.text().strip() else "")):
+            self._say(f"{label}: cancelled.", label=label)
+            return None
+        try:
+            # off the GUI thread: unlinking a thousand multi-GB files takes a while on some filesystems
+            removed = await asyncio.to_thread(delete_older_than, self.catalog, days, profile, now=now)
+        except (CatalogError, OSError) as e:
+            self._on_service_changed()
+            self._say(f"{label}: {e}", ok=False, label=label)
+            return None
+        self._on_service_changed()
+        freed = usage_of(removed)
+        kept = len(doomed) - len(removed)
+        self._say(f"Deleted {freed.sessions:,} session{'s' if freed.sessions != 1 else ''} parked before {before} "
+                  f"({_size(freed.total_bytes)} freed)."
+                  + (f" {kept} changed meanwhile and were kept." if kept else ""), label=label)
+        return removed
+
+    async def _ask_days(self) -> int | None:
+        """The number of days for 'Delete older than…' (None: cancelled), without a nested event loop."""
+        dlg = QInputDialog(self)
+        dlg.setWindowTitle("Delete older sessions")
+        dlg.setLabelText("Delete the sessions last parked more than this many days ago:")
+        dlg.setInputMode(QInputDialog.IntInput)
+        dlg.setIntRange(0, 36500)
+        dlg.setIntValue(30)
+        fut = asyncio.get_running_loop().create_future()
+        dlg.finished.connect(lambda r: fut.done() or fut.set_result(
+            dlg.intValue() if r == QDialog.Accepted else None))
+        self.days_dialog = dlg
+        dlg.open()  # not exec(): see _ask
+        try:
+            return await fut
+        finally:
+            self.days_dialog = None
+            dlg.deleteLater()
 
     def _on_folder(self) -> None:
         rec = self.selected()

@@ -145,6 +145,10 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
         assert panel.model.records[0].last_verdict == "HIT"
         # the prefill it avoided, at the rate measured from the first fill, shows in the status bar
         assert panel.model.records[0].time_saved_s > 0
+        from app.ui.sessions_panel import COL_SAVED
+
+        saved_cell = panel.model.index(0, COL_SAVED)
+        assert panel.model.data(saved_cell) != "-" and "saved" in panel.model.data(saved_cell, Qt.ToolTipRole)
         assert w.time_saved_label.text().startswith("Time saved by resumes: ")
         assert "cache_n" in w.time_saved_label.toolTip()
         monitor_verdict = signal_future(w.monitor_panel.sig_snapshot, lambda snap: any(

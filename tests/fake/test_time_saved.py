@@ -69,6 +69,12 @@ async def test_a_resume_records_what_it_saved(tmp_path, monkeypatch, sidecar):
         await sup.aclose()
         cat.close()
     assert rate  # measured from the first fill's prompt
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "app.cli", "sessions", "list"], capture_output=True, text=True,
+                         timeout=60).stdout
+    assert "time saved by resumes:" in out and " saved " in out
     if sidecar:
         assert v.kind is VerdictKind.HIT
         assert rec.last_time_saved_s == pytest.approx(v.cache_n / rate) and rec.time_saved_s > 0
