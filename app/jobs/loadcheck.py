@@ -396,8 +396,10 @@ async def run_load_check(client, *, streams: int, seconds: float, stall_ms: floa
     async def worker(rec: StreamRecorder) -> None:
         nonlocal n_errors
         text = stream_prompt(rec.index, prompt)
+        retried = False
         while time.perf_counter() < deadline and not cancel.is_set():
             rec.start_request(time.perf_counter())
+            got_token = False
             try:
                 async with aclosing(client.stream_completion(
                         text, slot_id=-1, n_predict=n_predict, cache_prompt=True,
@@ -406,10 +408,17 @@ async def run_load_check(client, *, streams: int, seconds: float, stall_ms: floa
                         now = time.perf_counter()
                         count = _token_count(event)
                         if count:
+                            got_token = True
                             rec.token(now, count)
                         # read on past the "stop" event to the end of the body: the
                         # connection then goes back to the pool for the next request
+                retried = False
             except ServerUnreachable as e:
+                if not got_token and not retried:
+                    # A pooled keep-alive connection the server had just closed ("disconnected
+                    # without sending a response"): nothing was generated, so ask once more.
+                    retried = True
+                    continue
                 rec.errors += 1
                 n_errors += 1
                 if len(errors) < MAX_ERRORS_KEPT:
