@@ -89,11 +89,16 @@ class LogBuffer:
         return item
 
     def since(self, seq: int) -> list[LogLine]:
+        """The lines after ``seq``, oldest first; costs the new lines only (read from the end)."""
         if not self._lines or seq >= self.seq:
             return []
-        first = self._lines[0].seq
-        start = max(0, seq + 1 - first)
-        return list(self._lines)[start:]
+        out = []
+        for item in reversed(self._lines):
+            if item.seq <= seq:
+                break
+            out.append(item)
+        out.reverse()
+        return out
 
     def tail(self, n: int) -> list[str]:
         return [item.event.line for item in list(self._lines)[-n:]]

@@ -24,7 +24,7 @@ CACHE_KINDS = {Kind.FULL_REPROCESS, Kind.CHECKPOINT_RESTORED, Kind.CHECKPOINT_CR
                Kind.PROMPT_CACHE_UPDATE, Kind.SIDECAR_SAVED, Kind.SIDECAR_RESTORED, Kind.SIDECAR_WRITE_FAILED,
                Kind.PROMPT_EVAL}
 MAX_LINES_SHOWN = 5000
-MAX_LINES_PER_TICK = 250  # at 100 ms a tick: 2,500 lines/s on screen; more is skipped (all are in the file)
+MAX_LINES_PER_TICK = 100  # at 100 ms a tick: 1,000 lines/s on screen; more is skipped (all are in the file)
 
 
 class LogPanel(QWidget):
@@ -92,8 +92,7 @@ class LogPanel(QWidget):
         self._buffer = buffer
         self._seq = 0
         self.lines_skipped = 0
-        self.view.clear()
-        self.pull()
+        self._rebuild()  # what the buffer holds already, at once (the per-tick cap is for new lines)
 
     def _accept(self, item: LogLine) -> bool:
         mode = LEVELS[self.level.currentIndex()][1]
@@ -141,9 +140,12 @@ class LogPanel(QWidget):
         if self._buffer is None:
             return
         items = self._buffer.since(0)[-MAX_LINES_SHOWN * 4:]
+        self._seq = self._buffer.seq
         shown = [it.event.line for it in items if self._accept(it)][-MAX_LINES_SHOWN:]
         if shown:
             self._append("\n".join(shown))
+            self.lines_shown += len(shown)
+            self.sig_lines_shown.emit(self.lines_shown)
 
     def shown_text(self) -> str:
         return self.view.toPlainText()

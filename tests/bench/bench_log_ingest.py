@@ -82,9 +82,9 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
 
-    from app.ui.app import GIL_SWITCH_INTERVAL_S
+    from app.ui.app import tune_runtime
 
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as the app sets it
+    tune_runtime()  # the GIL switch interval and GC thresholds the app sets
     app = QApplication([])
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
