@@ -16,6 +16,10 @@ def add_commands(sub) -> None:
                                       "(Ctrl-C stops it)")
     sv.add_argument("profile")
     sv.add_argument("--quiet", action="store_true", help="do not echo the server log")
+    sv.add_argument("--park-timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="on SIGTERM, SIGHUP or Ctrl-C, park every slot that holds tokens before stopping, "
+                         "for at most this long (default 120); a second signal stops at once")
+    sv.add_argument("--no-park", action="store_true", help="stop without parking the slots")
     sv.set_defaults(run=lambda args: asyncio.run(cmd_serve(args)))
 
 
@@ -59,9 +63,15 @@ async def cmd_serve(args) -> int:
     sup.on_state(lambda s, o: print(f"[kv-valet] server {s.value}" + (f": {o.summary()}" if o and s in
                                     (ServerState.CRASHED,) else ""), file=sys.stderr, flush=True))
     stop = asyncio.Event()
+    now = asyncio.Event()  # a second signal: stop without waiting for the parks
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+    def on_signal() -> None:
+        (now if stop.is_set() else stop).set()
+
+    # A logout, a reboot (systemd stops the unit) and Ctrl-C all end here: park first.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_signal)
     print(f"[kv-valet] {' '.join(plan.argv[:1])} … (profile '{profile.name}', {plan.url})", file=sys.stderr)
     try:
         await sup.start()
@@ -70,7 +80,7 @@ async def cmd_serve(args) -> int:
         await sup.aclose()
         catalog.close()
         return EXIT_FAIL
-    print(f"[kv-valet] ready at {plan.url}; Ctrl-C stops the server", file=sys.stderr)
+    print(f"[kv-valet] ready at {plan.url}; Ctrl-C parks the slots and stops the server", file=sys.stderr)
     ended = asyncio.Event()  # the server ended by itself (crash, or stopped by another tool)
     sup.on_state(lambda s, o: ended.set() if (s == ServerState.CRASHED and not profile.auto_restart)
                  or (s == ServerState.STOPPED and not stop.is_set()) else None)
@@ -78,6 +88,8 @@ async def cmd_serve(args) -> int:
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for w in waiters:
         w.cancel()
+    if stop.is_set() and not args.no_park and sup.state == ServerState.READY:
+        await park_before_stop(profile, plan, sup, catalog, args.park_timeout, now)
     outcome, final_state = sup.outcome, sup.state
     await sup.aclose()
     catalog.close()
@@ -89,3 +101,45 @@ async def cmd_serve(args) -> int:
         return EXIT_OK
     print("[kv-valet] server stopped", file=sys.stderr)
     return EXIT_OK
+
+
+async def park_before_stop(profile, plan, sup, catalog, timeout: float, now: asyncio.Event) -> None:
+    """Park every slot that holds tokens (and write the resume plan) before the server
+    stops: at most ``timeout`` seconds, and not at all once ``now`` is set."""
+    import time
+
+    from app.jobs.park import describe
+    from app.jobs.service import ServiceError, SessionService
+
+    print("[kv-valet] parking the slots before stopping (a second signal stops at once)", file=sys.stderr,
+          flush=True)
+
+    async def park() -> None:
+        svc = await SessionService.connect(catalog, url=plan.url, profile=profile, build=plan.build,
+                                           log_buffer=sup.log, stopper=sup.stop)
+        try:
+            outcome = await svc.park_all_and_stop(f"{time.strftime('%Y-%m-%d %H-%M')} at stop", stop_if_failed=True)
+        finally:
+            await svc.aclose()
+        if not outcome.results:
+            print("[kv-valet] no slot holds tokens: nothing to park", file=sys.stderr)
+        for r in outcome.results:
+            print(f"[kv-valet] {describe(r)}", file=sys.stderr)
+        if outcome.plan:
+            print(f"[kv-valet] 'kv-valet resume-all {profile.name}' (or Resume all in the window) puts them back",
+                  file=sys.stderr, flush=True)
+
+    task = asyncio.ensure_future(park())
+    interrupt = asyncio.ensure_future(now.wait())
+    try:
+        done, _ = await asyncio.wait({task, interrupt}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            why = "a second signal" if interrupt in done else f"the {timeout:g} s limit"
+            print(f"[kv-valet] parking interrupted by {why}: stopping now", file=sys.stderr, flush=True)
+        elif task.exception() is not None:
+            e = task.exception()
+            print(f"[kv-valet] could not park: {e if isinstance(e, ServiceError) else repr(e)}", file=sys.stderr)
+    finally:
+        for t in (task, interrupt):
+            t.cancel()
+        await asyncio.gather(task, interrupt, return_exceptions=True)

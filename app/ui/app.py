@@ -95,6 +95,9 @@ def run_gui() -> int:
 
     # Ctrl-C in the terminal: close the window in order (the server is stopped).
     signal.signal(signal.SIGINT, lambda *_: window.close())
+    # A logout or a reboot: park the chats, then quit (a second signal quits at once).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: loop.call_soon_threadsafe(window.park_and_quit))
     with loop:
         loop.run_until_complete(_until_closed(window))
     return result["code"]

@@ -88,6 +88,8 @@ class MainWindow(QMainWindow):
         self.controller.sig_progress.connect(self._on_progress)
         self.controller.sig_plan.connect(self._on_plan)
         self.last_message = ""
+        self.quit_box: QMessageBox | None = None
+        self._park_interrupted = asyncio.Event()
         self._build_menu()
         self.reload_profiles()
         try:
@@ -243,22 +245,70 @@ class MainWindow(QMainWindow):
 
     # -- closing ----------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
-        """Normal quit never leaves an orphan server: stop it first."""
+        """Normal quit never leaves an orphan server, and offers to park the chats first."""
         if self.controller.owned and self.controller.state in (ServerState.READY, ServerState.LOADING,
                                                                ServerState.STARTING) \
                 and not getattr(self, "_closing", False):
-            if not getattr(self, "confirm_quit", True) or QMessageBox.question(
-                    self, "Quit KV Valet", "Quitting stops the server; live slots that are not parked are lost. "
-                    "Quit?", QMessageBox.Yes | QMessageBox.Cancel) == QMessageBox.Yes:
-                self._closing = True
-                event.ignore()
-                task = asyncio.ensure_future(self.shutdown())
-                task.add_done_callback(lambda t: self.close())
-                return
             event.ignore()
+            if not getattr(self, "confirm_quit", True):
+                self._quit(park=False)
+            elif self.quit_box is None:
+                self._ask_quit()
             return
         self.sig_closed.emit()
         event.accept()
+
+    def _ask_quit(self) -> None:
+        """Park all & quit / Quit / Cancel, asked without a nested event loop (open(), not exec())."""
+        box = QMessageBox(QMessageBox.Question, "Quit KV Valet",
+                          "Quitting stops the server. Slots that are not parked lose their chats; "
+                          "\"Park all & quit\" saves every slot that holds tokens first, and the next start "
+                          "offers to resume them.", QMessageBox.NoButton, self)
+        self.quit_park_button = box.addButton("Park all && quit", QMessageBox.AcceptRole)
+        self.quit_button = box.addButton("Quit", QMessageBox.DestructiveRole)
+        box.addButton(QMessageBox.Cancel)
+        box.setDefaultButton(self.quit_park_button)
+
+        def answered(_result) -> None:
+            clicked = box.clickedButton()
+            self.quit_box = None
+            box.deleteLater()
+            if clicked is self.quit_park_button:
+                self._quit(park=True)
+            elif clicked is self.quit_button:
+                self._quit(park=False)
+
+        box.finished.connect(answered)
+        self.quit_box = box
+        box.open()
+
+    def _quit(self, park: bool) -> None:
+        if getattr(self, "_closing", False):
+            return
+        self._closing = True
+        task = asyncio.ensure_future(self.park_then_shutdown() if park else self.shutdown())
+        task.add_done_callback(lambda t: self.close())
+
+    def park_and_quit(self) -> None:
+        """SIGTERM / SIGHUP (a logout, a reboot): park every slot, then quit. A second one quits at once."""
+        if getattr(self, "_closing", False):
+            self._park_interrupted.set()
+            return
+        self._quit(park=True)
+
+    async def park_then_shutdown(self, timeout: float = 120.0) -> None:
+        """Park every slot that holds tokens (bounded by ``timeout`` and by a second signal),
+        write the resume plan, then stop the server and close the panels."""
+        sessions = getattr(self, "sessions_panel", None)
+        if sessions is not None and self.controller.owned and sessions.service is not None:
+            self._message("Parking every slot before quitting…")
+            park = asyncio.ensure_future(sessions.park_all_and_stop())
+            interrupt = asyncio.ensure_future(self._park_interrupted.wait())
+            await asyncio.wait({park, interrupt}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            for t in (park, interrupt):
+                t.cancel()
+            await asyncio.gather(park, interrupt, return_exceptions=True)
+        await self.shutdown()
 
     async def shutdown(self) -> None:
         dialog = getattr(self, "loadcheck_dialog", None)

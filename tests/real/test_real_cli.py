@@ -39,11 +39,48 @@ def test_serve_status_and_ctrl_c(real_profile):
         proc.send_signal(signal.SIGINT)
         rest = proc.stderr.read()
         assert proc.wait(timeout=60) == 0
-        assert "server stopped" in rest
+        assert "no slot holds tokens: nothing to park" in rest and "server stopped" in rest
         assert not server[0].is_running() or server[0].status() == psutil.STATUS_ZOMBIE
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sigterm_parks_the_filled_slot_then_stops(real_profile):
+    """A logout or reboot sends SIGTERM: the chat is parked, the server is gone, resume-all knows."""
+    import urllib.request
+
+    from app import paths
+    from app.jobs.resume_plan import load_resume_plan
+    from app.store.catalog import Catalog
+    from tests.real.helpers import TEXT
+
+    ProfileStore().save(real_profile)
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "real", "--quiet"],
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        for line in proc.stderr:
+            if "ready at" in line or "error" in line:
+                break
+        assert "ready at" in line, line
+        server = [c for c in psutil.Process(proc.pid).children(recursive=True) if "llama-server" in c.name()]
+        body = json.dumps({"prompt": TEXT, "id_slot": 0, "n_predict": 2}).encode()
+        req = urllib.request.Request(real_profile.url + "/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=120).read()
+
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "parked slot 0 as '" in rest and "resume-all real" in rest
+    assert not server[0].is_running() or server[0].status() == psutil.STATUS_ZOMBIE
+    with Catalog(paths.catalog_path()) as cat:
+        [rec] = cat.list("real")
+    assert rec.slot_id == 0 and rec.n_tokens > 600 and rec.state_path.is_file()
+    assert [(e.slot, e.session) for e in load_resume_plan("real")] == [(0, rec.name)]
 
 
 def test_profiles_import_and_show_mask_the_key(capsys):

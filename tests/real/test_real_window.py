@@ -31,9 +31,10 @@ def test_start_reaches_ready_and_a_kill_shows_its_cause(qtbot, qloop, real_profi
     assert seen[0] == "Starting" and "Ready" in seen
     assert "Server Ready" in w.state_label.text() and real_profile.url in w.url_label.text()
     assert not w.profiles.start_button.isEnabled() and w.profiles.stop_button.isEnabled()
-    # The log panel follows the real server's log.
-    if w.log_panel.lines_shown == 0:
-        run(qloop, signal_future(w.log_panel.sig_lines_shown, lambda n: n > 0), 10)
+    # The log panel follows the real server's log (delivered in batches: wait for the line).
+    if "listening on" not in w.log_panel.shown_text():
+        run(qloop, signal_future(w.log_panel.sig_lines_shown,
+                                 lambda n: "listening on" in w.log_panel.shown_text()), 10)
     assert "listening on" in w.log_panel.shown_text()
 
     crashed = signal_future(w.controller.sig_crashed)
@@ -125,3 +126,53 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
         await w.shutdown()
 
     run(qloop, scenario(), 240)
+
+
+def test_park_all_and_quit_from_the_quit_dialog(qtbot, qloop, real_profile):
+    """Quit asks: "Park all & quit" parks the filled slot, stops the server, closes the window."""
+    import asyncio
+
+    import psutil
+    from PySide6.QtCore import Qt
+
+    from app import paths
+    from app.jobs.resume_plan import load_resume_plan
+    from app.server.client import LlamaClient
+    from app.store.catalog import Catalog
+    from app.ui.wiring import attach_panels
+    from tests.real.helpers import TEXT
+
+    from PySide6.QtWidgets import QApplication
+
+    store = ProfileStore()
+    store.save(real_profile)
+    w = MainWindow(store)
+    attach_panels(w)
+    qtbot.addWidget(w)
+    w.show()
+    w.profiles.set_profiles([real_profile], select="real")
+    QApplication.instance().setQuitOnLastWindowClosed(False)  # the test's loop outlives the window
+
+    async def scenario():
+        connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+        qtbot.mouseClick(w.profiles.start_button, Qt.LeftButton)
+        await asyncio.wait_for(connected, 120)
+        server_pid = w.controller.supervisor.pid
+        async with LlamaClient(real_profile.url) as c:
+            await c.completion(TEXT, slot_id=0, n_predict=2)
+        closed = signal_future(w.sig_closed)
+        w.close()  # the window's close button
+        assert w.quit_box is not None and w.quit_box.isVisible()
+        qtbot.mouseClick(w.quit_park_button, Qt.LeftButton)
+        await asyncio.wait_for(closed, 120)
+        return server_pid
+
+    try:
+        server_pid = run(qloop, scenario(), 240)
+    finally:
+        QApplication.instance().setQuitOnLastWindowClosed(True)
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+    with Catalog(paths.catalog_path()) as cat:
+        [rec] = cat.list("real")
+    assert rec.slot_id == 0 and rec.n_tokens > 600 and rec.state_path.is_file()
+    assert [(e.slot, e.session) for e in load_resume_plan("real")] == [(0, rec.name)]
