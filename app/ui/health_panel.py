@@ -9,7 +9,6 @@ checkpoints, slot selection), and applies a remedy when the user clicks it.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 
@@ -21,6 +20,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QMessageBox, QP
 from app.core.findings import Finding, Severity
 from app.jobs.cache_health import CacheHealth
 from app.server.supervisor import ServerState
+from app.ui.questions import AsksQuestions
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ COLUMNS = ["Time", "Slot", "Severity", "Finding", "Known from"]
 SEVERITY_COLOURS = {Severity.ERROR: "#b00020", Severity.WARNING: "#8a5a00", Severity.INFO: "#555555"}
 
 
-class HealthPanel(QWidget):
+class HealthPanel(AsksQuestions, QWidget):
     sig_findings = Signal(int, object)  # number of findings, worst Severity (None: none)
     sig_remedy_done = Signal(bool, str)  # ok, what happened
 
@@ -250,24 +250,6 @@ class HealthPanel(QWidget):
         finally:
             self.sessions.sig_service.disconnect(on_service)
 
-    async def _ask(self, title: str, text: str) -> bool:
-        box = QMessageBox(QMessageBox.Question, title, text, QMessageBox.Yes | QMessageBox.Cancel, self)
-        fut = asyncio.get_running_loop().create_future()
-        box.finished.connect(lambda _r: fut.done() or fut.set_result(
-            box.standardButton(box.clickedButton()) == QMessageBox.Yes))
-        self.question_box = box
-        box.open()  # not exec(): a nested loop would re-enter other tasks (see SessionsPanel._ask)
-        try:
-            return await fut
-        finally:
-            self.question_box = None
-            box.deleteLater()
-
-    async def _confirmed(self, title: str, text: str) -> bool:
-        answer = self.confirm(title, text)
-        if inspect.isawaitable(answer):
-            answer = await answer
-        return bool(answer)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -35,6 +35,7 @@ from app.server.sidecar import SidecarStatus
 from app.server.supervisor import ServerState
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 from app.store.profiles import ProfileStore
+from app.ui.questions import AsksQuestions
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ def filter_pattern(text: str) -> str:
     return "".join(f"(?=.*{QRegularExpression.escape(w)})" for w in text.split())
 
 
-class SessionsPanel(QWidget):
+class SessionsPanel(AsksQuestions, QWidget):
     sig_changed = Signal()  # the catalog changed (parked, resumed, renamed, deleted, judged)
     sig_done = Signal(str, bool, str)  # operation label, ok, message
     sig_restored = Signal(int, object)  # slot, RestoredSlot
@@ -963,29 +964,6 @@ class SessionsPanel(QWidget):
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
 
     # -- questions -----------------------------------------------------------
-    async def _ask(self, title: str, text: str) -> bool:
-        """A question that does not block the event loop.
-
-        A modal ``exec()`` inside a coroutine would spin a nested Qt loop and make
-        qasync enter other tasks while this one runs; ``open()`` + a future does not.
-        """
-        box = QMessageBox(QMessageBox.Question, title, text, QMessageBox.Yes | QMessageBox.Cancel, self)
-        fut = asyncio.get_running_loop().create_future()
-        box.finished.connect(lambda _r: fut.done() or fut.set_result(
-            box.standardButton(box.clickedButton()) == QMessageBox.Yes))
-        self.question_box = box
-        box.open()
-        try:
-            return await fut
-        finally:
-            self.question_box = None
-            box.deleteLater()
-
-    async def _confirmed(self, title: str, text: str) -> bool:
-        answer = self.confirm(title, text)
-        if inspect.isawaitable(answer):
-            answer = await answer
-        return bool(answer)
 
     async def aclose(self) -> None:
         if self._closed:

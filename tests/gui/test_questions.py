@@ -1,0 +1,34 @@
+"""A question opens without a nested event loop: other tasks go on until the user answers."""
+
+import asyncio
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
+
+from app.ui.sessions_panel import SessionsPanel
+from tests.conftest import run
+
+pytestmark = pytest.mark.gui
+
+
+def test_the_question_box_does_not_block_the_loop(qtbot, qloop):
+    panel = SessionsPanel()
+    qtbot.addWidget(panel)
+
+    async def scenario():
+        ticks = []
+
+        async def ticker():
+            for i in range(3):
+                ticks.append(i)
+                await asyncio.sleep(0)
+
+        answer = asyncio.ensure_future(panel._confirmed("Resume session", "slot 1 holds 336 tokens"))
+        await asyncio.gather(ticker(), asyncio.sleep(0.05))
+        assert ticks == [0, 1, 2] and panel.question_box is not None and panel.question_box.isVisible()
+        qtbot.mouseClick(panel.question_box.button(QMessageBox.Yes), Qt.LeftButton)
+        assert await asyncio.wait_for(answer, 5) is True
+        await panel.aclose()
+
+    run(qloop, scenario(), 30)
