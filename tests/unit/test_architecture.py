@@ -127,7 +127,7 @@ def test_cli_commands_run_without_pyside6():
     import sys
 
     code = ("import sys; sys.modules['PySide6'] = None; import app.cli; "
-            "from app.cli import check, doctor, loadcheck, profiles, serve, sessions, status; "
+            "from app.cli import check, doctor, install, loadcheck, profiles, serve, sessions, status; "
             "app.cli.build_parser(); "
             "import app.jobs.service; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=APP.parent, timeout=60)
