@@ -56,6 +56,7 @@ class MainWindow(QMainWindow):
         splitter.addWidget(self.tabs)
         splitter.setStretchFactor(1, 1)
         splitter.setSizes([430, 850])
+        self.splitter = splitter
         self.setCentralWidget(splitter)
 
         self.state_label = QLabel()
@@ -91,6 +92,7 @@ class MainWindow(QMainWindow):
         self.quit_box: QMessageBox | None = None
         self._park_interrupted = asyncio.Event()
         self._build_menu()
+        self._restore_layout()
         self.reload_profiles()
         try:
             binary = find_server_binary("").path
@@ -113,9 +115,60 @@ class MainWindow(QMainWindow):
         menu.addSeparator()
         quit_action = menu.addAction("Quit")
         quit_action.triggered.connect(self.close)
+        # Keyboard shortcuts for what people do every day; each presses the button a click would.
+        session = self.menuBar().addMenu("S&ession")
+        for label, keys, button in (("Start the server", "F5", lambda: self.profiles.start_button),
+                                    ("Stop the server", "Shift+F5", lambda: self.profiles.stop_button),
+                                    ("Park the chosen slot", "Ctrl+P", lambda: self._panel_button("park_button")),
+                                    ("Resume the selected session", "Ctrl+R",
+                                     lambda: self._panel_button("resume_button"))):
+            action = session.addAction(label)
+            action.setShortcut(keys)
+            action.triggered.connect(lambda _=False, b=button: self._press(b()))
         help_menu = self.menuBar().addMenu("&Help")
         lifetime = help_menu.addAction("When does the server stop?")
         lifetime.triggered.connect(lambda: QMessageBox.information(self, "Server lifetime", SERVER_LIFETIME))
+
+    def _panel_button(self, name: str):
+        panel = getattr(self, "sessions_panel", None)
+        return getattr(panel, name, None) if panel is not None else None
+
+    def _press(self, button) -> None:
+        if button is not None and button.isEnabled():
+            tab = self._tab_of(button)  # show where the result appears (the Sessions tab for Park)
+            if tab is not None:
+                self.tabs.setCurrentWidget(tab)
+            button.click()
+
+    def _tab_of(self, widget):
+        for i in range(self.tabs.count()):
+            tab = self.tabs.widget(i)
+            if tab.isAncestorOf(widget):
+                return tab
+        return None
+
+    # -- the window as the user left it ---------------------------------------
+    def _layout_settings(self):
+        from PySide6.QtCore import QSettings
+
+        from app import paths
+
+        # a file of ours (not the desktop's registry): tests and portable installs stay isolated
+        return QSettings(str(paths.config_dir() / "window.ini"), QSettings.IniFormat)
+
+    def _restore_layout(self) -> None:
+        s = self._layout_settings()
+        geometry, splitter = s.value("geometry"), s.value("splitter")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if splitter is not None:
+            self.splitter.restoreState(splitter)
+
+    def save_layout(self) -> None:
+        s = self._layout_settings()
+        s.setValue("geometry", self.saveGeometry())
+        s.setValue("splitter", self.splitter.saveState())
+        s.sync()
 
     def _on_load_check(self) -> None:
         from app.server.launcher import resolve_api_key
@@ -255,6 +308,7 @@ class MainWindow(QMainWindow):
             elif self.quit_box is None:
                 self._ask_quit()
             return
+        self.save_layout()
         self.sig_closed.emit()
         event.accept()
 
