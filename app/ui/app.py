@@ -69,6 +69,9 @@ def run_gui() -> int:
     asyncio.set_event_loop(loop)
     window = MainWindow()
     attach_panels(window)
+    # The app ends when the window says it closed (sig_closed), not when the last window
+    # hides: with "keep running in the tray" the window hides and KV Valet goes on.
+    app.setQuitOnLastWindowClosed(False)
     window.show()
     result = {"code": 0}
     if not smoke:

@@ -7,7 +7,7 @@ import logging
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStatusBar, QTabWidget,
+from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QSystemTrayIcon, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStatusBar, QTabWidget,
                                QWidget)
 
 from app.core.profile import LaunchProfile, ProfileError
@@ -90,6 +90,8 @@ class MainWindow(QMainWindow):
         self.controller.sig_plan.connect(self._on_plan)
         self.last_message = ""
         self.quit_box: QMessageBox | None = None
+        self.tray = None  # app.ui.tray.Tray, set by the wiring
+        self.keep_in_tray = False  # closing the window hides it while the tray shows KV Valet
         self._park_interrupted = asyncio.Event()
         self._build_menu()
         self._restore_layout()
@@ -163,6 +165,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geometry)
         if splitter is not None:
             self.splitter.restoreState(splitter)
+        self.keep_in_tray = str(s.value("keep_in_tray", "false")).lower() == "true"
 
     def save_layout(self) -> None:
         s = self._layout_settings()
@@ -299,6 +302,13 @@ class MainWindow(QMainWindow):
     # -- closing ----------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         """Normal quit never leaves an orphan server, and offers to park the chats first."""
+        if self.keep_in_tray and self.tray is not None and not getattr(self, "_closing", False) \
+                and QSystemTrayIcon.isSystemTrayAvailable():
+            event.ignore()
+            self.save_layout()
+            self.hide()
+            self.tray.notify("KV Valet keeps running", "The server and its chats go on; quit from the tray icon.")
+            return
         if self.controller.owned and self.controller.state in (ServerState.READY, ServerState.LOADING,
                                                                ServerState.STARTING) \
                 and not getattr(self, "_closing", False):

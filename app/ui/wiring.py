@@ -52,6 +52,20 @@ def attach_panels(window) -> None:
     window.monitor_panel = monitor
     window.health_panel = health
 
+    # The tray: the state, Park all, Resume all, Open, Quit (where the desktop has one).
+    from PySide6.QtWidgets import QSystemTrayIcon
+
+    from app.ui.tray import Tray, tray_setting_action
+
+    window.tray = Tray(window)
+    if QSystemTrayIcon.isSystemTrayAvailable():
+        window.tray.show()
+    session_menu = next((a.menu() for a in window.menuBar().actions() if a.menu() and "ession" in a.text()), None)
+    if session_menu is not None:
+        session_menu.addSeparator()
+        window.tray_action = tray_setting_action(window)
+        session_menu.addAction(window.tray_action)
+
 
 def _attached(panel, controller):
     panel.attach(controller)
