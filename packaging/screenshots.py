@@ -1,0 +1,120 @@
+"""Screenshots of the real window for the README, taken from the running app.
+
+Not drawn: the script starts KV Valet's own window on the default profile (the
+real llama-server and Gemma 3 270M), fills a slot, parks it, restarts the
+server, resumes the session, lets another request be judged, and grabs each
+tab as the user would see it (``QWidget.grab`` of the live window). Run it on a
+display, under Xvfb, or offscreen:
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python packaging/screenshots.py [--out docs/screenshots]
+
+It uses throw-away config and data folders, so your profiles and sessions are not touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
+        "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
+
+
+async def shoot(window, out: Path) -> None:
+    from app.server.client import LlamaClient
+
+    panel = window.sessions_panel
+
+    def grab(name: str, tab=None) -> None:
+        if tab is not None:
+            window.tabs.setCurrentWidget(tab)
+        window.repaint()
+        window.grab().save(str(out / f"{name}.png"))
+        print(out / f"{name}.png")
+
+    async def started() -> None:
+        connected = asyncio.get_running_loop().create_future()
+        panel.sig_service.connect(lambda s: connected.done() or s is None or connected.set_result(s))
+        window.profiles.start_button.click()
+        await asyncio.wait_for(connected, 300)
+
+    async def done(label: str) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        panel.sig_done.connect(lambda lab, ok, text: fut.done() or not lab.startswith(label) or fut.set_result(ok))
+        await asyncio.wait_for(fut, 120)
+
+    await started()
+    url = window.controller.url
+    async with LlamaClient(url) as c:
+        await c.completion(TEXT, slot_id=0, n_predict=8)
+    await asyncio.sleep(1.5)  # let the Monitor tick once (a screenshot, not a test)
+    grab("monitor", window.monitor_panel)
+    window.tabs.setCurrentWidget(panel)
+    panel.name.setText("long chat")
+    panel.slot.setCurrentIndex(panel.slot.findData(0))
+    waiting = done("Park")
+    panel.park_button.click()
+    await waiting
+    await window.controller.stop_async()
+    await started()
+    panel.select("long chat")
+    panel.slot.setCurrentIndex(panel.slot.findData(1))
+    panel.confirm = lambda title, text: True
+    waiting = done("Resume")
+    panel.resume_button.click()
+    await waiting
+    verdict = asyncio.get_running_loop().create_future()
+    panel.sig_verdict.connect(lambda *a: verdict.done() or verdict.set_result(a))
+    async with LlamaClient(url) as c:
+        await c.completion(TEXT + " And then?", slot_id=1, n_predict=4)
+    await asyncio.wait_for(verdict, 120)
+    await asyncio.sleep(0.5)
+    grab("sessions", panel)
+    grab("cache-health", window.health_panel)
+    grab("log", window.log_panel)
+    await window.shutdown()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="kvv-shots-")
+    os.environ["KV_VALET_CONFIG_DIR"] = os.path.join(tmp, "config")
+    os.environ["KV_VALET_DATA_DIR"] = os.path.join(tmp, "data")
+    os.environ["KV_VALET_STATE_DIR"] = os.path.join(tmp, "state")
+
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.store.profiles import ProfileStore
+    from app.ui.main_window import MainWindow
+    from app.ui.wiring import attach_panels
+
+    app = QApplication([])
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    store = ProfileStore()
+    store.ensure_default()
+    window = MainWindow(store)
+    window.confirm_quit = False
+    attach_panels(window)
+    window.resize(1400, 860)
+    window.show()
+    window.profiles.set_profiles([store.load("default")], select="default")
+    with loop:
+        loop.run_until_complete(shoot(window, out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
