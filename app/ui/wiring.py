@@ -52,6 +52,8 @@ def attach_panels(window) -> None:
     window.monitor_panel = monitor
     window.health_panel = health
 
+    _guard_shutdown(window, sessions)
+
     # The tray: the state, Park all, Resume all, Open, Quit (where the desktop has one).
     from PySide6.QtWidgets import QSystemTrayIcon
 
@@ -70,3 +72,50 @@ def attach_panels(window) -> None:
 def _attached(panel, controller):
     panel.attach(controller)
     return panel
+
+
+PREPARE_PARK_TIMEOUT_S = 30.0  # logind waits at most InhibitDelayMaxSec (5 s by default) anyway
+
+
+def _guard_shutdown(window, sessions) -> None:
+    """Hold logind's delay lock while a server KV Valet started runs; on a shutdown or a
+    suspend park every filled slot (and stop the server before a shutdown), then let go."""
+    import asyncio
+
+    from app.server.supervisor import ServerState
+    from app.ui.shutdown_guard import ShutdownGuard
+
+    guard = ShutdownGuard(parent=window)
+    window.shutdown_guard = guard
+    window.prepare_tasks = set()
+
+    def on_state(state, _detail) -> None:
+        if state == ServerState.READY and window.controller.owned:
+            guard.take()
+        elif state in (ServerState.STOPPED, ServerState.CRASHED):
+            guard.release()
+
+    async def park_then_release(what: str) -> None:
+        try:
+            if sessions.service is not None and window.controller.owned:
+                window._message(f"The computer is about to {'shut down' if what == 'shutdown' else 'sleep'}: "
+                                "parking every slot…")
+                work = sessions.park_all_and_stop() if what == "shutdown" else sessions.park_all()
+                await asyncio.wait_for(work, PREPARE_PARK_TIMEOUT_S)
+        except Exception:  # whatever happens, the lock goes: logind must not wait for us forever
+            import logging
+
+            logging.getLogger(__name__).exception("parking before %s failed", what)
+        finally:
+            guard.release()
+
+    def on_prepare(what: str, start: bool) -> None:
+        if start:
+            task = asyncio.ensure_future(park_then_release(what))
+            window.prepare_tasks.add(task)
+            task.add_done_callback(window.prepare_tasks.discard)
+        elif window.controller.state == ServerState.READY and window.controller.owned:
+            guard.take()  # awake again: hold the lock for the next time
+
+    window.controller.sig_state.connect(on_state)
+    guard.sig_prepare.connect(on_prepare)

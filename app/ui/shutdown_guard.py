@@ -1,0 +1,81 @@
+"""Park before the computer shuts down or sleeps: a systemd-logind delay inhibitor.
+
+While a server KV Valet started is running, the window holds a *delay* lock
+(``org.freedesktop.login1.Manager.Inhibit("shutdown:sleep", …, "delay")``).
+logind then announces a shutdown or a suspend with ``PrepareForShutdown(true)``
+/ ``PrepareForSleep(true)`` and waits (up to its ``InhibitDelayMaxSec``) until
+the lock is released: the window parks every filled slot in that time, then
+releases it. Without logind (no system bus, another init system) nothing
+happens here and the SIGTERM path still parks at logout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from PySide6.QtCore import SLOT, QObject, Signal, Slot
+from PySide6.QtDBus import QDBusConnection, QDBusMessage
+
+log = logging.getLogger(__name__)
+
+LOGIN1 = "org.freedesktop.login1"
+PATH = "/org/freedesktop/login1"
+IFACE = "org.freedesktop.login1.Manager"
+
+
+def logind_bus() -> QDBusConnection:
+    """The system bus, or the bus at ``$KV_VALET_LOGIND_BUS`` (tests: a private bus with a fake logind)."""
+    address = os.environ.get("KV_VALET_LOGIND_BUS")
+    if address:
+        return QDBusConnection.connectToBus(address, "kv-valet-logind")
+    return QDBusConnection.systemBus()
+
+
+class ShutdownGuard(QObject):
+    sig_prepare = Signal(str, bool)  # "shutdown" or "sleep", True when it is about to happen
+
+    def __init__(self, bus: QDBusConnection | None = None, parent=None):
+        super().__init__(parent)
+        self.bus = bus if bus is not None else logind_bus()
+        self._fd: int | None = None
+        self.connected = False
+        if self.bus.isConnected():
+            self.connected = all(
+                self.bus.connect(LOGIN1, PATH, IFACE, name, self, SLOT(slot))
+                for name, slot in (("PrepareForShutdown", "_on_shutdown(bool)"),
+                                   ("PrepareForSleep", "_on_sleep(bool)")))
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def take(self) -> bool:
+        """Hold the delay lock (idempotent); False when logind is not there."""
+        if self._fd is not None:
+            return True
+        if not self.bus.isConnected():
+            return False
+        msg = QDBusMessage.createMethodCall(LOGIN1, PATH, IFACE, "Inhibit")
+        msg.setArguments(["shutdown:sleep", "KV Valet", "Parking llama-server chats before the computer "
+                          "shuts down or sleeps", "delay"])
+        reply = self.bus.call(msg)
+        args = reply.arguments() if reply.type() == QDBusMessage.ReplyMessage else []
+        if not args or not hasattr(args[0], "fileDescriptor") or args[0].fileDescriptor() < 0:
+            log.info("no logind inhibitor lock: %s", reply.errorMessage() or "no reply")
+            return False
+        self._fd = os.dup(args[0].fileDescriptor())  # ours to close; the message's copy goes with it
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @Slot(bool)
+    def _on_shutdown(self, start: bool) -> None:
+        self.sig_prepare.emit("shutdown", start)
+
+    @Slot(bool)
+    def _on_sleep(self, start: bool) -> None:
+        self.sig_prepare.emit("sleep", start)
