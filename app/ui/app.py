@@ -67,6 +67,10 @@ def run_gui() -> int:
         app.setWindowIcon(QIcon(icon_path))
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
+    from app.store.profiles import ProfileStore
+    from app.ui.first_run import FirstRunGuide, first_run_pending
+
+    fresh_install = not ProfileStore().names()  # before the window creates the default profile
     window = MainWindow()
     attach_panels(window)
     # The app ends when the window says it closed (sig_closed), not when the last window
@@ -78,6 +82,9 @@ def run_gui() -> int:
         from PySide6.QtCore import QTimer
 
         QTimer.singleShot(0, window.check_leftover_servers)
+        if fresh_install and first_run_pending(window):
+            window.first_run = FirstRunGuide(window)  # kept: it is not modal
+            window.first_run.show()
 
     if smoke:
         async def smoke_run():
