@@ -13,35 +13,14 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app import paths
-from app.core.profile import LaunchProfile
 from app.server.client import LlamaClient
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
-from app.ui.main_window import MainWindow
-from app.ui.wiring import attach_panels
 from tests.conftest import run, signal_future
+from tests.fake.gui_helpers import make_window
 from tests.fake.test_gui_sessions import PROMPT, choose_slot, click, click_row, open_tab
-from tests.fake.test_supervisor_fake import FAKE, free_port
 
 pytestmark = pytest.mark.gui
-
-
-def make_window(qtbot, tmp_path, **profile_fields):
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF")
-    profile = LaunchProfile(name="fake", model=str(model), server_binary=FAKE, port=free_port(), ctx_size=4096,
-                            parallel=2, **profile_fields)
-    store = ProfileStore()
-    store.save(profile)
-    w = MainWindow(store)
-    w.confirm_quit = False
-    attach_panels(w)
-    w.sessions_panel.confirm = lambda title, text: True
-    w.health_panel.confirm = lambda title, text: True
-    qtbot.addWidget(w)
-    w.show()
-    w.profiles.set_profiles([profile], select="fake")
-    return w, profile
 
 
 async def start(w, profile):

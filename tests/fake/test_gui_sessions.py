@@ -25,6 +25,7 @@ from app.ui.monitor_panel import SlotsTableModel
 from app.ui.sessions_panel import SessionsPanel
 from app.ui.wiring import attach_panels
 from tests.conftest import run, signal_future
+from tests.fake.gui_helpers import make_window
 from tests.fake.test_supervisor_fake import FAKE, free_port
 
 pytestmark = pytest.mark.gui
@@ -35,19 +36,8 @@ PROMPT = " ".join(f"word{i}" for i in range(700))
 @pytest.fixture
 def setup(qtbot, qloop, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SIDECAR", "1")
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF")
-    profile = LaunchProfile(name="fake", model=str(model), server_binary=FAKE, port=free_port(), ctx_size=4096,
-                            parallel=2)
-    store = ProfileStore()
-    store.save(profile)
-    w = MainWindow(store)
-    w.confirm_quit = False
-    attach_panels(w)  # the Sessions and Monitor tabs, wired as the app wires them
+    w, profile = make_window(qtbot, tmp_path)  # the Sessions and Monitor tabs, wired as the app wires them
     panel: SessionsPanel = w.sessions_panel
-    panel.confirm = lambda title, text: True  # the user answers "Yes"
-    qtbot.addWidget(w)
-    w.show()
     open_tab(qtbot, w, panel)  # the user works in the Sessions tab
     return w, panel, profile
 

@@ -8,31 +8,17 @@ import pytest
 from PySide6.QtWidgets import QSystemTrayIcon
 
 from app import paths
-from app.core.profile import LaunchProfile
 from app.store.catalog import Catalog
-from app.store.profiles import ProfileStore
-from app.ui.main_window import MainWindow
-from app.ui.wiring import attach_panels
 from tests.conftest import run, signal_future
+from tests.fake.gui_helpers import make_window
 from tests.fake.test_gui_sessions import PROMPT, complete
-from tests.fake.test_supervisor_fake import FAKE, free_port
 
 pytestmark = pytest.mark.gui
 
 
 def test_tray_park_all_keep_in_tray_and_quit(qtbot, qloop, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SIDECAR", "1")
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF")
-    profile = LaunchProfile(name="fake", model=str(model), server_binary=FAKE, port=free_port(), ctx_size=4096,
-                            parallel=2)
-    store = ProfileStore()
-    store.save(profile)
-    w = MainWindow(store)
-    w.confirm_quit = False
-    attach_panels(w)
-    qtbot.addWidget(w)
-    w.show()
+    w, profile = make_window(qtbot, tmp_path)
     tray = w.tray
 
     async def scenario():

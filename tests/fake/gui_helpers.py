@@ -1,0 +1,35 @@
+"""The window as the app builds it, on a fake-server profile: shared by the GUI tests."""
+
+from __future__ import annotations
+
+from app.core.profile import LaunchProfile
+from app.store.profiles import ProfileStore
+from app.ui.main_window import MainWindow
+from app.ui.wiring import attach_panels
+from tests.conftest import free_port
+from tests.fake.test_supervisor_fake import FAKE
+
+
+def fake_profile(tmp_path, **fields) -> LaunchProfile:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    profile = LaunchProfile(name="fake", model=str(model), server_binary=FAKE, port=free_port(), ctx_size=4096,
+                            parallel=2, **fields)
+    ProfileStore().save(profile)
+    return profile
+
+
+def make_window(qtbot, tmp_path, *, show: bool = True, **profile_fields) -> tuple[MainWindow, LaunchProfile]:
+    """A MainWindow with its panels wired as in the app, answering "Yes" to its questions,
+    with the fake-server profile "fake" selected."""
+    profile = fake_profile(tmp_path, **profile_fields)
+    w = MainWindow(ProfileStore())
+    w.confirm_quit = False
+    attach_panels(w)
+    w.sessions_panel.confirm = lambda title, text: True
+    w.health_panel.confirm = lambda title, text: True
+    qtbot.addWidget(w)
+    if show:
+        w.show()
+    w.profiles.set_profiles([profile], select="fake")
+    return w, profile
