@@ -72,7 +72,7 @@ def _ab_of(report) -> ABReport | None:
 
 # --------------------------------------------------------------------------- A/B chart
 
-class _Chart(QWidget):
+class Chart(QWidget):
     """A widget drawn by ``paint(painter, area)`` (also used to render PNG exports)."""
 
     def paintEvent(self, _event) -> None:
@@ -87,7 +87,7 @@ class _Chart(QWidget):
         raise NotImplementedError
 
 
-class ABChart(_Chart):
+class ABChart(Chart):
     """Restore + first-query prompt time per run, as stacked horizontal bars."""
 
     def __init__(self, parent=None):
@@ -181,7 +181,7 @@ class ABChart(_Chart):
 
 # --------------------------------------------------------------------------- history chart
 
-class HistoryChart(_Chart):
+class HistoryChart(Chart):
     """Restore ms and first-query ms of one session over time (log scale)."""
 
     def __init__(self, parent=None):

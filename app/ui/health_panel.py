@@ -21,6 +21,7 @@ from app.core.findings import Finding, Severity
 from app.jobs.cache_health import CacheHealth
 from app.server.supervisor import ServerState
 from app.ui.questions import AsksQuestions
+from app.ui.tasks import RunsTasks
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ COLUMNS = ["Time", "Slot", "Severity", "Finding", "Known from"]
 SEVERITY_COLOURS = {Severity.ERROR: "#b00020", Severity.WARNING: "#8a5a00", Severity.INFO: "#555555"}
 
 
-class HealthPanel(AsksQuestions, QWidget):
+class HealthPanel(AsksQuestions, RunsTasks, QWidget):
     sig_findings = Signal(int, object)  # number of findings, worst Severity (None: none)
     sig_remedy_done = Signal(bool, str)  # ok, what happened
 
@@ -187,17 +188,8 @@ class HealthPanel(AsksQuestions, QWidget):
         self.figures.setText("\n".join(lines))
 
     # -- the remedy -------------------------------------------------------------
-    def spawn(self, coro) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("remedy failed", exc_info=task.exception())
-            self._say(f"The remedy failed: {task.exception()}", ok=False)
+    def _task_failed(self, exc: BaseException) -> None:
+        self._say(f"The remedy failed: {exc}", ok=False)
 
     def _say(self, text: str, ok: bool = True) -> None:
         if self._closed:

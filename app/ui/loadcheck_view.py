@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (QDialog, QDoubleSpinBox, QFormLayout, QHBoxLayout
 
 from app.jobs.loadcheck import (MAX_SECONDS, MAX_STREAMS, MIN_SECONDS, LoadCheckError, LoadReport, check_loopback,
                                 fmt_ms, gap_series, run_load_check)
+from app.ui.check_view import Chart
 
 COLUMNS = ["stream", "requests", "tokens", "gap p50 ms", "gap p99 ms", "gap max ms", "stalls"]
 STREAM_COLORS = [QColor(c) for c in ("#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457",
@@ -31,7 +32,7 @@ TEXT_COLOR = QColor("#212121")
 BACKGROUND = QColor("#ffffff")
 
 
-class GapChart(QWidget):
+class GapChart(Chart):
     """Largest inter-token gap per time slice, one line per stream, log scale."""
 
     def __init__(self, parent=None):
@@ -50,14 +51,6 @@ class GapChart(QWidget):
             return []
         span = max(r.elapsed_s, 1e-3)
         return [gap_series(s, span, buckets) for s in r.per_stream]
-
-    def paintEvent(self, _event) -> None:
-        p = QPainter(self)
-        try:
-            p.setRenderHint(QPainter.Antialiasing)
-            self.paint(p, QRectF(self.rect()))
-        finally:
-            p.end()
 
     def paint(self, p: QPainter, area: QRectF) -> None:
         p.fillRect(area, BACKGROUND)

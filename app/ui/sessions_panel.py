@@ -36,6 +36,7 @@ from app.server.supervisor import ServerState
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 from app.store.profiles import ProfileStore
 from app.ui.questions import AsksQuestions
+from app.ui.tasks import RunsTasks
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +244,7 @@ def filter_pattern(text: str) -> str:
     return "".join(f"(?=.*{QRegularExpression.escape(w)})" for w in text.split())
 
 
-class SessionsPanel(AsksQuestions, QWidget):
+class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
     sig_changed = Signal()  # the catalog changed (parked, resumed, renamed, deleted, judged)
     sig_done = Signal(str, bool, str)  # operation label, ok, message
     sig_restored = Signal(int, object)  # slot, RestoredSlot
@@ -627,17 +628,8 @@ class SessionsPanel(AsksQuestions, QWidget):
         self.busy.setVisible(bool(labels))
 
     # -- running actions ---------------------------------------------------
-    def spawn(self, coro) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("session task failed", exc_info=task.exception())
-            self._say(f"Failed: {task.exception()}", ok=False)
+    def _task_failed(self, exc: BaseException) -> None:
+        self._say(f"Failed: {exc}", ok=False)
 
     def _say(self, text: str, ok: bool = True, label: str = "") -> None:
         if self._closed:

@@ -1,0 +1,33 @@
+"""Coroutines a panel starts from a click: kept, and their failures said, never lost.
+
+A task nobody holds can be garbage-collected mid-run, and an exception nobody
+reads vanishes. A panel mixes :class:`RunsTasks` in, starts work with
+:meth:`spawn`, cancels what is left in its ``aclose`` (``self._tasks``), and
+says a failure with ``_task_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class RunsTasks:
+    _tasks: set
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s task failed", type(self).__name__, exc_info=task.exception())
+            self._task_failed(task.exception())
+
+    def _task_failed(self, exc: BaseException) -> None:
+        """Say it to the user (the panel's message line)."""
