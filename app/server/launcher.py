@@ -75,7 +75,10 @@ def pid_record_path(profile_name: str) -> Path:
 
 
 def make_supervisor(plan: LaunchPlan, **kw) -> Supervisor:
+    from app.settings import load_or_defaults
+
     p = plan.profile
+    prefs = load_or_defaults()[0]  # how much server log to keep
     host = p.host.split(",")[0].strip()
     return Supervisor(
         plan.argv,
@@ -87,6 +90,8 @@ def make_supervisor(plan: LaunchPlan, **kw) -> Supervisor:
         auto_restart=p.auto_restart,
         check_port=(host, p.port) if not host.startswith("/") else None,
         log_file=kw.pop("log_file", paths.server_log_path(p.name)),
+        log_file_bytes=prefs.log_file_mib * 1024 * 1024,
+        log_backups=prefs.log_backups,
         **kw,
     )
 

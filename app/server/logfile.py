@@ -33,6 +33,7 @@ class ServerLogFile:
         with self._lock:
             self._f = open(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
             self._size = self.path.stat().st_size
+            self._prune()
         if header:
             self.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}")
 
@@ -56,8 +57,21 @@ class ServerLogFile:
             newer = self.path.with_name(f"{self.path.name}.{i - 1}") if i > 1 else self.path
             if newer.exists():
                 os.replace(newer, older)
-        self._f = open(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
+        # with no backups kept, the file starts over
+        self._f = open(self.path, "a" if self.backups else "w", encoding="utf-8", errors="replace", buffering=1)
         self._size = 0
+        self._prune()
+
+    def _prune(self) -> None:
+        """Drop rotated files past ``backups`` (the preference may have been lowered)."""
+        prefix = self.path.name + "."
+        try:
+            for old in self.path.parent.glob(prefix + "*"):
+                suffix = old.name[len(prefix):]
+                if suffix.isdigit() and int(suffix) > self.backups:
+                    old.unlink(missing_ok=True)
+        except OSError:
+            pass
 
     def close(self) -> None:
         with self._lock:

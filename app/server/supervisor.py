@@ -232,6 +232,8 @@ class Supervisor:
         log_capacity: int = 20000,
         check_port: tuple[str, int] | None = None,
         log_file: Path | None = None,
+        log_file_bytes: int = 20 * 1024 * 1024,
+        log_backups: int = 3,
     ):
         self.argv = list(argv)
         self.url = url
@@ -249,7 +251,8 @@ class Supervisor:
         self.log = LogBuffer(log_capacity)
         # every line, also those the ring buffer drops (app.server.logfile)
         self.log_file_path = log_file
-        self._log_file = ServerLogFile(log_file) if log_file is not None else None
+        self._log_file = (ServerLogFile(log_file, max_bytes=log_file_bytes, backups=log_backups)
+                          if log_file is not None else None)
         self.state = ServerState.STOPPED
         self.outcome: Outcome | None = None
         self.proc: asyncio.subprocess.Process | None = None

@@ -91,11 +91,17 @@ class MainWindow(QMainWindow):
         self.last_message = ""
         self.quit_box: QMessageBox | None = None
         self.tray = None  # app.ui.tray.Tray, set by the wiring
-        self.keep_in_tray = False  # closing the window hides it while the tray shows KV Valet
+        from app import settings
+
+        # the preferences (app.settings); the dialog and `kv-valet settings` change them
+        self.prefs, problem = settings.load_or_defaults()
+        self.keep_in_tray = self.prefs.keep_in_tray  # closing the window hides it while the tray shows KV Valet
         self._park_interrupted = asyncio.Event()
         self._build_menu()
         self._restore_layout()
         self.reload_profiles()
+        if problem:
+            self._message(problem.capitalize())
         try:
             binary = find_server_binary("").path
             caps, _version = binary_info(binary)  # cached per binary path + mtime
@@ -115,6 +121,9 @@ class MainWindow(QMainWindow):
                                          "to compare before and after a remedy.")
         self.loadcheck_action.triggered.connect(self._on_load_check)
         menu.addSeparator()
+        self.preferences_action = menu.addAction("Preferences…")
+        self.preferences_action.setShortcut("Ctrl+,")
+        self.preferences_action.triggered.connect(self._on_preferences)
         quit_action = menu.addAction("Quit")
         quit_action.triggered.connect(self.close)
         # Keyboard shortcuts for what people do every day; each presses the button a click would.
@@ -165,7 +174,55 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geometry)
         if splitter is not None:
             self.splitter.restoreState(splitter)
-        self.keep_in_tray = str(s.value("keep_in_tray", "false")).lower() == "true"
+        old = s.value("keep_in_tray")  # kept here before the preferences existed: moved there once
+        if old is not None:
+            s.remove("keep_in_tray")
+            if str(old).lower() == "true" and not self.prefs.keep_in_tray:
+                self.set_keep_in_tray(True)
+
+    # -- preferences ------------------------------------------------------------
+    def _on_preferences(self) -> None:
+        from app.ui.preferences import PreferencesDialog
+
+        if getattr(self, "preferences_dialog", None) is None:
+            self.preferences_dialog = PreferencesDialog(self.prefs, self)
+            self.preferences_dialog.sig_saved.connect(self._on_preferences_saved)
+            self.preferences_dialog.finished.connect(lambda _r: setattr(self, "preferences_dialog", None))
+        self.preferences_dialog.open()
+
+    def _on_preferences_saved(self, prefs) -> None:
+        from app.settings import data_folder_status
+
+        moved = prefs.data_path() != self.prefs.data_path()
+        self.apply_settings(prefs)
+        self._message("Preferences saved." + (f" The {data_folder_status(prefs)}." if moved else ""))
+
+    def apply_settings(self, prefs) -> None:
+        """The preferences that apply at once: tray, notifications, the Monitor's polling rates.
+        (The data folder applies from the next start; the log limits from the next launch; the
+        auto-resume choice at the next connection.)"""
+        self.prefs = prefs
+        self.keep_in_tray = prefs.keep_in_tray
+        action = getattr(self, "tray_action", None)
+        if action is not None and action.isChecked() != prefs.keep_in_tray:
+            action.blockSignals(True)
+            action.setChecked(prefs.keep_in_tray)
+            action.blockSignals(False)
+        if self.tray is not None:
+            self.tray.notifications_on = prefs.notifications
+        monitor = getattr(self, "monitor_panel", None)
+        if monitor is not None:
+            monitor.set_rates(prefs.monitor_interval_s, prefs.monitor_busy_interval_s)
+
+    def set_keep_in_tray(self, on: bool) -> None:
+        """Session > Keep running in the tray when closed: saved with the other preferences."""
+        from app import settings
+
+        try:
+            self.apply_settings(settings.update(keep_in_tray=bool(on)))
+        except (settings.SettingsError, OSError) as e:
+            self.keep_in_tray = bool(on)  # for this run at least
+            self._message(f"The preference could not be saved: {e}")
 
     def save_layout(self) -> None:
         s = self._layout_settings()

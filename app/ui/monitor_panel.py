@@ -788,6 +788,13 @@ class MonitorPanel(QWidget):
             self._update_pause()
         self.sig_sampling.emit(True)
 
+    def set_rates(self, interval: float, busy_interval: float) -> None:
+        """The polling rates from the preferences; a running sampler takes them at its next tick."""
+        self.interval, self.busy_interval = float(interval), float(busy_interval)
+        if self.sampler is not None:
+            self.sampler.interval, self.sampler.busy_interval = self.interval, self.busy_interval
+            self.request_tick()
+
     async def _stop_sampling(self, state: str = "Stopped") -> None:
         async with self._get_lock():
             was_sampling = self.sampler is not None

@@ -541,7 +541,9 @@ class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
             self._say("Recovered after an interruption: " + "; ".join(svc.recovery_messages), ok=True)
         plan = svc.resume_plan()
         if plan:
-            if profile is not None and profile.resume_on_start:
+            from app.settings import auto_resumes, load_or_defaults
+
+            if auto_resumes(load_or_defaults()[0].auto_resume, bool(profile and profile.resume_on_start)):
                 self.spawn(self.resume_planned())
             else:
                 self.resume_all_button.setText(f"Resume all ({len(plan)})")

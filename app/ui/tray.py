@@ -29,6 +29,7 @@ class Tray(QSystemTrayIcon):
         self.setContextMenu(self.menu)
         self.setToolTip("KV Valet")
         self.notifications: list[tuple[str, str]] = []  # (title, text) shown, newest last
+        self.notifications_on = True  # the preference "Desktop notifications"
 
         sessions = window.sessions_panel
         self.park_all_action.triggered.connect(lambda: self._press(sessions.park_all_button))
@@ -66,6 +67,8 @@ class Tray(QSystemTrayIcon):
             self.notify(f"KV Valet: '{session}' re-prefilled", verdict.reason, ok=False)
 
     def notify(self, title: str, text: str, ok: bool = True) -> None:
+        if not self.notifications_on:
+            return
         self.notifications.append((title, text))
         if self.isVisible() and self.supportsMessages():
             self.showMessage(title, text, QSystemTrayIcon.Information if ok else QSystemTrayIcon.Warning, 8000)
@@ -88,9 +91,5 @@ def tray_setting_action(window) -> QAction:
     action.setChecked(bool(window.keep_in_tray))
     action.setToolTip("Closing the window hides it; the server and its chats keep going. Quit from the tray.")
 
-    def toggled(on: bool) -> None:
-        window.keep_in_tray = on
-        window._layout_settings().setValue("keep_in_tray", on)
-
-    action.toggled.connect(toggled)
+    action.toggled.connect(window.set_keep_in_tray)
     return action

@@ -8,8 +8,10 @@ from app.ui.sessions_panel import SessionsPanel
 
 
 def attach_panels(window) -> None:
+    prefs = window.prefs
     sessions = _attached(SessionsPanel(store=window.store), window.controller)
-    monitor = _attached(MonitorPanel(), window.controller)
+    monitor = _attached(MonitorPanel(interval=prefs.monitor_interval_s, busy_interval=prefs.monitor_busy_interval_s),
+                        window.controller)
     health = HealthPanel(store=window.store)
     health.attach(window.controller, sessions, window)
     window.add_panel(sessions, "Sessions")
@@ -67,6 +69,7 @@ def attach_panels(window) -> None:
         session_menu.addSeparator()
         window.tray_action = tray_setting_action(window)
         session_menu.addAction(window.tray_action)
+    window.apply_settings(window.prefs)
 
 
 def _attached(panel, controller):

@@ -31,7 +31,7 @@ def test_tray_park_all_keep_in_tray_and_quit(qtbot, qloop, tmp_path, monkeypatch
         # the desktop has a tray (the offscreen test platform has none): closing hides the window
         monkeypatch.setattr(QSystemTrayIcon, "isSystemTrayAvailable", staticmethod(lambda: True))
         w.tray_action.trigger()  # Session > Keep running in the tray when closed
-        assert w.keep_in_tray and w._layout_settings().value("keep_in_tray") in (True, "true")
+        assert w.keep_in_tray and "keep_in_tray = true" in paths.settings_path().read_text()  # a preference
         w.close()
         assert not w.isVisible() and w.controller.state == "Ready"
 

@@ -43,7 +43,7 @@ def test_no_shell_strings_for_subprocesses():
 # its declared seam, app/cli/gui.py.
 
 LAYERS = {"core": 0, "server": 1, "monitor": 1, "store": 2, "jobs": 3, "ui": 4, "cli": 4}
-TOP_LEVEL = {"paths": 0, "__init__": 0, "__main__": 5}  # app/paths.py: folders only; __main__ opens everything
+TOP_LEVEL = {"paths": 0, "settings": 0, "__init__": 0, "__main__": 5}  # folders and preferences files only; __main__ opens everything
 CLI_SEAM = "app.cli.gui"
 
 

@@ -22,3 +22,25 @@ def test_writes_after_close_are_ignored(tmp_path):
     f.close()
     f.write("b")
     assert (tmp_path / "p.log").read_text() == "a\n"
+
+
+def test_a_lowered_retention_drops_the_older_files_and_zero_backups_still_bounds_the_file(tmp_path):
+    logs = tmp_path / "logs"
+    f = ServerLogFile(logs / "p.log", max_bytes=1000, backups=5)
+    f.open("start")
+    for i in range(300):
+        f.write(f"line {i:04d} " + "x" * 40)
+    f.close()
+    assert (logs / "p.log.5").exists()
+    f = ServerLogFile(logs / "p.log", max_bytes=1000, backups=2)  # the preference lowered, then a new launch
+    f.open("again")
+    f.close()
+    assert sorted(p.name for p in logs.iterdir()) == ["p.log", "p.log.1", "p.log.2"]
+    f = ServerLogFile(logs / "p.log", max_bytes=1000, backups=0)
+    f.open("none kept")
+    for i in range(300):
+        f.write(f"more {i:04d} " + "y" * 40)
+    f.close()
+    assert sorted(p.name for p in logs.iterdir()) == ["p.log"]
+    assert (logs / "p.log").stat().st_size <= 1000
+    assert (logs / "p.log").read_text().rstrip().endswith("more 0299 " + "y" * 40)
