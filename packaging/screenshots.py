@@ -6,7 +6,10 @@ server, resumes the session, lets another request be judged, and grabs each
 tab as the user would see it (``QWidget.grab`` of the live window). Run it on a
 display, under Xvfb, or offscreen:
 
-    QT_QPA_PLATFORM=offscreen .venv/bin/python packaging/screenshots.py [--out docs/screenshots]
+    QT_QPA_PLATFORM=offscreen .venv/bin/python packaging/screenshots.py [--out docs/screenshots] [--dark]
+
+``--dark`` hands the app a dark palette, as a dark desktop does, and names the
+images ``*-dark.png``.
 
 It uses throw-away config and data folders, so your profiles and sessions are not touched.
 """
@@ -27,7 +30,7 @@ TEXT = ("The valet parks each car in a numbered bay and writes the bay on a tick
         "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
 
 
-async def shoot(window, out: Path) -> None:
+async def shoot(window, out: Path, suffix: str = "") -> None:
     from app.server.client import LlamaClient
 
     panel = window.sessions_panel
@@ -36,8 +39,8 @@ async def shoot(window, out: Path) -> None:
         if tab is not None:
             window.tabs.setCurrentWidget(tab)
         window.repaint()
-        window.grab().save(str(out / f"{name}.png"))
-        print(out / f"{name}.png")
+        window.grab().save(str(out / f"{name}{suffix}.png"))
+        print(out / f"{name}{suffix}.png")
 
     async def started() -> None:
         connected = asyncio.get_running_loop().create_future()
@@ -54,7 +57,12 @@ async def shoot(window, out: Path) -> None:
     url = window.controller.url
     async with LlamaClient(url) as c:
         await c.completion(TEXT, slot_id=0, n_predict=8)
-    await asyncio.sleep(1.5)  # let the Monitor tick once (a screenshot, not a test)
+    window.tabs.setCurrentWidget(window.monitor_panel)  # the Monitor samples while it is shown
+    sampled = asyncio.get_running_loop().create_future()
+    window.monitor_panel.sig_snapshot.connect(
+        lambda snap: sampled.done() or not any(r.tokens_held for r in snap.slots) or sampled.set_result(snap))
+    window.monitor_panel.request_tick()
+    await asyncio.wait_for(sampled, 60)
     grab("monitor", window.monitor_panel)
     window.tabs.setCurrentWidget(panel)
     panel.name.setText("long chat")
@@ -82,9 +90,27 @@ async def shoot(window, out: Path) -> None:
     await window.shutdown()
 
 
+def dark_palette():
+    """A dark Fusion palette, as a dark GNOME or KDE hands one to Qt."""
+    from PySide6.QtGui import QColor, QPalette
+
+    pal = QPalette()
+    for role, colour in ((QPalette.Window, "#2b2b2b"), (QPalette.WindowText, "#e6e6e6"), (QPalette.Base, "#1e1e1e"),
+                         (QPalette.AlternateBase, "#262626"), (QPalette.Text, "#e6e6e6"), (QPalette.Button, "#353535"),
+                         (QPalette.ButtonText, "#e6e6e6"), (QPalette.Highlight, "#2f65ca"),
+                         (QPalette.HighlightedText, "#ffffff"), (QPalette.ToolTipBase, "#353535"),
+                         (QPalette.ToolTipText, "#e6e6e6"), (QPalette.PlaceholderText, "#8b949e"),
+                         (QPalette.Mid, "#3a3a3a"), (QPalette.Dark, "#1a1a1a"), (QPalette.Light, "#505050"),
+                         (QPalette.Midlight, "#404040"), (QPalette.Shadow, "#000000")):
+        pal.setColor(role, QColor(colour))
+    return pal
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
+    ap.add_argument("--dark", action="store_true", help="as on a desktop in dark mode")
+    ap.add_argument("--port", type=int, default=None, help="the default profile's port (default 8080)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,10 +127,14 @@ def main() -> int:
     from app.ui.wiring import attach_panels
 
     app = QApplication([])
+    if args.dark:
+        app.setPalette(dark_palette())
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     store = ProfileStore()
     store.ensure_default()
+    if args.port:
+        store.save(store.load("default").replace(port=args.port), previous_name="default", overwrite=True)
     window = MainWindow(store)
     window.confirm_quit = False
     attach_panels(window)
@@ -112,7 +142,7 @@ def main() -> int:
     window.show()
     window.profiles.set_profiles([store.load("default")], select="default")
     with loop:
-        loop.run_until_complete(shoot(window, out))
+        loop.run_until_complete(shoot(window, out, "-dark" if args.dark else ""))
     return 0
 
 

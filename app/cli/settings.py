@@ -19,7 +19,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_settings(args) -> int:
-    from app import paths, settings
+    from app import settings
 
     path = settings.settings_path()
     action = args.action or "show"

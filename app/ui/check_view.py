@@ -23,25 +23,16 @@ from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import (QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QSizePolicy, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
+from app.ui import theme
+from app.ui.theme import colour
 from app.jobs.check import ABReport, CheckReport, ProbeRow, ratios, to_csv, to_json, to_markdown
 
-VERDICT_COLORS = {
-    "HIT": QColor("#2e7d32"),
-    "PARTIAL": QColor("#f9a825"),
-    "DISCARDED": QColor("#c62828"),
-    "UNKNOWN": QColor("#757575"),
-}
-RESTORE_COLOR = QColor("#90caf9")
-PROMPT_COLOR = QColor("#1565c0")
-GRID_COLOR = QColor("#e0e0e0")
-TEXT_COLOR = QColor("#212121")
-BACKGROUND = QColor("#ffffff")
 
 COLUMNS = ["run", "restore ms", "prompt ms", "prompt_n", "cache_n", "TTFT ms", "checkpoints", "verdict"]
 
 
 def verdict_color(kind) -> QColor:
-    return VERDICT_COLORS.get(getattr(kind, "value", kind) or "UNKNOWN", VERDICT_COLORS["UNKNOWN"])
+    return theme.verdict_colour(kind)
 
 
 def fmt_ms(x: float | None) -> str:
@@ -118,14 +109,14 @@ class ABChart(Chart):
         return text
 
     def paint(self, p: QPainter, area: QRectF) -> None:
-        p.fillRect(area, BACKGROUND)
+        p.fillRect(area, colour("background"))
         rows = _rows_of(self._report)
         font = QFont(self.font())
         font.setPointSizeF(max(8.0, font.pointSizeF()))
         p.setFont(font)
         fm = QFontMetrics(font)
         if not rows:
-            p.setPen(QColor("#9e9e9e"))
+            p.setPen(colour("faint"))
             p.drawText(area, Qt.AlignCenter, "no check results yet")
             return
         label_w = max(fm.horizontalAdvance(r.name) for r in rows) + 16
@@ -135,17 +126,17 @@ class ABChart(Chart):
         right = max(left + 60, area.right() - value_w)
         vmax = max(((r.restore_ms or 0) + (r.prompt_ms or 0)) for r in rows) or 1.0
         # title and legend
-        p.setPen(TEXT_COLOR)
+        p.setPen(colour("text"))
         p.drawText(QRectF(area.left() + 8, area.top() + 4, area.width() - 16, 20), Qt.AlignLeft | Qt.AlignVCenter,
                    "restore + first-query prompt time")
         lx = area.right() - 190
-        for color, name in ((RESTORE_COLOR, "restore"), (PROMPT_COLOR, "prompt")):
+        for color, name in ((colour("restore"), "restore"), (colour("prompt"), "prompt")):
             p.fillRect(QRectF(lx, area.top() + 9, 10, 10), color)
-            p.setPen(TEXT_COLOR)
+            p.setPen(colour("text"))
             p.drawText(QPointF(lx + 14, area.top() + 18), name)
             lx += 90
         # grid
-        p.setPen(QPen(GRID_COLOR, 1))
+        p.setPen(QPen(colour("grid"), 1))
         for i in range(5):
             x = left + (right - left) * i / 4
             p.drawLine(QPointF(x, top), QPointF(x, bottom))
@@ -154,18 +145,18 @@ class ABChart(Chart):
         for i, r in enumerate(rows):
             cy = top + slot_h * (i + 0.5)
             y = cy - bar_h / 2
-            p.setPen(TEXT_COLOR)
+            p.setPen(colour("text"))
             p.drawText(QRectF(area.left() + 4, y, label_w - 12, bar_h), Qt.AlignRight | Qt.AlignVCenter, r.name)
             scale = (right - left) / vmax
             rw = max(0.0, (r.restore_ms or 0) * scale)
             pw = max(0.0, (r.prompt_ms or 0) * scale)
             if r.restore_ms:
-                p.fillRect(QRectF(left, y, max(1.5, rw), bar_h), RESTORE_COLOR)
+                p.fillRect(QRectF(left, y, max(1.5, rw), bar_h), colour("restore"))
             if r.prompt_ms is not None:
-                p.fillRect(QRectF(left + rw, y, max(1.5, pw), bar_h), PROMPT_COLOR)
+                p.fillRect(QRectF(left + rw, y, max(1.5, pw), bar_h), colour("prompt"))
             # verdict marker
             p.fillRect(QRectF(area.left() + 2, y, 4, bar_h), verdict_color(r.verdict.kind))
-            p.setPen(TEXT_COLOR)
+            p.setPen(colour("text"))
             label = (f"restore {fmt_ms(r.restore_ms)} + prompt {fmt_ms(r.prompt_ms)}" if r.restore_ms is not None
                      else f"prompt {fmt_ms(r.prompt_ms)}")
             p.drawText(QRectF(left + rw + pw + 6, y, value_w + 200, bar_h), Qt.AlignLeft | Qt.AlignVCenter, label)
@@ -174,7 +165,7 @@ class ABChart(Chart):
             bold = QFont(font)
             bold.setBold(True)
             p.setFont(bold)
-            p.setPen(TEXT_COLOR)
+            p.setPen(colour("text"))
             p.drawText(QRectF(area.left() + 8, bottom + 6, area.width() - 16, 24), Qt.AlignLeft | Qt.AlignVCenter,
                        text)
 
@@ -199,10 +190,10 @@ class HistoryChart(Chart):
                 for e in self._events]
 
     def paint(self, p: QPainter, area: QRectF) -> None:
-        p.fillRect(area, BACKGROUND)
+        p.fillRect(area, colour("background"))
         pts = self.points()
         if not pts:
-            p.setPen(QColor("#9e9e9e"))
+            p.setPen(colour("faint"))
             p.drawText(area, Qt.AlignCenter, "no resumes or checks yet")
             return
         left, right = area.left() + 72, area.right() - 12
@@ -220,18 +211,18 @@ class HistoryChart(Chart):
         def x_of(i: int) -> float:
             return left + (right - left) * (i / (len(pts) - 1) if len(pts) > 1 else 0.5)
 
-        p.setPen(TEXT_COLOR)
+        p.setPen(colour("text"))
         p.drawText(QRectF(area.left() + 8, area.top() + 2, area.width(), 20), Qt.AlignLeft | Qt.AlignVCenter,
                    "restore ms (blue) and first query ms (dots: verdict) over time")
         decade = lo
         while decade <= hi * 1.0001:
             y = y_of(decade)
-            p.setPen(QPen(GRID_COLOR, 1))
+            p.setPen(QPen(colour("grid"), 1))
             p.drawLine(QPointF(left, y), QPointF(right, y))
-            p.setPen(QColor("#616161"))
+            p.setPen(colour("muted"))
             p.drawText(QRectF(area.left(), y - 8, 68, 16), Qt.AlignRight | Qt.AlignVCenter, fmt_ms(decade))
             decade *= 10
-        for idx, series in ((1, RESTORE_COLOR), (2, QColor("#9e9e9e"))):
+        for idx, series in ((1, colour("restore")), (2, colour("faint"))):
             p.setPen(QPen(series, 1.5))
             prev = None
             for i, pt in enumerate(pts):
@@ -246,13 +237,13 @@ class HistoryChart(Chart):
         for i, (_at, restore, query, verdict) in enumerate(pts):
             if restore is not None:
                 p.setPen(Qt.NoPen)
-                p.setBrush(RESTORE_COLOR)
+                p.setBrush(colour("restore"))
                 p.drawEllipse(QPointF(x_of(i), y_of(restore)), 3, 3)
             if query is not None:
-                p.setPen(QPen(QColor("#ffffff"), 1))
+                p.setPen(QPen(colour("background"), 1))
                 p.setBrush(verdict_color(verdict))
                 p.drawEllipse(QPointF(x_of(i), y_of(query)), 5, 5)
-        p.setPen(QColor("#616161"))
+        p.setPen(colour("muted"))
         first, last = pts[0][0], pts[-1][0]
         p.drawText(QRectF(left - 30, bottom + 4, 140, 18), Qt.AlignLeft,
                    time.strftime("%Y-%m-%d %H:%M", time.localtime(first)))
@@ -286,18 +277,16 @@ class CheckDialog(QDialog):
         self.resize(860, 620)
         lay = QVBoxLayout(self)
 
-        kind, reason = self._verdict()
         self.verdict_label = QLabel()
         self.verdict_label.setWordWrap(True)
         self.verdict_label.setTextFormat(Qt.RichText)
-        color = verdict_color(kind).name()
-        self.verdict_label.setText(f"<span style='font-size:15pt;font-weight:600;color:{color}'>{kind}</span>"
-                                   f"<br>{_escape(reason)}")
+        self._show_verdict()
+        theme.watcher().sig_changed.connect(self._show_verdict)  # light ↔ dark
         lay.addWidget(self.verdict_label)
 
         self.summary_label = QLabel(self._summary())
         self.summary_label.setWordWrap(True)
-        self.summary_label.setStyleSheet("color:#616161")
+        theme.tint(self.summary_label, "color: {muted}")
         lay.addWidget(self.summary_label)
 
         rows = _rows_of(report)
@@ -344,7 +333,7 @@ class CheckDialog(QDialog):
 
         buttons = QHBoxLayout()
         self.status_label = QLabel("")
-        self.status_label.setStyleSheet("color:#616161")
+        theme.tint(self.status_label, "color: {muted}")
         buttons.addWidget(self.status_label, 1)
         self.buttons = {}
         for key, text in (("md", "Export Markdown…"), ("csv", "Export CSV…"), ("json", "Export JSON…"),
@@ -357,6 +346,12 @@ class CheckDialog(QDialog):
         close.clicked.connect(self.accept)
         buttons.addWidget(close)
         lay.addLayout(buttons)
+
+    def _show_verdict(self, *_dark) -> None:
+        kind, reason = self._verdict()
+        color = verdict_color(kind).name()
+        self.verdict_label.setText(f"<span style='font-size:15pt;font-weight:600;color:{color}'>{kind}</span>"
+                                   f"<br>{_escape(reason)}")
 
     def _verdict(self) -> tuple[str, str]:
         if isinstance(self.report, CheckReport):

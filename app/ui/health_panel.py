@@ -13,20 +13,20 @@ import logging
 import time
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QMessageBox, QPushButton, QSizePolicy,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.core.findings import Finding, Severity
 from app.jobs.cache_health import CacheHealth
 from app.server.supervisor import ServerState
+from app.ui import theme
 from app.ui.questions import AsksQuestions
 from app.ui.tasks import RunsTasks
 
 log = logging.getLogger(__name__)
 
 COLUMNS = ["Time", "Slot", "Severity", "Finding", "Known from"]
-SEVERITY_COLOURS = {Severity.ERROR: "#b00020", Severity.WARNING: "#8a5a00", Severity.INFO: "#555555"}
+SEVERITY_ROLES = {Severity.ERROR: "crit", Severity.WARNING: "warn", Severity.INFO: "muted"}
 
 
 class HealthPanel(AsksQuestions, RunsTasks, QWidget):
@@ -137,7 +137,7 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
             item = QTableWidgetItem(v)
             item.setToolTip(f.message if col == 3 else v)
             if col == 2:
-                item.setForeground(QColor(SEVERITY_COLOURS.get(f.severity, "#555555")))
+                item.setForeground(theme.colour(SEVERITY_ROLES.get(f.severity, "muted")))
             self.table.setItem(row, col, item)
         self.table.selectRow(row)
         self.sig_findings.emit(len(self.health.findings), self.health.worst)
@@ -194,7 +194,7 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
     def _say(self, text: str, ok: bool = True) -> None:
         if self._closed:
             return
-        self.message.setStyleSheet("" if ok else "color: #b00020;")
+        theme.tint(self.message, "" if ok else "color: {crit};")
         self.message.setText(text)
         self.sig_remedy_done.emit(ok, text)
 

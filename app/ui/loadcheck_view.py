@@ -14,22 +14,18 @@ import asyncio
 import math
 
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
+from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import (QDialog, QDoubleSpinBox, QFormLayout, QHBoxLayout, QHeaderView, QLabel,
                                QProgressBar, QPushButton, QSizePolicy, QSpinBox, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
 from app.jobs.loadcheck import (MAX_SECONDS, MAX_STREAMS, MIN_SECONDS, LoadCheckError, LoadReport, check_loopback,
                                 fmt_ms, gap_series, run_load_check)
+from app.ui import theme
 from app.ui.check_view import Chart
+from app.ui.theme import colour, stream_colour
 
 COLUMNS = ["stream", "requests", "tokens", "gap p50 ms", "gap p99 ms", "gap max ms", "stalls"]
-STREAM_COLORS = [QColor(c) for c in ("#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457",
-                                     "#4e342e", "#9e9d24")]
-STALL_COLOR = QColor("#c62828")
-GRID_COLOR = QColor("#e0e0e0")
-TEXT_COLOR = QColor("#212121")
-BACKGROUND = QColor("#ffffff")
 
 
 class GapChart(Chart):
@@ -53,7 +49,7 @@ class GapChart(Chart):
         return [gap_series(s, span, buckets) for s in r.per_stream]
 
     def paint(self, p: QPainter, area: QRectF) -> None:
-        p.fillRect(area, BACKGROUND)
+        p.fillRect(area, colour("background"))
         r = self._report
         font = QFont(self.font())
         p.setFont(font)
@@ -64,7 +60,7 @@ class GapChart(Chart):
         all_series = self.series(buckets)
         values = [g for s in all_series for _, g in s if g > 0]
         if r is None or not values:
-            p.setPen(QColor("#9e9e9e"))
+            p.setPen(colour("faint"))
             p.drawText(area, Qt.AlignCenter, "no load check results yet" if r is None else "no gaps measured")
             return
         lo = 10 ** math.floor(math.log10(max(min(values), 0.1)))
@@ -80,19 +76,19 @@ class GapChart(Chart):
             v = min(max(v, lo), hi)
             return bottom - (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (bottom - top)
 
-        p.setPen(TEXT_COLOR)
+        p.setPen(colour("text"))
         p.drawText(QRectF(area.left() + 8, area.top() + 2, area.width() - 16, 20), Qt.AlignLeft | Qt.AlignVCenter,
                    "largest gap between two tokens (ms, log) over the run; red dots: stalls")
         decade = lo
         while decade <= hi * 1.0001:
             y = y_of(decade)
-            p.setPen(QPen(GRID_COLOR, 1))
+            p.setPen(QPen(colour("grid"), 1))
             p.drawLine(QPointF(left, y), QPointF(right, y))
-            p.setPen(QColor("#616161"))
+            p.setPen(colour("muted"))
             p.drawText(QRectF(area.left(), y - 8, 60, 16), Qt.AlignRight | Qt.AlignVCenter, _short_ms(decade))
             decade *= 10
         # time axis
-        p.setPen(QColor("#616161"))
+        p.setPen(colour("muted"))
         for i in range(5):
             t = span * i / 4
             x = x_of(t)
@@ -100,13 +96,13 @@ class GapChart(Chart):
             w = fm.horizontalAdvance(label)
             p.drawText(QPointF(min(max(x - w / 2, left - 20), right - w), bottom + 16), label)
         # the stall threshold
-        pen = QPen(STALL_COLOR, 1, Qt.DashLine)
+        pen = QPen(colour("crit"), 1, Qt.DashLine)
         p.setPen(pen)
         ys = y_of(r.stall_ms)
         p.drawLine(QPointF(left, ys), QPointF(right, ys))
         # one line per stream
         for i, s in enumerate(all_series):
-            p.setPen(QPen(STREAM_COLORS[i % len(STREAM_COLORS)], 1.2))
+            p.setPen(QPen(stream_colour(i), 1.2))
             prev = None
             for t, g in s:
                 cur = QPointF(x_of(t), y_of(g))
@@ -114,8 +110,8 @@ class GapChart(Chart):
                     p.drawLine(prev, cur)
                 prev = cur
         # stalls
-        p.setPen(QPen(QColor("#ffffff"), 1))
-        p.setBrush(STALL_COLOR)
+        p.setPen(QPen(colour("background"), 1))
+        p.setBrush(colour("crit"))
         for stats in r.per_stream:
             for t, g in stats.stalls:
                 p.drawEllipse(QPointF(x_of(t), y_of(g)), 4, 4)
@@ -158,7 +154,7 @@ class LoadCheckDialog(QDialog):
                        "between two tokens and every stall above the threshold. Run it before and after a "
                        "remedy (for example without --cache-idle-slots).")
         intro.setWordWrap(True)
-        intro.setStyleSheet("color:#616161")
+        theme.tint(intro, "color: {muted}")
         lay.addWidget(intro)
 
         form = QFormLayout()
@@ -240,7 +236,7 @@ class LoadCheckDialog(QDialog):
         self._cancel = asyncio.Event()
         self._set_running(True)
         self.progress.setValue(0)
-        self.status_label.setStyleSheet("")
+        theme.tint(self.status_label, "")
         self.status_label.setText(f"running {self.streams_spin.value()} streams for {self.seconds_spin.value()} s…")
         self._task = asyncio.ensure_future(self._run(self.streams_spin.value(), float(self.seconds_spin.value()),
                                                      float(self.stall_spin.value()), self._cancel))
@@ -291,7 +287,7 @@ class LoadCheckDialog(QDialog):
 
     # -- results
     def _show_error(self, message: str) -> None:
-        self.status_label.setStyleSheet("color:#c62828")
+        theme.tint(self.status_label, "color: {crit}")
         self.status_label.setText(message)
 
     def show_report(self, report: LoadReport) -> None:
@@ -303,10 +299,10 @@ class LoadCheckDialog(QDialog):
             for j, v in enumerate(vals):
                 item = _cell(v)
                 if j == 6 and s.stalls:
-                    item.setForeground(STALL_COLOR)
+                    item.setForeground(colour("crit"))
                     item.setToolTip("\n".join(f"at {t:.2f} s: {g:,.0f} ms" for t, g in s.stalls[:30]))
                 if j == 0:
-                    item.setForeground(STREAM_COLORS[i % len(STREAM_COLORS)])
+                    item.setForeground(stream_colour(i))
                 self.table.setItem(i, j, item)
         self.chart.set_report(report)
         self.progress.setValue(1000 if not report.cancelled else self.progress.value())
@@ -318,5 +314,5 @@ class LoadCheckDialog(QDialog):
             text = "cancelled · " + text
         if report.n_errors:
             text += f" · {report.n_errors} failed request(s): {report.errors[0]}"
-        self.status_label.setStyleSheet("color:#c62828" if report.n_stalls or report.n_errors else "")
+        theme.tint(self.status_label, "color: {crit}" if report.n_stalls or report.n_errors else "")
         self.status_label.setText(text)

@@ -17,6 +17,7 @@ from app.server.outcome import Outcome
 from app.server.launcher import pid_record_path
 from app.server.supervisor import ServerState, find_leftover_server, terminate_leftover
 from app.store.profiles import ProfileStore
+from app.ui import theme
 from app.ui.log_panel import LogPanel
 from app.ui.profile_panel import ProfilePanel
 from app.ui.server_controller import ServerController
@@ -31,9 +32,8 @@ SERVER_LIFETIME = (
     "it or stop it. A server you attached to, that KV Valet did not start, is never stopped by KV Valet."
 )
 
-STATE_COLOURS = {
-    "Stopped": "#666666", "Starting": "#1f6feb", "Loading": "#1f6feb", "Ready": "#1a7f37",
-    "Stopping": "#8a5a00", "Crashed": "#b00020",
+STATE_ROLES = {  # app.ui.theme roles: light or dark as the system is
+    "Stopped": "muted", "Starting": "accent", "Loading": "accent", "Ready": "ok", "Stopping": "warn", "Crashed": "crit",
 }
 
 
@@ -78,6 +78,7 @@ class MainWindow(QMainWindow):
         sb.addPermanentWidget(self.progress)
         self.setStatusBar(sb)
         self._show_state(ServerState.STOPPED, "")
+        theme.watcher().sig_changed.connect(self._on_theme_changed)  # light ↔ dark
 
         self.profiles.sig_start.connect(self._on_start)
         self.profiles.sig_stop.connect(self.controller.stop)
@@ -308,7 +309,8 @@ class MainWindow(QMainWindow):
 
     # -- server state -----------------------------------------------------
     def _show_state(self, state: ServerState, detail: str) -> None:
-        colour = STATE_COLOURS.get(state, "#666666")
+        self._shown_state = (state, detail)
+        colour = theme.hex_of(STATE_ROLES.get(state, "muted"))
         self.state_label.setText(f"<b style='color:{colour}'>● Server {state}</b>")
         url = self.controller.url
         if state == ServerState.CRASHED:
@@ -324,6 +326,9 @@ class MainWindow(QMainWindow):
         self.profiles.set_running(running)
         if state != ServerState.STARTING:
             self.progress.hide()
+
+    def _on_theme_changed(self, _dark: bool) -> None:
+        self._show_state(*self._shown_state)
 
     def show_time_saved(self, seconds: float) -> None:
         """The prefill time all resumes avoided (app.core.verdict.time_saved), in the status bar."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from PySide6.QtCore import (QAbstractTableModel, QEvent, QLineF, QModelIndex, QObject, QPointF, QRectF, QSize, Qt,
                             Signal)
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPalette, QPen, QPolygonF
+from PySide6.QtGui import QBrush, QFont, QPainter, QPalette, QPen, QPolygonF
 from PySide6.QtWidgets import (QAbstractItemView, QFrame, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QProgressBar, QPushButton, QScrollArea, QSizePolicy,
                                QStyledItemDelegate, QStyleOptionViewItem, QTableView, QVBoxLayout, QWidget)
@@ -33,6 +33,8 @@ from app.monitor.slots import LastTask, RestoredSlot, SlotRow
 from app.monitor.snapshot import Snapshot, take_snapshot
 from app.monitor.units import MiB, fmt_bytes, is_na, fmt_uptime
 from app.monitor.warnings import CRITICAL
+from app.ui import theme
+from app.ui.theme import colour
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +46,6 @@ RESTORED_TOOLTIP = ("After a restore /slots does not show the restored tokens; t
 FILL_ROLE = Qt.UserRole + 1  # float 0..1 (or None) for the fill bar
 ROW_ROLE = Qt.UserRole + 2  # the SlotRow itself
 
-COLOUR_OK = "#1a7f37"
-COLOUR_WARN = "#9a6700"
-COLOUR_CRIT = "#b00020"
-COLOUR_MUTED = "#6e7781"
-COLOUR_BUSY = "#1f6feb"
-COLOUR_MEM = QColor("#1f6feb")
-COLOUR_UTIL = QColor("#1a7f37")
 
 
 def _num(v: Any) -> str:
@@ -85,9 +80,10 @@ def _set_visible(w: QWidget, on: bool) -> None:
         w.setVisible(on)
 
 
-def _set_style(w: QWidget, css: str) -> None:
-    if w.styleSheet() != css:
-        w.setStyleSheet(css)
+def _set_style(w: QWidget, template: str) -> None:
+    """A style with theme roles in braces (app.ui.theme.tint), set only when it changes."""
+    if w.property("kv_tint") != template:
+        theme.tint(w, template)
 
 
 def _set_bar(bar: QProgressBar, value: int, fmt: str) -> None:
@@ -183,7 +179,7 @@ class SlotsTableModel(QAbstractTableModel):
                 return int(Qt.AlignRight | Qt.AlignVCenter)
             return int(Qt.AlignLeft | Qt.AlignVCenter)
         if role == Qt.ForegroundRole and col == self.COL_STATE:
-            return QBrush(QColor(COLOUR_BUSY if r.busy else COLOUR_MUTED))
+            return QBrush(colour("accent" if r.busy else "muted"))
         if role == Qt.FontRole and col == self.COL_STATE and r.busy:
             f = QFont()
             f.setBold(True)
@@ -229,14 +225,14 @@ class FillBarDelegate(QStyledItemDelegate):
         painter.setRenderHint(QPainter.Antialiasing)
         rect = QRectF(option.rect).adjusted(4, 4, -4, -4)
         painter.setPen(Qt.NoPen)
-        painter.setBrush(QColor("#e8ebef"))
+        painter.setBrush(colour("track"))
         painter.drawRoundedRect(rect, 3, 3)
-        colour = QColor(COLOUR_CRIT if frac >= 1.0 else COLOUR_WARN if frac >= 0.9 else "#54aeff")
+        colour_ = colour("crit" if frac >= 1.0 else "warn" if frac >= 0.9 else "bar")
         filled = QRectF(rect)
         filled.setWidth(rect.width() * max(0.0, min(1.0, frac)))
-        painter.setBrush(colour)
+        painter.setBrush(colour_)
         painter.drawRoundedRect(filled, 3, 3)
-        painter.setPen(QColor("#1f2328"))
+        painter.setPen(colour("text"))
         painter.drawText(rect, Qt.AlignCenter, index.data(Qt.DisplayRole) or "")
         painter.restore()
 
@@ -300,7 +296,7 @@ class GpuHistoryChart(QWidget):
         r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -14.5)
         pal = self.palette()
         p.fillRect(r, pal.color(QPalette.Base))
-        p.setPen(QPen(QColor("#d0d7de"), 1))
+        p.setPen(QPen(colour("grid"), 1))
         p.drawLines([QLineF(r.left(), r.bottom() - r.height() * f, r.right(), r.bottom() - r.height() * f)
                      for f in (0.25, 0.5, 0.75)])
         p.drawRect(r)
@@ -316,17 +312,17 @@ class GpuHistoryChart(QWidget):
         total = self._mem_total
         mem = [(t, (m / total) if (m is not None and total) else None) for t, m, _ in self._points]
         util = [(t, (u / 100.0) if u is not None else None) for t, _, u in self._points]
-        fill = QColor(COLOUR_MEM)
+        fill = colour("accent")
         fill.setAlpha(70)
         p.setBrush(fill)
-        mem_pen = QPen(COLOUR_MEM, 1.5)
+        mem_pen = QPen(colour("accent"), 1.5)
         for seg in self._segments(mem):
             line = [pt(t, v) for t, v in seg]
             p.setPen(Qt.NoPen)
             p.drawPolygon(QPolygonF([pt(seg[0][0], 0), *line, pt(seg[-1][0], 0)]))
             p.setPen(mem_pen)
             p.drawPolyline(QPolygonF(line))
-        p.setPen(QPen(COLOUR_UTIL, 1.5))
+        p.setPen(QPen(colour("ok"), 1.5))
         for seg in self._segments(util):
             p.drawPolyline(QPolygonF([pt(t, v) for t, v in seg]))
 
@@ -341,9 +337,9 @@ class GpuHistoryChart(QWidget):
         fm = p.fontMetrics()
         mem_txt, util_txt, gap = "■ memory", "■ util", "    "
         x = label_r.center().x() - fm.horizontalAdvance(mem_txt + gap + util_txt) / 2
-        p.setPen(COLOUR_MEM)
+        p.setPen(colour("accent"))
         p.drawText(QRectF(x, label_r.top(), r.width(), label_r.height()), Qt.AlignLeft | Qt.AlignVCenter, mem_txt)
-        p.setPen(COLOUR_UTIL)
+        p.setPen(colour("ok"))
         x += fm.horizontalAdvance(mem_txt + gap)
         p.drawText(QRectF(x, label_r.top(), r.width(), label_r.height()), Qt.AlignLeft | Qt.AlignVCenter, util_txt)
         p.end()
@@ -361,7 +357,7 @@ class GpuCard(QFrame):
         self.title_label.setTextFormat(Qt.RichText)
         self.state_label = QLabel()
         self.bus_label = QLabel()
-        self.bus_label.setStyleSheet(f"color: {COLOUR_MUTED}")
+        theme.tint(self.bus_label, "color: {muted}")
         self.mem_bar = QProgressBar()
         self.mem_bar.setRange(0, 1000)
         self.mem_bar.setTextVisible(True)
@@ -402,12 +398,12 @@ class GpuCard(QFrame):
         _set_text(self.bus_label, f"bus {'N/A' if is_na(g.bus_id) else g.bus_id}")
         if g.lost:
             _set_text(self.state_label, "LOST")
-            _set_style(self.state_label, f"color: white; background: {COLOUR_CRIT}; padding: 1px 6px; "
+            _set_style(self.state_label, "color: {on_crit}; background: {crit}; padding: 1px 6px; "
                                          "border-radius: 3px; font-weight: bold")
             tip = "The GPU stopped answering (Xid / driver reset?); last known identity shown"
         else:
             _set_text(self.state_label, "ok")
-            _set_style(self.state_label, f"color: {COLOUR_OK}; font-weight: bold")
+            _set_style(self.state_label, "color: {ok}; font-weight: bold")
             tip = ""
         if self.state_label.toolTip() != tip:
             self.state_label.setToolTip(tip)
@@ -479,13 +475,13 @@ class MonitorPanel(QWidget):
     def _build(self) -> None:
         self.status_label = QLabel("Not sampling: the server is not running.")
         self.status_label.setObjectName("monitor_status")
-        self.status_label.setStyleSheet(f"color: {COLOUR_MUTED}")
+        theme.tint(self.status_label, "color: {muted}")
 
         # Warnings: a banner of word-wrapped labels (grows with the text, no scroll bar).
         self.warnings_box = QFrame()
         self.warnings_box.setObjectName("monitor_warnings")
-        self.warnings_box.setStyleSheet(
-            "#monitor_warnings { border: 1px solid #d4a72c; border-radius: 4px; background: #fff8c5; }")
+        theme.tint(self.warnings_box, "#monitor_warnings {{ border: 1px solid {note_border}; border-radius: 4px; "
+                                      "background: {note_bg}; }}")
         self._warnings_layout = QVBoxLayout(self.warnings_box)
         self._warnings_layout.setContentsMargins(8, 4, 8, 4)
         self._warnings_layout.setSpacing(2)
@@ -510,7 +506,7 @@ class MonitorPanel(QWidget):
         self.slots_error_label = QLabel()
         self.slots_error_label.setObjectName("slots_error")
         self.slots_error_label.setWordWrap(True)
-        self.slots_error_label.setStyleSheet(f"color: {COLOUR_WARN}; font-weight: bold")
+        theme.tint(self.slots_error_label, "color: {warn}; font-weight: bold")
         self.slots_error_label.hide()
         slots_box, slots_lay = _group("Slots")
         slots_lay.addWidget(self.slots_error_label)
@@ -524,7 +520,7 @@ class MonitorPanel(QWidget):
         self.gpu_message_label.setWordWrap(True)
         self.gpu_message_label.hide()
         self.driver_label = QLabel()
-        self.driver_label.setStyleSheet(f"color: {COLOUR_MUTED}")
+        theme.tint(self.driver_label, "color: {muted}")
         self.driver_label.hide()
         self._cards_layout = QGridLayout()
         self._cards_layout.setSpacing(8)
@@ -545,7 +541,7 @@ class MonitorPanel(QWidget):
             self.proc_labels[key].setAlignment(Qt.AlignRight | Qt.AlignVCenter)
             pgrid.addWidget(self.proc_labels[key], row, 1)
         self.proc_note = QLabel("no server process known")
-        self.proc_note.setStyleSheet(f"color: {COLOUR_MUTED}")
+        theme.tint(self.proc_note, "color: {muted}")
         pgrid.addWidget(self.proc_note, 5, 0, 1, 2)
         pgrid.setColumnStretch(1, 1)
 
@@ -583,7 +579,7 @@ class MonitorPanel(QWidget):
         self.health_badge = QPushButton("")
         self.health_badge.setObjectName("health_badge")
         self.health_badge.setFlat(True)
-        self.health_badge.setStyleSheet("#health_badge { color: #b00020; font-weight: 600; text-align: left; }")
+        theme.tint(self.health_badge, "#health_badge {{ color: {crit}; font-weight: 600; text-align: left; }}")
         self.health_badge.setToolTip("The server's log shows cache trouble: open the Cache health tab for the "
                                      "cause and the remedy.")
         self.health_badge.hide()
@@ -616,8 +612,8 @@ class MonitorPanel(QWidget):
         self.last_snapshot = snap
         when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
         health = snap.health
-        colour = COLOUR_OK if health == "ok" else COLOUR_WARN if health == "loading" else COLOUR_CRIT
-        _set_text(self.status_label, f"{snap.url or 'server'} · health <b style='color:{colour}'>{health}</b> · "
+        colour_ = theme.hex_of("ok" if health == "ok" else "warn" if health == "loading" else "crit")
+        _set_text(self.status_label, f"{snap.url or 'server'} · health <b style='color:{colour_}'>{health}</b> · "
                                      f"sampled {when}")
         self._apply_warnings(snap)
         self._apply_slots(snap)
@@ -639,7 +635,7 @@ class MonitorPanel(QWidget):
             lab = QLabel(("✖ " if crit else "⚠ ") + w.text)
             lab.setWordWrap(True)
             lab.setProperty("level", w.level)
-            lab.setStyleSheet(f"color: {COLOUR_CRIT}; font-weight: bold" if crit else "color: #7d4e00")
+            theme.tint(lab, "color: {crit}; font-weight: bold" if crit else "color: {warn}")
             self._warnings_layout.addWidget(lab)
             self.warning_labels.append(lab)
         _set_visible(self.warnings_box, bool(self.warning_labels))
@@ -664,7 +660,7 @@ class MonitorPanel(QWidget):
         _set_text(self.gpu_message_label, g.message or "")
         _set_visible(self.gpu_message_label, show_msg)
         _set_style(self.gpu_message_label,
-                   f"color: {COLOUR_MUTED}; font-size: 13pt" if no_gpu else f"color: {COLOUR_CRIT}; font-weight: bold")
+                   "color: {muted}; font-size: 13pt" if no_gpu else "color: {crit}; font-weight: bold")
         _set_text(self.driver_label, f"NVIDIA driver {g.driver_version}" if g.driver_version else "")
         _set_visible(self.driver_label, bool(g.driver_version) and not no_gpu)
 

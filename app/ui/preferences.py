@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QWidget)
 
 from app import paths, settings
+from app.ui import theme
 from app.settings import AutoResume, Settings
 
 AUTO_RESUME_LABELS = {
@@ -81,7 +82,7 @@ class PreferencesDialog(QDialog):
         self.errors = QLabel()
         self.errors.setObjectName("errors")
         self.errors.setWordWrap(True)
-        self.errors.setStyleSheet("color: #d1242f;")  # readable on light and dark
+        theme.tint(self.errors, "color: {crit};")
         self.buttons = QDialogButtonBox(QDialogButtonBox.Save | QDialogButtonBox.Cancel
                                         | QDialogButtonBox.RestoreDefaults)
         self.save_button = self.buttons.button(QDialogButtonBox.Save)

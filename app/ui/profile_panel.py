@@ -16,6 +16,7 @@ from app.core.profile import (FLASH_ATTN_VALUES, KNOWN_CACHE_TYPES, SPLIT_MODES,
                               is_loopback, validate)
 from app.server.discovery import default_model_path
 from app.server.launcher import slot_save_path_for
+from app.ui import theme
 
 UNSET = "(server default)"
 
@@ -114,10 +115,10 @@ class ProfilePanel(QWidget):
 
         self.errors = QLabel("")
         self.errors.setWordWrap(True)
-        self.errors.setStyleSheet("color: #b00020;")
+        theme.tint(self.errors, "color: {crit};")
         self.warnings = QLabel("")
         self.warnings.setWordWrap(True)
-        self.warnings.setStyleSheet("color: #8a5a00;")
+        theme.tint(self.warnings, "color: {warn};")
         self.preview = QPlainTextEdit(readOnly=True)
         self.preview.setMaximumHeight(70)
         self.preview.setToolTip("The exact command KV Valet runs (API key masked).")

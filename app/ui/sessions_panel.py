@@ -18,7 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import (QAbstractTableModel, QModelIndex, QRegularExpression, QSortFilterProxyModel, Qt, QTimer,
                             QUrl, Signal)
-from PySide6.QtGui import QColor, QDesktopServices
+from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QFileDialog, QHBoxLayout, QHeaderView,
                                QInputDialog, QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton, QStyle,
                                QTableView, QVBoxLayout, QWidget)
@@ -35,6 +35,7 @@ from app.server.sidecar import SidecarStatus
 from app.server.supervisor import ServerState
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 from app.store.profiles import ProfileStore
+from app.ui import theme
 from app.ui.questions import AsksQuestions
 from app.ui.tasks import RunsTasks
 
@@ -64,7 +65,6 @@ _DISPLAY, _DECORATION, _TOOLTIP = int(Qt.DisplayRole), int(Qt.DecorationRole), i
 _FOREGROUND, _ALIGNMENT = int(Qt.ForegroundRole), int(Qt.TextAlignmentRole)
 _INITIAL_SORT_ORDER = int(Qt.InitialSortOrderRole)
 _RIGHT = int((Qt.AlignRight | Qt.AlignVCenter).value)
-VERDICT_COLORS = {"HIT": "#1a7f37", "PARTIAL": "#8a5a00", "DISCARDED": "#b00020"}
 
 
 def _age(ts: float | None) -> str:
@@ -93,7 +93,7 @@ class _Row:
     """What the table shows of one record, worked out once per change of the record
     (a repaint of a thousand rows asks for these many times)."""
 
-    __slots__ = ("cells", "sort", "haystack", "color")
+    __slots__ = ("cells", "sort", "haystack", "verdict")
 
     def __init__(self, r: SessionRecord):
         model = Path(r.model_path).name
@@ -107,7 +107,7 @@ class _Row:
                      str(r.sidecar_status), -1.0 if r.last_restore_ms is None else float(r.last_restore_ms),
                      float(r.time_saved_s or 0.0), verdict.casefold())
         self.haystack = "  ".join((r.name, model, r.profile, verdict))
-        self.color = QColor(VERDICT_COLORS.get(verdict, "#666666")) if verdict else None
+        self.verdict = verdict
 
 
 class SessionsModel(QAbstractTableModel):
@@ -192,7 +192,10 @@ class SessionsModel(QAbstractTableModel):
         if role == _DECORATION:
             return self.icon_for.get(self.records[row].sidecar_status) if col == COL_SIDECAR else None
         if role == _FOREGROUND:
-            return self._rows[row].color if col == COL_VERDICT else None
+            if col != COL_VERDICT:
+                return None
+            verdict = self._rows[row].verdict
+            return theme.verdict_colour(verdict) if verdict else None  # asked when painted: light or dark
         if role == _ALIGNMENT:
             return _RIGHT if col in (COL_TOKENS, COL_SIZE, COL_SAVED) else None
         if role == _TOOLTIP:
@@ -636,7 +639,7 @@ class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
     def _say(self, text: str, ok: bool = True, label: str = "") -> None:
         if self._closed:
             return
-        self.message.setStyleSheet("" if ok else "color: #b00020;")
+        theme.tint(self.message, "" if ok else "color: {crit};")
         self.message.setText(text)
         self.sig_done.emit(label, ok, text)
 

@@ -14,6 +14,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.jobs.loadcheck import StreamRecorder, build_report
+from app.ui import theme
 from app.ui.loadcheck_view import COLUMNS, GapChart, LoadCheckDialog
 from tests.conftest import run, signal_future
 from tests.real.conftest import real_binary, real_model, real_profile  # noqa: F401  (fixtures)
@@ -124,7 +125,7 @@ def test_chart_and_table_of_a_report(qtbot):
     assert img.width() >= 480 and not img.isNull()
     # a red stall dot is painted somewhere on the chart
     red = [(x, y) for x in range(0, img.width(), 2) for y in range(0, img.height(), 2)
-           if img.pixelColor(x, y).name() == "#c62828"]
+           if img.pixelColor(x, y).name() == theme.hex_of("crit")]
     assert red
     empty = GapChart()
     qtbot.addWidget(empty)
