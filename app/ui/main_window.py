@@ -102,7 +102,7 @@ class MainWindow(QMainWindow):
         self._restore_layout()
         self.reload_profiles()
         if problem:
-            self._message(problem.capitalize())
+            self._message(problem[:1].upper() + problem[1:])
         try:
             binary = find_server_binary("").path
             caps, _version = binary_info(binary)  # cached per binary path + mtime

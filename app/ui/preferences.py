@@ -30,7 +30,7 @@ class PreferencesDialog(QDialog):
     def __init__(self, current: Settings, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Preferences")
-        self.setMinimumWidth(560)
+        self.setMinimumWidth(720)
         form = QFormLayout()
 
         self.data_folder = QLineEdit()
@@ -119,7 +119,8 @@ class PreferencesDialog(QDialog):
 
     def _show_data_status(self) -> None:
         s = dataclasses.replace(settings.DEFAULTS, data_folder=self.data_folder.text().strip())
-        self.data_status.setText(settings.data_folder_status(s).capitalize() + ".")
+        status = settings.data_folder_status(s)
+        self.data_status.setText(status[:1].upper() + status[1:] + ".")
 
     def _browse(self) -> None:
         start = self.data_folder.text().strip() or str(paths.data_dir())
