@@ -86,6 +86,17 @@ def run_gui() -> int:
             window.first_run = FirstRunGuide(window)  # kept: it is not modal
             window.first_run.show()
 
+    if os.environ.get("KV_VALET_EXIT_AFTER_SHOW") == "1":
+        # For packaging checks (the standalone build's smoke test): the window came up, say so, quit.
+        from PySide6.QtCore import QTimer
+
+        def shown_then_quit() -> None:
+            print(f"window shown: {window.windowTitle()}" if window.isVisible() else "window not shown", flush=True)
+            result["code"] = 0 if window.isVisible() else 1
+            window._quit(park=False)
+
+        QTimer.singleShot(0, shown_then_quit)
+
     if smoke:
         async def smoke_run():
             from app.store.profiles import DEFAULT_PROFILE_NAME
