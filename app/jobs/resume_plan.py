@@ -1,4 +1,4 @@
-"""The resume plan that "Park all & stop" leaves for "Resume all" at the next start.
+"""The resume plan that "Park all & stop" (and the park before a suspend) leaves for "Resume all".
 
 The resume plan (``data_dir()/resume-plans/<profile>.json``: ``[{slot,
 session}]``) remembers which session came from which slot id, so a client
@@ -34,6 +34,10 @@ def plan_path(profile: str) -> Path:
 
 def write_resume_plan(profile: str, results: list[ParkResult]) -> list[PlanEntry]:
     plan = [PlanEntry(r.slot_id, r.record.name) for r in results if r.ok and r.record and r.slot_id is not None]
+    return write_resume_plan_entries(profile, plan)
+
+
+def write_resume_plan_entries(profile: str, plan: list[PlanEntry]) -> list[PlanEntry]:
     path = plan_path(profile)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")

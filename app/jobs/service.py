@@ -35,7 +35,8 @@ from app.jobs.check import ABReport, CheckError, CheckReport, recover_hidden_sid
 from app.jobs.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
     recover_interrupted
 from app.jobs.resume import ResumeRefused, ResumeResult, find_session, resume_session
-from app.jobs.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan
+from app.jobs.resume_plan import (PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan,
+                                  write_resume_plan_entries)
 from app.jobs.sessions import delete_session, list_sessions, rename_session
 from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.jobs.target import ServerTarget
@@ -270,15 +271,37 @@ class SessionService:
         self._emit(self._changed)
         return result
 
-    async def park_all(self, prefix: str | None = None) -> list[ParkResult]:
+    async def park_all(self, prefix: str | None = None, *, remember: bool = False) -> list[ParkResult]:
         """Park every slot that holds tokens; a failing slot is reported in its
-        result (``error``) and the others go on."""
+        result (``error``) and the others go on. ``remember`` writes the resume
+        plan too (before a suspend: if the server does not survive it, the next
+        start offers "Resume all")."""
         try:
             results = await park_all(self.target, prefix=prefix)
         except (ServerError, ServerUnreachable) as e:
             raise ServiceError(f"cannot read the slots: {e}") from None
+        if remember:
+            write_resume_plan(self.profile_name, results)
         self._emit(self._changed)
         return results
+
+    async def check_after_wake(self) -> list[PlanEntry]:
+        """Back from a suspend that parked the slots: the plan entries whose slot lost its
+        chat (the server was restarted, a slot was cleared) stay planned and are returned;
+        when every slot still holds its tokens there is nothing to resume and the plan goes."""
+        plan = self.resume_plan()
+        if not plan:
+            return []
+        try:
+            held = {r.id: r.tokens_held or 0 for r in await self.slot_rows()}
+        except (ServerError, ServerUnreachable) as e:
+            raise ServiceError(f"cannot read the slots: {e}") from None
+        lost = [e for e in plan if held.get(e.slot, 0) <= 0]
+        if not lost:
+            clear_resume_plan(self.profile_name)
+        elif len(lost) < len(plan):
+            write_resume_plan_entries(self.profile_name, lost)
+        return lost
 
     async def park_all_and_stop(self, prefix: str | None = None, *, stop_if_failed: bool = False) -> ParkAllStopOutcome:
         """Park every non-empty slot, write the resume plan, stop the server. If a

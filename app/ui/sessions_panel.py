@@ -542,18 +542,44 @@ class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
         self.sig_service.emit(svc)
         if svc.recovery_messages:
             self._say("Recovered after an interruption: " + "; ".join(svc.recovery_messages), ok=True)
-        plan = svc.resume_plan()
-        if plan:
-            from app.settings import auto_resumes, load_or_defaults
-
-            if auto_resumes(load_or_defaults()[0].auto_resume, bool(profile and profile.resume_on_start)):
-                self.spawn(self.resume_planned())
-            else:
-                self.resume_all_button.setText(f"Resume all ({len(plan)})")
-                self.resume_all_button.setToolTip("Parked by 'Park all & stop': " + ", ".join(
-                    f"{e.session} → slot {e.slot}" for e in plan))
-                self.resume_all_button.show()
+        self._profile = profile
+        self._offer_resume_all(svc.resume_plan())
         return svc
+
+    def _offer_resume_all(self, plan) -> None:
+        """Show "Resume all (N)" for a resume plan, or resume at once where the
+        preferences or the profile say so (app.settings.auto_resumes)."""
+        from app.settings import auto_resumes, load_or_defaults
+
+        if not plan:
+            self.resume_all_button.hide()
+            return
+        profile = getattr(self, "_profile", None)
+        if auto_resumes(load_or_defaults()[0].auto_resume, bool(profile and profile.resume_on_start)):
+            self.spawn(self.resume_planned())
+            return
+        self.resume_all_button.setText(f"Resume all ({len(plan)})")
+        self.resume_all_button.setToolTip("Parked before the server went away: " + ", ".join(
+            f"{e.session} → slot {e.slot}" for e in plan))
+        self.resume_all_button.show()
+
+    async def after_wake(self) -> None:
+        """Back from a suspend that parked the slots: nothing to do if the chats are still in
+        their slots; else offer (or do) "Resume all" for the slots that lost theirs."""
+        if self.service is None:
+            return  # the server is gone: its next start offers the plan
+        label = "Back from sleep"
+        try:
+            lost = await self.service.check_after_wake()
+        except ServiceError as e:
+            self._say(f"{label}: {e}", ok=False, label=label)
+            return
+        self._offer_resume_all(lost)
+        if lost:
+            self._say(f"{label}: {len(lost)} slot(s) lost their chat while the computer slept; they were parked "
+                      "before it: " + ", ".join(f"'{e.session}' → slot {e.slot}" for e in lost), ok=False, label=label)
+        else:
+            self._say(f"{label}: every slot still holds its chat; nothing to resume.", ok=True, label=label)
 
     def _on_service_changed(self) -> None:
         if not self._closed:
@@ -691,11 +717,12 @@ class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
         await self._read_slots()
         return result
 
-    async def park_all(self):
+    async def park_all(self, remember: bool = False):
+        """Park all; ``remember`` (before a suspend) also writes the resume plan."""
         if not await self._ensure_save_dir():
             return []
         try:
-            results = await self.service.park_all()
+            results = await self.service.park_all(remember=remember)
         except ServiceError as e:
             self._say(f"Park all: {e}", ok=False, label="Park all")
             return []

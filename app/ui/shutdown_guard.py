@@ -28,7 +28,8 @@ def logind_bus() -> QDBusConnection:
     """The system bus, or the bus at ``$KV_VALET_LOGIND_BUS`` (tests: a private bus with a fake logind)."""
     address = os.environ.get("KV_VALET_LOGIND_BUS")
     if address:
-        return QDBusConnection.connectToBus(address, "kv-valet-logind")
+        # Qt keeps named connections for the process: one name per address, never a stale bus
+        return QDBusConnection.connectToBus(address, f"kv-valet-logind {address}")
     return QDBusConnection.systemBus()
 
 

@@ -103,7 +103,7 @@ def _guard_shutdown(window, sessions) -> None:
             if sessions.service is not None and window.controller.owned:
                 window._message(f"The computer is about to {'shut down' if what == 'shutdown' else 'sleep'}: "
                                 "parking every slot…")
-                work = sessions.park_all_and_stop() if what == "shutdown" else sessions.park_all()
+                work = sessions.park_all_and_stop() if what == "shutdown" else sessions.park_all(remember=True)
                 await asyncio.wait_for(work, PREPARE_PARK_TIMEOUT_S)
         except Exception:  # whatever happens, the lock goes: logind must not wait for us forever
             import logging
@@ -119,6 +119,10 @@ def _guard_shutdown(window, sessions) -> None:
             task.add_done_callback(window.prepare_tasks.discard)
         elif window.controller.state == ServerState.READY and window.controller.owned:
             guard.take()  # awake again: hold the lock for the next time
+            if what == "sleep":  # did the chats survive? if not, offer what was parked before
+                task = asyncio.ensure_future(sessions.after_wake())
+                window.prepare_tasks.add(task)
+                task.add_done_callback(window.prepare_tasks.discard)
 
     window.controller.sig_state.connect(on_state)
     guard.sig_prepare.connect(on_prepare)

@@ -4,7 +4,8 @@ A private D-Bus bus (dbus-daemon, started here) carries a fake logind
 (tests/fakes/fake_logind.py); the window holds its delay lock while the real
 server runs. PrepareForShutdown(true) must end with the filled slot parked, the
 server stopped and the lock released; the time from the signal to the release
-is printed (the app's share of the shutdown delay).
+is printed (the app's share of the shutdown delay). PrepareForSleep(true) parks
+and keeps the server; on the wake a slot that lost its chat is offered back.
 """
 
 from __future__ import annotations
@@ -49,11 +50,15 @@ class Lines:
                 self.lines.append(line.strip())
                 self.cond.notify_all()
 
-    def wait(self, prefix: str, timeout: float = 30.0) -> str:
+    def wait(self, prefix: str, timeout: float = 30.0, count: int = 1) -> str:
+        """The ``count``-th line starting with ``prefix``, once there is one."""
+        def found():
+            return [l for l in self.lines if l.startswith(prefix)]
+
         with self.cond:
-            ok = self.cond.wait_for(lambda: any(l.startswith(prefix) for l in self.lines), timeout)
-            assert ok, f"no line starting with {prefix!r} in {self.lines}"
-            return next(l for l in self.lines if l.startswith(prefix))
+            ok = self.cond.wait_for(lambda: len(found()) >= count, timeout)
+            assert ok, f"no {count}. line starting with {prefix!r} in {self.lines}"
+            return found()[count - 1]
 
 
 @pytest.fixture
@@ -123,3 +128,76 @@ def test_prepare_for_shutdown_parks_the_filled_slot_then_releases_the_lock(qtbot
     with capsys.disabled():  # the app's share of the shutdown delay, beside the server's own save times
         print(f"\nfrom PrepareForShutdown(true) to the lock's release: {seconds * 1000:,.0f} ms; the server's "
               f"own saves: {', '.join(f'slot {r.slot_id} {r.save_ms:,.1f} ms' for r in recs)}")
+
+
+def test_prepare_for_sleep_parks_and_the_wake_offers_back_only_what_was_lost(qtbot, qloop, real_profile,
+                                                                             private_bus, monkeypatch):
+    from PySide6.QtDBus import QDBusConnection, QDBusMessage
+
+    from app.jobs.resume_plan import load_resume_plan
+
+    address, logind = private_bus
+    monkeypatch.setenv("KV_VALET_LOGIND_BUS", address)
+    store = ProfileStore()
+    store.save(real_profile)
+    w = MainWindow(store)
+    w.confirm_quit = False
+    attach_panels(w)
+    qtbot.addWidget(w)
+    w.show()
+    w.profiles.set_profiles([real_profile], select="real")
+    panel = w.sessions_panel
+    bus = QDBusConnection.connectToBus(address, "test-caller-sleep")
+
+    def announce(start: bool) -> None:
+        emit = QDBusMessage.createMethodCall("org.freedesktop.login1", "/org/freedesktop/login1",
+                                             "org.freedesktop.login1.Manager", "Emit")
+        emit.setArguments(["PrepareForSleep", start])
+        bus.call(emit)
+
+    async def woke():
+        done = signal_future(panel.sig_done, lambda label, ok, text: label == "Back from sleep")
+        announce(False)
+        return await asyncio.wait_for(done, 30)
+
+    async def scenario():
+        connected = signal_future(panel.sig_service, lambda s: s is not None)
+        qtbot.mouseClick(w.profiles.start_button, Qt.LeftButton)
+        await asyncio.wait_for(connected, 120)
+        await asyncio.to_thread(logind.wait, "INHIBIT")
+        async with LlamaClient(real_profile.url) as c:  # two filled slots
+            await c.completion(TEXT, slot_id=0, n_predict=2)
+            await c.completion("A second conversation, about trains. " + TEXT, slot_id=1, n_predict=2)
+
+        # a suspend: both parked, the plan written, the lock released; the server keeps running
+        announce(True)
+        await asyncio.to_thread(logind.wait, "RELEASED", 60)
+        assert w.controller.state == "Ready" and not w.shutdown_guard.held
+        assert sorted(e.slot for e in load_resume_plan("real")) == [0, 1]
+        # the wake, with the chats still in their slots: nothing to resume, the plan goes
+        label, ok, text = await woke()
+        assert ok and "nothing to resume" in text, text
+        assert load_resume_plan("real") == [] and not panel.resume_all_button.isVisibleTo(panel)
+        await asyncio.to_thread(logind.wait, "INHIBIT", 30, 2)  # held again for the next time
+
+        # a second suspend, during which slot 1 loses its chat (a GPU reset, another client's erase)
+        announce(True)
+        await asyncio.to_thread(logind.wait, "RELEASED", 60, 2)
+        async with LlamaClient(real_profile.url) as c:
+            await c.erase_slot(1)
+        label, ok, text = await woke()
+        assert not ok and "slot 1" in text and "slot 0" not in text, text
+        assert [e.slot for e in load_resume_plan("real")] == [1]
+        assert panel.resume_all_button.isVisibleTo(panel) and panel.resume_all_button.text() == "Resume all (1)"
+        done = signal_future(panel.sig_done, lambda label, ok, text: label == "Resume all")
+        qtbot.mouseClick(panel.resume_all_button, Qt.LeftButton)
+        label, ok, text = await asyncio.wait_for(done, 60)
+        assert ok and "→ slot 1: ok" in text, text
+        rows = {r.id: r for r in await panel.service.slot_rows()}
+        assert rows[1].tokens_held and rows[1].tokens_held > 600
+        await w.shutdown()
+
+    try:
+        run(qloop, scenario(), 240)
+    finally:
+        QDBusConnection.disconnectFromBus("test-caller-sleep")
