@@ -80,20 +80,26 @@ def private_bus():
             p.wait(10)
 
 
-def test_prepare_for_shutdown_parks_the_filled_slot_then_releases_the_lock(qtbot, qloop, real_profile,
-                                                                        private_bus, monkeypatch, capsys):
-    from PySide6.QtDBus import QDBusConnection, QDBusMessage
-
-    address, logind = private_bus
+def window_on_the_bus(qtbot, profile, address: str, monkeypatch) -> MainWindow:
+    """The window as the app wires it, its shutdown guard on the private bus, the profile selected."""
     monkeypatch.setenv("KV_VALET_LOGIND_BUS", address)
     store = ProfileStore()
-    store.save(real_profile)
+    store.save(profile)
     w = MainWindow(store)
     w.confirm_quit = False
     attach_panels(w)
     qtbot.addWidget(w)
     w.show()
-    w.profiles.set_profiles([real_profile], select="real")
+    w.profiles.set_profiles([profile], select=profile.name)
+    return w
+
+
+def test_prepare_for_shutdown_parks_the_filled_slot_then_releases_the_lock(qtbot, qloop, real_profile,
+                                                                        private_bus, monkeypatch, capsys):
+    from PySide6.QtDBus import QDBusConnection, QDBusMessage
+
+    address, logind = private_bus
+    w = window_on_the_bus(qtbot, real_profile, address, monkeypatch)
     assert w.shutdown_guard.connected
 
     async def scenario():
@@ -137,15 +143,7 @@ def test_prepare_for_sleep_parks_and_the_wake_offers_back_only_what_was_lost(qtb
     from app.jobs.resume_plan import load_resume_plan
 
     address, logind = private_bus
-    monkeypatch.setenv("KV_VALET_LOGIND_BUS", address)
-    store = ProfileStore()
-    store.save(real_profile)
-    w = MainWindow(store)
-    w.confirm_quit = False
-    attach_panels(w)
-    qtbot.addWidget(w)
-    w.show()
-    w.profiles.set_profiles([real_profile], select="real")
+    w = window_on_the_bus(qtbot, real_profile, address, monkeypatch)
     panel = w.sessions_panel
     bus = QDBusConnection.connectToBus(address, "test-caller-sleep")
 
