@@ -42,6 +42,9 @@ def tune_runtime() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+PARK_ON_EXIT_TIMEOUT_S = 60.0
+
+
 def run_gui() -> int:
     smoke = os.environ.get("KV_VALET_SMOKE") == "1"
     if smoke:
@@ -114,14 +117,28 @@ def run_gui() -> int:
 
         asyncio.ensure_future(smoke_run())
 
+    # The desktop session ends (logout): the same park-all-then-stop path as SIGTERM.
+    app.commitDataRequest.connect(window.session_ending)
     # Ctrl-C in the terminal: close the window in order (the server is stopped).
     signal.signal(signal.SIGINT, lambda *_: window.close())
     # A logout or a reboot: park the chats, then quit (a second signal quits at once).
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: loop.call_soon_threadsafe(window.park_and_quit))
     with loop:
-        loop.run_until_complete(_until_closed(window))
+        run_until_closed(loop, window)
     return result["code"]
+
+
+def run_until_closed(loop, window) -> None:
+    """Run the window until it closes. If something quits the application under it (a session
+    manager ending the desktop session calls quit()), the chats are parked and the server stopped
+    anyway, before the process goes."""
+    try:
+        loop.run_until_complete(_until_closed(window))
+    except RuntimeError:  # "Event loop stopped before Future completed."
+        if not getattr(window, "_closing", False):
+            window._closing = True
+            loop.run_until_complete(window.park_then_shutdown(timeout=PARK_ON_EXIT_TIMEOUT_S))
 
 
 async def _until_closed(window) -> None:

@@ -364,6 +364,10 @@ class MainWindow(QMainWindow):
     # -- closing ----------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         """Normal quit never leaves an orphan server, and offers to park the chats first."""
+        task = getattr(self, "_quit_task", None)
+        if task is not None and not task.done():
+            event.ignore()  # parking and stopping (a quit, a logout): the window closes when that is done
+            return
         if self.keep_in_tray and self.tray is not None and not getattr(self, "_closing", False) \
                 and QSystemTrayIcon.isSystemTrayAvailable():
             event.ignore()
@@ -412,14 +416,30 @@ class MainWindow(QMainWindow):
         if getattr(self, "_closing", False):
             return
         self._closing = True
-        task = asyncio.ensure_future(self.park_then_shutdown() if park else self.shutdown())
+        self._quit_task = task = asyncio.ensure_future(self.park_then_shutdown() if park else self.shutdown())
         task.add_done_callback(lambda t: self.close())
 
     def park_and_quit(self) -> None:
         """SIGTERM / SIGHUP (a logout, a reboot): park every slot, then quit. A second one quits at once."""
         if getattr(self, "_closing", False):
+            if getattr(self, "_session_ending", False):
+                self._session_ending = False  # the logout's own SIGTERM, after its commit-data request: same park
+                return
             self._park_interrupted.set()
             return
+        self._quit(park=True)
+
+    def session_ending(self, manager=None) -> None:
+        """The desktop session ends (Qt's commitDataRequest, before the logout goes on): park every
+        slot and stop the server, as for SIGTERM. The SIGTERM that usually follows joins this park
+        instead of cutting it short; another one after that quits at once."""
+        if manager is not None:
+            from PySide6.QtGui import QSessionManager
+
+            manager.setRestartHint(QSessionManager.RestartNever)  # the user starts KV Valet, not the session
+        if getattr(self, "_closing", False):
+            return
+        self._session_ending = True
         self._quit(park=True)
 
     async def park_then_shutdown(self, timeout: float = 120.0) -> None:
