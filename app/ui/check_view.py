@@ -77,6 +77,19 @@ class Chart(QWidget):
     def paint(self, p: QPainter, area: QRectF) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def draw_log_grid(p: QPainter, area: QRectF, left: float, right: float, lo: float, hi: float, y_of,
+                      label_width: float, label) -> None:
+        """A horizontal line and a left-hand label per decade from ``lo`` to ``hi``."""
+        decade = lo
+        while decade <= hi * 1.0001:
+            y = y_of(decade)
+            p.setPen(QPen(colour("grid"), 1))
+            p.drawLine(QPointF(left, y), QPointF(right, y))
+            p.setPen(colour("muted"))
+            p.drawText(QRectF(area.left(), y - 8, label_width, 16), Qt.AlignRight | Qt.AlignVCenter, label(decade))
+            decade *= 10
+
 
 class ABChart(Chart):
     """Restore + first-query prompt time per run, as stacked horizontal bars."""
@@ -214,14 +227,7 @@ class HistoryChart(Chart):
         p.setPen(colour("text"))
         p.drawText(QRectF(area.left() + 8, area.top() + 2, area.width(), 20), Qt.AlignLeft | Qt.AlignVCenter,
                    "restore ms (blue) and first query ms (dots: verdict) over time")
-        decade = lo
-        while decade <= hi * 1.0001:
-            y = y_of(decade)
-            p.setPen(QPen(colour("grid"), 1))
-            p.drawLine(QPointF(left, y), QPointF(right, y))
-            p.setPen(colour("muted"))
-            p.drawText(QRectF(area.left(), y - 8, 68, 16), Qt.AlignRight | Qt.AlignVCenter, fmt_ms(decade))
-            decade *= 10
+        self.draw_log_grid(p, area, left, right, lo, hi, y_of, 68, fmt_ms)
         for idx, series in ((1, colour("restore")), (2, colour("faint"))):
             p.setPen(QPen(series, 1.5))
             prev = None

@@ -246,10 +246,4 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
     async def aclose(self) -> None:
         self._closed = True
         self.figures_timer.stop()
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            try:
-                await t
-            except BaseException:
-                pass
+        await self.end_tasks()

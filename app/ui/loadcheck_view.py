@@ -79,14 +79,7 @@ class GapChart(Chart):
         p.setPen(colour("text"))
         p.drawText(QRectF(area.left() + 8, area.top() + 2, area.width() - 16, 20), Qt.AlignLeft | Qt.AlignVCenter,
                    "largest gap between two tokens (ms, log) over the run; red dots: stalls")
-        decade = lo
-        while decade <= hi * 1.0001:
-            y = y_of(decade)
-            p.setPen(QPen(colour("grid"), 1))
-            p.drawLine(QPointF(left, y), QPointF(right, y))
-            p.setPen(colour("muted"))
-            p.drawText(QRectF(area.left(), y - 8, 60, 16), Qt.AlignRight | Qt.AlignVCenter, _short_ms(decade))
-            decade *= 10
+        self.draw_log_grid(p, area, left, right, lo, hi, y_of, 60, _short_ms)
         # time axis
         p.setPen(colour("muted"))
         for i in range(5):

@@ -996,13 +996,7 @@ class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
         self.slots_timer.stop()
         if self.controller is not None:
             self.controller.sig_state.disconnect(self._on_server_state)
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            try:
-                await t
-            except BaseException:
-                pass
+        await self.end_tasks()
         if self.service:
             await self.service.aclose()
             self.service = None

@@ -2,7 +2,7 @@
 
 A task nobody holds can be garbage-collected mid-run, and an exception nobody
 reads vanishes. A panel mixes :class:`RunsTasks` in, starts work with
-:meth:`spawn`, cancels what is left in its ``aclose`` (``self._tasks``), and
+:meth:`spawn`, cancels what is left in its ``aclose`` (:meth:`end_tasks`), and
 says a failure with ``_task_failed``.
 """
 
@@ -28,6 +28,16 @@ class RunsTasks:
         if not task.cancelled() and task.exception() is not None:
             log.error("%s task failed", type(self).__name__, exc_info=task.exception())
             self._task_failed(task.exception())
+
+    async def end_tasks(self) -> None:
+        """Cancel what is still running and wait until it has stopped (a panel's ``aclose``)."""
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            try:
+                await t
+            except BaseException:  # cancelled, or failed: either way it is over
+                pass
 
     def _task_failed(self, exc: BaseException) -> None:
         """Say it to the user (the panel's message line)."""
