@@ -85,13 +85,17 @@ def test_preferences_typed_and_saved_apply_at_once_and_land_on_disk(qtbot, qloop
 
 
 def test_bad_values_are_refused_with_the_reason_and_nothing_is_written(qtbot, tmp_path):
+    paths.settings_path().parent.mkdir(parents=True, exist_ok=True)
+    paths.settings_path().write_text("log_backups = 7\n")  # what the user saved before
     w, _profile = make_window(qtbot, tmp_path)
     dlg = open_preferences(qtbot, w)
     type_into(qtbot, dlg.interval, "0.2")
     type_into(qtbot, dlg.busy_interval, "1")
     qtbot.mouseClick(dlg.save_button, Qt.LeftButton)
     assert dlg.isVisible() and "busy rate must be as fast as the idle one" in dlg.errors.text()
-    assert not paths.settings_path().exists()
+    # nothing lost: what was typed stays in the form, what was saved stays in the file
+    assert (dlg.interval.value(), dlg.busy_interval.value(), dlg.log_backups.value()) == (0.2, 1.0, 7)
+    assert paths.settings_path().read_text() == "log_backups = 7\n"
     type_into(qtbot, dlg.busy_interval, "0.1")
     type_into(qtbot, dlg.data_folder, "relative/folder")
     qtbot.mouseClick(dlg.save_button, Qt.LeftButton)
@@ -101,7 +105,8 @@ def test_bad_values_are_refused_with_the_reason_and_nothing_is_written(qtbot, tm
     type_into(qtbot, dlg.data_folder, str(blocker / "sub"))
     qtbot.mouseClick(dlg.save_button, Qt.LeftButton)
     assert dlg.isVisible() and "cannot be used" in dlg.errors.text()
-    assert not paths.settings_path().exists()
+    assert dlg.data_folder.text() == str(blocker / "sub")
+    assert paths.settings_path().read_text() == "log_backups = 7\n"
 
 
 def test_a_new_data_folder_applies_from_the_next_start(qtbot, tmp_path, monkeypatch):

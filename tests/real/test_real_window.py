@@ -129,7 +129,8 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
 
 
 def test_park_all_and_quit_from_the_quit_dialog(qtbot, qloop, real_profile):
-    """Quit asks: "Park all & quit" parks the filled slot, stops the server, closes the window."""
+    """Quit asks: "Park all & quit" parks the filled slot, stops the server, closes the window; with
+    "Resume them at once" in the preferences the next start puts the chat back unasked."""
     import asyncio
 
     import psutil
@@ -176,3 +177,30 @@ def test_park_all_and_quit_from_the_quit_dialog(qtbot, qloop, real_profile):
         [rec] = cat.list("real")
     assert rec.slot_id == 0 and rec.n_tokens > 600 and rec.state_path.is_file()
     assert [(e.slot, e.session) for e in load_resume_plan("real")] == [(0, rec.name)]
+
+    # The next start, with Preferences → "Resume them at once": the chat goes back unasked.
+    from tests.fake.test_gui_preferences import open_preferences
+
+    w2 = MainWindow(store)
+    w2.confirm_quit = False
+    attach_panels(w2)
+    qtbot.addWidget(w2)
+    w2.show()
+    w2.profiles.set_profiles([real_profile], select="real")
+    dlg = open_preferences(qtbot, w2)
+    dlg.auto_resume.setFocus()
+    qtbot.keyClick(dlg.auto_resume, Qt.Key_Down)
+    qtbot.mouseClick(dlg.save_button, Qt.LeftButton)
+    panel = w2.sessions_panel
+
+    async def next_start():
+        resumed = signal_future(panel.sig_done, lambda label, ok, text: label == "Resume all")
+        qtbot.mouseClick(w2.profiles.start_button, Qt.LeftButton)
+        label, ok, text = await asyncio.wait_for(resumed, 120)
+        assert ok and f"{rec.name} → slot 0: ok" in text, text
+        rows = {r.id: r for r in await panel.service.slot_rows()}
+        await w2.shutdown()
+        return rows[0].tokens_held
+
+    assert run(qloop, next_start(), 180) == rec.n_tokens
+    assert load_resume_plan("real") == [] and not panel.resume_all_button.isVisibleTo(panel)

@@ -81,6 +81,7 @@ def test_cli_settings_show_set_reset(capsys):
     assert main(["settings", "set", "monitor_busy_interval_s=2"]) == 1
     err = capsys.readouterr().err
     assert "settings not saved" in err and "busy rate" in err
+    assert tomllib.loads(paths.settings_path().read_text()) == {"monitor_interval_s": 0.5, "keep_in_tray": True}
     assert main(["settings", "set", "colour=red"]) == 2
     assert "unknown setting 'colour'" in capsys.readouterr().err
     assert main(["settings", "set", "monitor_interval_s"]) == 2
