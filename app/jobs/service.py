@@ -29,9 +29,12 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from app.core.profile import LaunchProfile
-from app.core.verdict import Verdict, VerdictKind, time_saved
+from app.core.sidecar_behaviour import Behaviour
+from app.core.verdict import Verdict, VerdictKind
 from app.jobs import check as check_job
-from app.jobs.check import ABReport, CheckError, CheckReport, recover_hidden_sidecars
+from app.jobs.behaviour import identify_target, mode_from_log, mode_from_log_file
+from app.jobs.check import (PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError, CheckReport,
+                            recover_hidden_sidecars)
 from app.jobs.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
     recover_interrupted
 from app.jobs.resume import ResumeRefused, ResumeResult, find_session, resume_session
@@ -41,6 +44,7 @@ from app.jobs.sessions import delete_session, list_sessions, rename_session
 from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.jobs.target import ServerTarget
 from app.jobs.watch import ResumeWatcher
+from app.jobs.wiring import VerdictRelay, attach_verdicts
 from app.monitor.slots import LastTask, RestoredSlot, SlotRow
 from app.server.client import LlamaClient, ServerError, ServerUnreachable
 from app.server.launcher import resolve_api_key, slot_save_path_for
@@ -90,11 +94,15 @@ _CACHED = re.compile(r"cached n_tokens =\s*(\d+)")
 
 
 class SessionService:
-    def __init__(self, target: ServerTarget, *, stopper: Stopper | None = None):
+    def __init__(self, target: ServerTarget, *, stopper: Stopper | None = None,
+                 restarter: Stopper | None = None):
         self.target = target
+        self._restarter = restarter  # a fresh server process: only for a server KV Valet runs
+        self.restarting = False  # front ends keep the service through a restart the service asked for
         self.catalog: Catalog = target.catalog
         self.stopper = stopper  # stops the server: only for a server KV Valet launched
         self.watcher = ResumeWatcher(self._on_verdict)
+        self.relay = VerdictRelay(self)  # resumes of any process, judged by whoever reads the log
         self.recovery_messages: list[str] = []
         self._changed: list[Callable[[], None]] = []
         self._restored_cbs: list[Callable[[int, RestoredSlot], None]] = []
@@ -107,7 +115,7 @@ class SessionService:
     async def connect(cls, catalog: Catalog, *, url: str | None = None, profile: LaunchProfile | None = None,
                       save_dir: str | Path | None = None, api_key: str | None = None, log_buffer=None,
                       build: str | None = None, supervisor=None, stopper: Stopper | None = None,
-                      recover: bool = True) -> "SessionService":
+                      recover: bool = True, restarter: Stopper | None = None) -> "SessionService":
         """Connect to a running server: ``url`` (default: the profile's) with the
         key :func:`resolve_api_key` gives. ``supervisor``: the server the app runs,
         whose log feeds the verdict watcher. Raises ServiceError when it is down."""
@@ -136,9 +144,23 @@ class SessionService:
         except BaseException:
             await client.aclose()
             raise
-        svc = cls(target, stopper=stopper)
+        # which sidecar behaviour this build has (app.jobs.behaviour): the server's own start line,
+        # a KV Valet build's build-info.json, what its parks wrote
+        mode = getattr(supervisor, "sidecar_mode", None) if supervisor is not None else None
+        if mode is None and log_buffer is not None:
+            path = getattr(log_buffer, "path", None)
+            mode = mode_from_log_file(path) if path else mode_from_log(log_buffer.since(0))
+        binary = (supervisor.argv[0] if supervisor is not None and getattr(supervisor, "argv", None)
+                  else (profile.server_binary if profile is not None else None))
+        if mode:
+            target.build = f"{target.build} +sidecars-{mode}"  # KV Valet's build: not the stock one's key
+        target.behaviour = identify_target(target, mode_line=mode, binary=binary)
+        if restarter is None and supervisor is not None and stopper is not None:
+            async def restarter() -> None:
+                await supervisor.restart()
+        svc = cls(target, stopper=stopper, restarter=restarter)
         if supervisor is not None:
-            supervisor.on_line(svc.feed_log)
+            attach_verdicts(svc, supervisor)
         if recover:
             svc.recovery_messages = await asyncio.to_thread(svc.recover)
         return svc
@@ -268,6 +290,8 @@ class SessionService:
             raise ServiceError(f"the server stopped answering ({e.reason})") from None
         except ServerError as e:
             raise ServiceError(f"the server refused: {e.message}") from None
+        if self.target.behaviour is Behaviour.UNKNOWN:  # what this park wrote tells the build apart
+            self.target.behaviour = identify_target(self.target)
         self._emit(self._changed)
         return result
 
@@ -330,9 +354,7 @@ class SessionService:
         rec = result.record
         if rec.id is not None:
             self.catalog.update_verdict(rec.id, VerdictKind.UNKNOWN, "no query on this slot since the restore yet")
-        self.watcher.expect(result.slot_id, result.n_restored, rec.name, rec.sidecar_status,
-                            build_persists=self.persists_checkpoints,
-                            ctx_checkpoints=self.target.ctx_checkpoints, sidecar_count=rec.sidecar_count or None)
+        self.relay.note_restore(result)  # the verdict: this service's watcher, or another process's
         self._emit(self._restored_cbs, result.slot_id, self.target.restored[result.slot_id])
         self._emit(self._changed)
         return result
@@ -373,26 +395,77 @@ class SessionService:
                                      "the session over them"])
         return slot_id
 
+    async def _restart_for_check(self) -> None:
+        """A fresh server process between probes (the A/B's protocol): the front ends keep
+        this service through it, and what the app knew of the old process goes."""
+        assert self._restarter is not None
+        self.restarting = True
+        try:
+            await self._restarter()
+        finally:
+            self.restarting = False
+        self.target.restored.clear()
+        self.target.last_tasks.clear()
+        self.target.checkpoint_owners.clear()
+
+    @property
+    def can_restart(self) -> bool:
+        return self._restarter is not None
+
+    def protocol_for(self, protocol: str | None, *, check: bool = False) -> str:
+        """The A/B runs across restarts when KV Valet runs the server, else in one process
+        (its arms labelled when they confound). A check restarts only on a build that keeps
+        a slot's checkpoints across restores (the fork): elsewhere one process is the same."""
+        if protocol is not None:
+            if protocol == PROTOCOL_RESTARTS and not self.can_restart:
+                raise ServiceError("the A/B across restarts needs a server KV Valet runs (it restarts it between "
+                                   "arms, as the seed's A/B did); this one is not: run it in one process")
+            return protocol
+        if not self.can_restart:
+            return PROTOCOL_ONE_PROCESS
+        if check and self.target.behaviour is not Behaviour.FORK:
+            return PROTOCOL_ONE_PROCESS
+        return PROTOCOL_RESTARTS
+
+    async def _confirm_restarts(self, slot: int, force: bool) -> None:
+        if force:
+            return
+        others = [r for r in await self.slot_rows() if r.id != slot and held(r) > 0]
+        if others:
+            what = ", ".join(f"slot {r.id} ({held(r):,} tokens)" for r in others)
+            raise NeedsConfirmation([f"the check restarts the server between probes: the chats in {what} are "
+                                     "lost unless you park them first"])
+
     async def check(self, name: str, slot_id: int | None = None, *, force: bool = False,
-                    question: str = check_job.DEFAULT_QUESTION) -> CheckReport:
+                    question: str = check_job.DEFAULT_QUESTION, protocol: str | None = None) -> CheckReport:
         """Restore ``name`` and judge a first query twice (exact tokens, text)."""
         rec = self.session(name)
         slot = await self.check_slot(rec, slot_id, force=force)
+        protocol = self.protocol_for(protocol, check=True)
+        restart = self._restart_for_check if protocol == PROTOCOL_RESTARTS else None
+        if restart is not None:
+            await self._confirm_restarts(slot, force)
         try:
-            report = await check_job.check_resume(self.target, rec, slot, question=question)
+            report = await check_job.check_resume(self.target, rec, slot, question=question, restart=restart)
         except CheckError as e:
             raise ServiceError(str(e)) from None
         self._emit(self._changed)
         return report
 
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False,
-                 question: str = check_job.DEFAULT_QUESTION, between_arms=None) -> ABReport:
-        """The A/B: the same state file with its sidecar and with it hidden."""
+                 question: str = check_job.DEFAULT_QUESTION, between_arms=None,
+                 protocol: str | None = None) -> ABReport:
+        """The A/B: the same state file with its sidecar and with it hidden, across restarts
+        when KV Valet runs the server (``protocol`` None), else in one process."""
         rec = self.session(name)
         slot = await self.check_slot(rec, slot_id, force=force)
+        protocol = self.protocol_for(protocol)
+        restart = self._restart_for_check if protocol == PROTOCOL_RESTARTS else None
+        if restart is not None:
+            await self._confirm_restarts(slot, force)
         try:
             report = await check_job.ab_check(self.target, rec, slot, baseline=baseline, question=question,
-                                              between_arms=between_arms)
+                                              between_arms=between_arms, restart=restart, protocol=protocol)
         except CheckError as e:
             raise ServiceError(str(e)) from None
         self._emit(self._changed)
@@ -415,8 +488,10 @@ class SessionService:
         if self._closed:
             return
         ev = getattr(item, "event", item)
+        self.relay.before_feed(ev)  # a task starts on a slot another process resumed: judge it too
         self.watcher.feed(item)  # the LogLine: its read time tells an earlier task's late lines apart
         record_prefill_sample(self.catalog, self.profile_name, ev)
+        self._track_checkpoints(ev)
         if ev.slot is None or ev.task is None or ev.task < 0:
             return
         if ev.kind is Kind.NEW_PROMPT:
@@ -431,18 +506,24 @@ class SessionService:
             self.target.last_tasks[ev.slot] = LastTask(ev.task, (cached or 0) + (n or 0) if n is not None else None,
                                                        cached, n)
 
+    def _track_checkpoints(self, ev) -> None:
+        """Whose context checkpoints each slot holds, and what the log says of the build."""
+        t = self.target
+        if ev.kind in (Kind.MODEL_LOADED, Kind.LISTENING):  # a new server process: nothing survives it
+            t.checkpoint_owners.clear()
+        elif ev.kind is Kind.SIDECAR_MODE:
+            mode = ev.fields.get("mode")
+            if mode and not t.build.endswith(f"+sidecars-{mode}"):
+                t.build = f"{t.build.split(' +sidecars-')[0]} +sidecars-{mode}"
+            t.behaviour = identify_target(t, mode_line=mode)
+        elif ev.kind is Kind.CHECKPOINT_CREATED and ev.slot is not None and ev.task is not None and ev.task >= 0:
+            restored = t.restored.get(ev.slot)
+            t.checkpoint_owners[ev.slot] = (restored.session if restored is not None and restored.session
+                                            else f"the chat of task {ev.task}")
+
     def _on_verdict(self, slot_id: int, session: str | None, verdict: Verdict) -> None:
-        if session:
-            try:
-                rec = find_session(self.catalog, self.profile_name, session)
-            except ResumeRefused:
-                rec = None
-            if rec is not None and rec.id is not None:
-                with contextlib.suppress(Exception):
-                    self.catalog.update_verdict(rec.id, verdict.kind, verdict.reason)
-                    saved = time_saved(verdict, self.catalog.prefill_rate(self.profile_name))
-                    if saved is not None:
-                        self.catalog.record_time_saved(rec.id, saved)
+        # the verdict and the time saved, written once whoever else judged it (app.jobs.wiring)
+        session = self.relay.settle(slot_id, verdict) or session
         entry = self.target.restored.get(slot_id)
         if entry is not None:
             entry.verdict = verdict

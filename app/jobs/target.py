@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.profile import LaunchProfile
+from app.core.sidecar_behaviour import Behaviour
 from app.jobs.queue import OperationQueue
 from app.monitor.slots import LastTask, RestoredSlot, SlotRow, slot_rows
 from app.server.client import LlamaClient
@@ -32,12 +33,17 @@ class ServerTarget:
     flash_attn: str = "auto"
     swa_full: bool = False
     ctx_checkpoints: int = 32
+    # what this build does with checkpoint sidecars (app.core.sidecar_behaviour.Behaviour)
+    behaviour: Behaviour = Behaviour.UNKNOWN
     log: LogBuffer | None = None  # the server log, when the app launched the server
     queue: OperationQueue = field(default_factory=OperationQueue)
     # After a restore /slots does not show the restored tokens, so the app keeps them.
     restored: dict[int, RestoredSlot] = field(default_factory=dict)
     # Each slot's last task from the log (/slots zeroes its figures at release).
     last_tasks: dict[int, LastTask] = field(default_factory=dict)
+    # Whose context checkpoints each slot holds (a session's name, or "the chat of task N"):
+    # on a build that keeps them across restores (the fork) they matter to the next resume.
+    checkpoint_owners: dict[int, str] = field(default_factory=dict)
 
     async def slot_rows(self) -> list[SlotRow]:
         """``GET /slots`` as typed rows, with what the app knows that /slots does not."""

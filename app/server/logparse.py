@@ -34,6 +34,8 @@ class Kind(str, enum.Enum):
     SIDECAR_SAVED = "sidecar_saved"
     SIDECAR_RESTORED = "sidecar_restored"
     SIDECAR_WRITE_FAILED = "sidecar_write_failed"
+    SIDECAR_IGNORED = "sidecar_ignored"  # a strict loader refused the file (not every build says so)
+    SIDECAR_MODE = "sidecar_mode"  # KV Valet's build: "checkpoint sidecars: v2|fork|port" at start
     GGML_ASSERT = "ggml_assert"
     BIND_FAILED = "bind_failed"
     MODEL_LOAD_FAILED = "model_load_failed"
@@ -85,6 +87,8 @@ _RULES: list[tuple[Kind, re.Pattern]] = [
     (Kind.SIDECAR_SAVED, re.compile(r"saved (\d+) context checkpoints? to sidecar")),
     (Kind.SIDECAR_RESTORED, re.compile(r"restored (\d+) context checkpoints? from sidecar")),
     (Kind.SIDECAR_WRITE_FAILED, re.compile(r"failed to write checkpoint sidecar\s*(.*)")),
+    (Kind.SIDECAR_IGNORED, re.compile(r"ignoring checkpoint sidecar: (.*) \((.*)\)\s*$")),
+    (Kind.SIDECAR_MODE, re.compile(r"^checkpoint sidecars: (\w+)")),
     (Kind.IDLE_SLOT_SAVE, re.compile(r"saving idle slot to prompt cache")),
     (Kind.PROMPT_CACHE_UPDATE, re.compile(r"prompt cache update took " + _NUM + r" ms")),
     (Kind.RELEASE, re.compile(r"stop processing: n_tokens =\s*(\d+)")),
@@ -103,7 +107,7 @@ _RULES: list[tuple[Kind, re.Pattern]] = [
 _ASSERT = re.compile(r"(GGML_ASSERT\((.*)\) failed|GGML_ABORT\(?(.*)|ggml_abort|terminate called after throwing.*)")
 # One cheap search that every rule above needs to match first: a -lv 4 flood is mostly
 # lines no rule wants, and 25 searches a line cost the server log reader 10 us a line.
-_ANY_RULE = re.compile(r"eval time|total time|prompt processing|forcing full|context checkpoint|idle slot|"
+_ANY_RULE = re.compile(r"eval time|total time|prompt processing|forcing full|context checkpoint|checkpoint sidecar|idle slot|"
                        r"prompt cache update|stop processing|selected slot|processing task|new prompt|new slot|"
                        r"model loaded|load model|loading model|model loading|listening on|slots are idle|bind|"
                        r"out of memory|allocate|cudaMalloc|build", re.I)
@@ -161,6 +165,10 @@ def _fields(kind: Kind, r: re.Match, text: str) -> dict:
         return {"count": int(g[0])}
     if kind == Kind.SIDECAR_WRITE_FAILED:
         return {"path": g[0].strip()}
+    if kind == Kind.SIDECAR_IGNORED:
+        return {"reason": g[0].strip(), "path": g[1].strip()}
+    if kind == Kind.SIDECAR_MODE:
+        return {"mode": g[0]}
     if kind == Kind.PROMPT_CACHE_UPDATE:
         return {"ms": float(g[0])}
     if kind == Kind.RELEASE:

@@ -377,3 +377,78 @@ def write_lsckpt2(path: str | os.PathLike, checkpoints) -> int:
             f.write(tgt)
             f.write(dft)
         return f.tell()
+
+
+# --------------------------------------------------------------------------- facts (per-build loaders)
+
+def read_facts(state_path: str | os.PathLike):
+    """The sidecar of ``state_path`` as :class:`app.core.sidecar_behaviour.SidecarFacts`:
+    a lax walk that records trailing bytes, checkpoints past the tokens and a short
+    file instead of refusing, so each build's own loader can be predicted
+    (:func:`app.core.sidecar_behaviour.predict_load`). Headers only, with ``seek()``."""
+    from app.core.sidecar_behaviour import MISSING, CheckpointFacts, SidecarFacts
+
+    ckpt, companion = sidecar_candidates(state_path)
+    if not ckpt.is_file():
+        if companion.is_file():
+            return SidecarFacts(path=str(companion), kind="companion", size=companion.stat().st_size)
+        return MISSING
+    with open(ckpt, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if head[:4] != PKCL_MAGIC_BYTES or len(head) < 8:
+            kind = "LSCKPT2" if head == LSCKPT2_MAGIC else "other"
+            return SidecarFacts(path=str(ckpt), kind=kind, size=size)
+        version = struct.unpack("<I", head[4:8])[0]
+        if version not in (PKCL_VERSION, PKCL_VERSION_2):
+            return SidecarFacts(path=str(ckpt), kind="PKCL", version=version, size=size)
+        f.seek(0)
+        hdr = _PKCL2_HEADER if version == PKCL_VERSION_2 else _PKCL_HEADER
+        raw = f.read(hdr.size)
+        if len(raw) != hdr.size:
+            return SidecarFacts(path=str(ckpt), kind="PKCL", version=version, size=size,
+                                short=f"the file ends inside the header ({size:,} bytes)")
+        state_hash = None
+        if version == PKCL_VERSION_2:
+            _m, _v, state_hash, count = hdr.unpack(raw)
+        else:
+            _m, _v, count = hdr.unpack(raw)
+        offset, cps, short, largest = hdr.size, [], None, 0
+        for i in range(min(count, MAX_CHECKPOINTS)):
+            f.seek(offset)
+            if version == PKCL_VERSION_2:
+                e = f.read(_PKCL2_ENTRY.size)
+                if len(e) != _PKCL2_ENTRY.size:
+                    short = f"the file ends inside checkpoint {i + 1} of {count}"
+                    break
+                n_tokens, pos_min, pos_max = _PKCL2_ENTRY.unpack(e)
+                offset += _PKCL2_ENTRY.size
+                sizes = []
+                for _block in range(3):
+                    f.seek(offset)
+                    s = f.read(_U64.size)
+                    if len(s) != _U64.size:
+                        break
+                    (n,) = _U64.unpack(s)
+                    sizes.append(n)
+                    offset += _U64.size + n
+                if len(sizes) != 3 or offset > size:
+                    short = f"the file ends inside checkpoint {i + 1} of {count}"
+                    break
+            else:
+                e = f.read(_PKCL_ENTRY.size)
+                if len(e) != _PKCL_ENTRY.size:
+                    short = f"the file ends inside checkpoint {i + 1} of {count}"
+                    break
+                n_tokens, pos_min, pos_max, n_tgt, n_dft = _PKCL_ENTRY.unpack(e)
+                sizes = [n_tgt, n_dft]
+                offset += _PKCL_ENTRY.size + n_tgt + n_dft
+                if offset > size:
+                    short = f"the file ends inside checkpoint {i + 1} of {count}"
+                    break
+            largest = max([largest, *sizes])
+            cps.append(CheckpointFacts(n_tokens, pos_min, pos_max, sum(sizes)))
+        trailing = max(0, size - offset) if short is None and count <= MAX_CHECKPOINTS else 0
+        return SidecarFacts(path=str(ckpt), kind="PKCL", version=version, count=count, size=size,
+                            state_hash=state_hash, checkpoints=tuple(cps), trailing=trailing, short=short,
+                            largest_blob=largest)

@@ -33,7 +33,7 @@ import psutil
 
 from app.server.client import LlamaClient
 from app.server.logfile import ServerLogFile
-from app.server.logparse import LogEvent, parse_line
+from app.server.logparse import Kind, LogEvent, parse_line
 from app.server.outcome import Cause, Outcome, classify
 
 log = logging.getLogger(__name__)
@@ -268,6 +268,7 @@ class Supervisor:
         self._exited = asyncio.Event()
         self._exited.set()
         self._restart_task: asyncio.Task | None = None
+        self.sidecar_mode: str | None = None  # "checkpoint sidecars: MODE" of the running process
 
     # -- observers --------------------------------------------------------
     def on_state(self, cb: StateCallback) -> None:
@@ -324,6 +325,7 @@ class Supervisor:
 
     async def _spawn(self) -> None:
         self.outcome = None
+        self.sidecar_mode = None
         self._stopping_by_user = False
         self._exited.clear()
         loop = asyncio.get_running_loop()
@@ -457,6 +459,8 @@ class Supervisor:
         for at, event in batch:
             item = self.log.append_event(event, at)
             self.lines_read += 1
+            if event.kind is Kind.SIDECAR_MODE:
+                self.sidecar_mode = event.fields.get("mode")  # KV Valet's build says it at start
             for cb in self._line_cbs:
                 try:
                     cb(item)

@@ -4,6 +4,8 @@
 (``kv-valet build-server``) and the test build (``tests/sidecar-server/build``)
 both apply it. The built server picks its checkpoint-sidecar behaviour from the
 environment variable ``KVV_SIDECAR_MODE`` (``v2`` by default, ``fork``, ``port``).
+The build cache (keys, options, pointers, build-info) is :mod:`app.serverbuild.cache`;
+the build itself is ``app.jobs.server_build``.
 """
 
 from pathlib import Path

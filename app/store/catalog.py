@@ -37,7 +37,7 @@ from app.core.verdict import VerdictKind
 from app.server.gguf_info import MemoryKind
 from app.server.sidecar import SidecarStatus
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Memory kinds whose parks say something about sidecar support. A dense model
 #: keeps every KV position and never needs checkpoints, so its parks tell nothing.
@@ -142,7 +142,27 @@ class HistoryEvent:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class PendingVerdict:
+    """A restore whose first query nobody has judged yet. ``kv-valet resume`` ends long
+    before that query comes, so it leaves this note; whichever process watches the
+    server's log judges the query and removes the note (app.jobs.wiring)."""
+
+    id: int | None = None
+    session_id: int = 0  # the session's id: a rename while it waits keeps it
+    profile: str = ""  # the server's profile name (its URL in attach mode)
+    server_url: str = ""
+    slot_id: int = 0
+    n_restored: int = 0
+    sidecar_status: str = ""
+    sidecar_count: int | None = None
+    ctx_checkpoints: int | None = None
+    build_persists: bool | None = None
+    created_at: float = 0.0  # when the restore was done (time.time())
+
+
 _SESSION_COLS = [f.name for f in fields(SessionRecord) if f.name != "id"]
+_PENDING_VERDICT_COLS = [f.name for f in fields(PendingVerdict) if f.name != "id"]
 _EVENT_COLS = [f.name for f in fields(HistoryEvent) if f.name != "id"]
 
 
@@ -231,8 +251,27 @@ ALTER TABLE sessions ADD COLUMN time_saved_s REAL NOT NULL DEFAULT 0;
 ALTER TABLE sessions ADD COLUMN last_time_saved_s REAL
 """
 
+# A restore waiting for the verdict of its slot's next query (app.jobs.wiring): keyed by the
+# session's id, so a rename while it waits keeps it; gone with its session.
+_SCHEMA_V4 = """
+CREATE TABLE pending_verdicts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    profile TEXT NOT NULL,
+    server_url TEXT NOT NULL DEFAULT '',
+    slot_id INTEGER NOT NULL,
+    n_restored INTEGER NOT NULL,
+    sidecar_status TEXT NOT NULL DEFAULT '',
+    sidecar_count INTEGER,
+    ctx_checkpoints INTEGER,
+    build_persists INTEGER,
+    created_at REAL NOT NULL
+);
+CREATE INDEX pending_verdicts_slot ON pending_verdicts(profile, slot_id, created_at)
+"""
+
 #: _MIGRATIONS[n] takes a file at version n to version n + 1.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4}
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -393,6 +432,12 @@ class Catalog:
             rows = self._read("SELECT * FROM sessions WHERE profile = ?" + order, (profile,))
         return [self._to_record(r) for r in rows]
 
+    def sessions_of_build(self, build: str, limit: int = 5) -> list[SessionRecord]:
+        """The newest sessions parked by ``build`` with a sidecar file (what its parks wrote)."""
+        rows = self._read("SELECT * FROM sessions WHERE server_build = ? AND COALESCE(sidecar_file, '') != '' "
+                          "ORDER BY updated_at DESC, id DESC LIMIT ?", (build, limit))
+        return [self._to_record(r) for r in rows]
+
     def rename(self, profile: str, old: str, new: str) -> SessionRecord:
         """Rename a session (the catalog name only; the state file keeps its name)."""
         with self._tx() as conn:
@@ -482,6 +527,72 @@ class Catalog:
             )
             if cur.rowcount == 0:
                 raise CatalogError(f"no session with id {session_id}")
+
+    # -- restores waiting for their verdict (app.jobs.wiring)
+
+    @staticmethod
+    def _to_pending_verdict(row: sqlite3.Row) -> PendingVerdict:
+        data = dict(row)
+        if data["build_persists"] is not None:
+            data["build_persists"] = bool(data["build_persists"])
+        return PendingVerdict(**data)
+
+    def add_pending_verdict(self, p: PendingVerdict) -> tuple[PendingVerdict, list[PendingVerdict]]:
+        """Note a restore waiting for its verdict. An older note on the same slot of the
+        same server (profile or URL) goes in the same transaction (a newer restore
+        replaced it): it is returned second, so the caller can say so."""
+        values = {c: getattr(p, c) for c in _PENDING_VERDICT_COLS}
+        values["created_at"] = p.created_at or time.time()
+        if p.build_persists is not None:
+            values["build_persists"] = int(bool(p.build_persists))
+        values["sidecar_status"] = str(p.sidecar_status or "")
+        same = "(profile = ? OR server_url = ?) AND slot_id = ?"
+        key = (p.profile, p.server_url or p.profile, p.slot_id)
+        with self._tx() as conn:
+            older = [self._to_pending_verdict(r) for r in conn.execute(
+                f"SELECT * FROM pending_verdicts WHERE {same}", key)]
+            conn.execute(f"DELETE FROM pending_verdicts WHERE {same}", key)
+            try:
+                cur = conn.execute(f"INSERT INTO pending_verdicts ({', '.join(values)}) "
+                                   f"VALUES ({', '.join('?' for _ in values)})", tuple(values.values()))
+            except sqlite3.IntegrityError as exc:
+                raise CatalogError(f"no session with id {p.session_id}") from exc
+            row = conn.execute("SELECT * FROM pending_verdicts WHERE id = ?", (cur.lastrowid,)).fetchone()
+            return self._to_pending_verdict(row), older
+
+    def pending_verdicts(self, profile: str, slot_id: int | None = None, *,
+                         server_url: str | None = None) -> list[PendingVerdict]:
+        """The restores of ``profile`` (or, given, of the server at ``server_url``: a resume
+        that named the server by its URL), one slot or all, still waiting for a verdict,
+        newest first."""
+        sql = "SELECT * FROM pending_verdicts WHERE (profile = ? OR server_url = ?)"
+        args: tuple = (profile, server_url or profile)
+        if slot_id is not None:
+            sql, args = sql + " AND slot_id = ?", (*args, slot_id)
+        return [self._to_pending_verdict(r) for r in self._read(sql + " ORDER BY created_at DESC, id DESC", args)]
+
+    def drop_pending_verdict(self, pending_id: int) -> bool:
+        """Forget a waiting restore; False when it was gone already."""
+        with self._tx() as conn:
+            return conn.execute("DELETE FROM pending_verdicts WHERE id = ?", (pending_id,)).rowcount > 0
+
+    def settle_pending_verdict(self, pending_id: int, verdict: VerdictKind | str, reason: str,
+                               time_saved_s: float | None) -> bool:
+        """The verdict of a waiting restore, in one transaction: the note goes, the session
+        gets the verdict and (when known) the time the resume saved. False, and nothing
+        written, when the note was gone: another watcher judged it first, or it was dropped."""
+        with self._tx() as conn:
+            row = conn.execute("SELECT session_id FROM pending_verdicts WHERE id = ?", (pending_id,)).fetchone()
+            if row is None:
+                return False
+            conn.execute("DELETE FROM pending_verdicts WHERE id = ?", (pending_id,))
+            conn.execute("UPDATE sessions SET last_verdict = ?, last_verdict_reason = ? WHERE id = ?",
+                         (str(VerdictKind(verdict)), reason, row["session_id"]))
+            if time_saved_s is not None:
+                saved = max(0.0, time_saved_s)
+                conn.execute("UPDATE sessions SET time_saved_s = time_saved_s + ?, last_time_saved_s = ? "
+                             "WHERE id = ?", (saved, saved, row["session_id"]))
+            return True
 
     # -- history
 

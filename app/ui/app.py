@@ -85,6 +85,10 @@ def run_gui() -> int:
         from PySide6.QtCore import QTimer
 
         QTimer.singleShot(0, window.check_leftover_servers)
+        from app.ui.build_dialog import offer_built_server
+
+        # a checkpoint-persisting server built meanwhile (kv-valet build-server): asked once
+        QTimer.singleShot(0, lambda: offer_built_server(window))
         if fresh_install and first_run_pending(window):
             window.first_run = FirstRunGuide(window)  # kept: it is not modal
             window.first_run.show()

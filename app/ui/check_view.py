@@ -116,7 +116,9 @@ class ABChart(Chart):
                  f"end-to-end resume {fmt_ratio(r['end_to_end_speedup'])}"]
         if r["baseline_speedup"] is not None:
             parts.append(f"vs full prefill {fmt_ratio(r['baseline_speedup'])}")
-        text = "sidecar speed-up: " + " · ".join(parts)
+        text = f"sidecar speed-up ({ab.protocol}): " + " · ".join(parts)
+        if ab.confounded:
+            text += f"  — confounded: {', '.join(r.name for r in ab.confounded)}; do not trust this ratio"
         if ab.note and not ab.had_sidecar:
             text += f"  ({ab.note})"
         return text
@@ -370,7 +372,8 @@ class CheckDialog(QDialog):
     def _summary(self) -> str:
         r = self.report
         text = (f"{r.session} · profile {r.profile} · build {r.build} · slot {r.slot_id} · "
-                f"{r.n_restored:,} tokens restored · sidecar {r.sidecar_status} ({r.sidecar_count} checkpoints)")
+                f"{r.n_restored:,} tokens restored · sidecar {r.sidecar_status} ({r.sidecar_count} checkpoints) · "
+                f"protocol: {r.protocol} · sidecar behaviour: {r.behaviour}")
         ab = _ab_of(r)
         if ab is not None and ab.note:
             text += f" · {ab.note}"

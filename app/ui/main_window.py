@@ -84,6 +84,7 @@ class MainWindow(QMainWindow):
         self.profiles.sig_stop.connect(self.controller.stop)
         self.profiles.sig_restart.connect(self.controller.restart)
         self.profiles.sig_save.connect(self._on_save_profile)
+        self.profiles.sig_build_server.connect(self._on_build_server)
         self.controller.sig_state.connect(self._show_state)
         self.controller.sig_error.connect(self._on_refused)
         self.controller.sig_crashed.connect(self._on_crashed)
@@ -296,6 +297,11 @@ class MainWindow(QMainWindow):
         self.reload_profiles(select=profile.name)
         self.statusBar().showMessage(f"Saved profile '{profile.name}'", 4000)
 
+    def _on_build_server(self) -> None:
+        from app.ui.build_dialog import open_build_dialog
+
+        open_build_dialog(self)  # progress, Cancel; afterwards the default profile may switch (asked once)
+
     def _on_start(self, profile: LaunchProfile) -> None:
         from app.core.findings import Severity
         from app.core.rules import diagnose
@@ -341,6 +347,8 @@ class MainWindow(QMainWindow):
         self.log_panel.set_buffer(self.controller.log_buffer)
         sup = self.controller.supervisor
         self.log_panel.set_log_file(sup.log_file_path if sup is not None else None)
+        for note in getattr(plan, "notes", ()):
+            self._message(f"Starting the server: {note}")
 
     def _on_refused(self, message: str) -> None:
         self._message(message)
@@ -457,9 +465,10 @@ class MainWindow(QMainWindow):
         await self.shutdown()
 
     async def shutdown(self) -> None:
-        dialog = getattr(self, "loadcheck_dialog", None)
-        if dialog is not None:
-            await dialog.aclose()
+        for name in ("loadcheck_dialog", "build_dialog"):  # a build in progress is cancelled (nothing cached)
+            dialog = getattr(self, name, None)
+            if dialog is not None:
+                await dialog.aclose()
         for panel in self.extra_panels:
             closer = getattr(panel, "aclose", None)
             if closer:

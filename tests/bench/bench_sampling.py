@@ -7,9 +7,16 @@ default rates (1 s idle, 0.25 s while a slot is busy).
 
     .venv/bin/python tests/bench/bench_sampling.py --url http://127.0.0.1:18080 [--pid PID]
     .venv/bin/python tests/bench/bench_sampling.py --fake-8x2     # 8 slots (fake server), 2 GPUs (fake NVML)
+    .venv/bin/python tests/bench/bench_sampling.py --busy-only    # the busy interval's tick spacing alone
 
 Targets (issue "Scale and speed"): one tick with 8 slots and 2 GPUs <= 5 ms
 median; the idle app <= 0.5 % of one core. Ticks use the app's own HTTP client.
+
+Last, ``--busy-seconds`` (3) of ticks while a slot is busy (a synthetic busy /slots, no
+server: the sampler's own scheduling) print their spacing against the busy interval
+(tests/unit/test_sampler.py checks by counting that the busy interval is the one used;
+how close to it the ticks come is this figure: median about the interval, max well under
+the idle interval).
 """
 
 from __future__ import annotations
@@ -66,7 +73,37 @@ def make_fetchers(client: httpx.AsyncClient, url: str):
     return fetch_health, fetch_slots
 
 
+async def busy_tick_spacing(seconds: float, busy_interval: float = 0.25) -> None:
+    """Ticks while a slot is busy, from a synthetic /slots: their spacing (ms)."""
+
+    async def health():
+        return {"status": "ok"}
+
+    async def slots():
+        return [{"id": 0, "n_ctx": 4096, "is_processing": True}]
+
+    async def take():
+        return await take_snapshot(health, slots, None, None, {}, None, "http://synthetic")
+
+    loop = asyncio.get_running_loop()
+    times: list[float] = []
+    sampler = Sampler(take, on_snapshot=lambda _snap: times.append(loop.time()), busy_interval=busy_interval)
+    sampler.start()
+    try:
+        await asyncio.sleep(seconds)  # measuring, not synchronising
+    finally:
+        await sampler.stop()
+    gaps = [(b - a) * 1000.0 for a, b in zip(times, times[1:])]
+    if gaps:
+        print(f"sampler while a slot is busy (busy interval {busy_interval * 1000:.0f} ms, {seconds:g} s): "
+              f"{len(times)} ticks, spacing median {statistics.median(gaps):.1f} ms, max {max(gaps):.1f} ms, "
+              f"{sampler.skipped_ticks} skipped")
+
+
 async def main_async(args: argparse.Namespace) -> int:
+    if args.busy_only:
+        await busy_tick_spacing(args.busy_seconds)
+        return 0
     server = None
     if args.fake_8x2:
         import socket
@@ -144,6 +181,8 @@ async def main_async(args: argparse.Namespace) -> int:
     if server is not None:
         server.terminate()
         server.wait()
+    if args.busy_seconds > 0:
+        await busy_tick_spacing(args.busy_seconds)
     return 0
 
 
@@ -154,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pid", type=int, default=None, help="server pid (process + GPU memory)")
     p.add_argument("--ticks", type=int, default=200)
     p.add_argument("--idle-seconds", type=float, default=60.0)
+    p.add_argument("--busy-seconds", type=float, default=3.0, help="busy-interval tick spacing (0: skip)")
+    p.add_argument("--busy-only", action="store_true", help="only the busy-interval tick spacing (no server)")
     args = p.parse_args(argv)
-    if not args.url and not args.fake_8x2:
-        p.error("give --url or --fake-8x2")
+    if not args.url and not args.fake_8x2 and not args.busy_only:
+        p.error("give --url or --fake-8x2 (or --busy-only)")
     return asyncio.run(main_async(args))
 
 

@@ -33,12 +33,13 @@ What it models, from llama.cpp build 11434 tools/server/server-context.cpp:
   loaded from ``<state>.ckpt`` in the PKCL v1 layout), as in the sidecar-build captures.
 
 Environment knobs:
-  FAKE_LOAD_SECONDS (0.3)          time /health answers 503 "Loading model"
+  FAKE_LOAD_SECONDS (0.3)          time /health answers 503 "Loading model" (SIGUSR1 ends it at once)
   FAKE_MODEL_KIND (sliding-window) dense | sliding-window | recurrent-hybrid
   FAKE_N_SWA (512)                 sliding window of the fake model
   FAKE_PREFILL_TPS (280)           reported prompt tokens per second
   FAKE_GEN_TPS (40)                reported generated tokens per second
-  FAKE_COMPLETION_DELAY (0)        seconds a completion really keeps its slot busy
+  FAKE_COMPLETION_DELAY (0)        seconds a completion really keeps its slot busy (SIGUSR2 ends
+                                   the delays at once, and every later one)
   FAKE_SIDECAR (0)                 1: write/read <state>.ckpt PKCL v1 sidecars (sidecar build)
   FAKE_STATE_BYTES_PER_TOKEN (64)  size of the fake sequence state per token
   FAKE_CKPT_BYTES_PER_TOKEN (16)   size of a fake checkpoint per cell of its window
@@ -71,6 +72,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llama-server-b11434"
+END_LOAD = threading.Event()  # set by SIGUSR1 (or a stop): the model is "loaded" now
+END_COMPLETION_DELAY = threading.Event()  # set by SIGUSR2: FAKE_COMPLETION_DELAY is over
 N_VOCAB = 262144
 N_CTX_TRAIN = 32768
 BOS, EOS = 2, 1
@@ -236,12 +239,41 @@ _pieces_lock = threading.Lock()
 _PIECE_RE = re.compile(r"<[A-Za-z_]+>|\w+|\s+|[^\w\s]")
 
 
+# A real model has a fixed vocabulary: a restarted server detokenises what an earlier
+# process tokenised. The fake learns its pieces, so it keeps them in a file beside the
+# model (``<model>.vocab``, one JSON line per piece) that every process of it shares.
+_vocab_file: Path | None = None
+
+
+def load_vocab(model_path: str) -> None:
+    global _vocab_file
+    _vocab_file = Path(model_path + ".vocab")
+    try:
+        lines = _vocab_file.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return
+    with _pieces_lock:
+        for line in lines:
+            try:
+                tid, piece = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a killed process
+            _pieces.setdefault(int(tid), piece)
+
+
 def token_id(piece: str) -> int:
     if piece in SPECIAL:
         return SPECIAL[piece]
     tid = 256 + zlib.crc32(piece.encode()) % (N_VOCAB - 256)
     with _pieces_lock:
-        _pieces.setdefault(tid, piece)
+        if tid not in _pieces:
+            _pieces[tid] = piece
+            if _vocab_file is not None:
+                try:
+                    with open(_vocab_file, "a", encoding="utf-8") as f:
+                        f.write(json.dumps([tid, piece]) + "\n")
+                except OSError:
+                    pass  # a read-only model folder: this process still knows the piece
     return tid
 
 
@@ -816,7 +848,7 @@ class FakeServer:
         try:
             delay = env_float("FAKE_COMPLETION_DELAY", 0)
             if delay > 0:
-                time.sleep(delay)
+                END_COMPLETION_DELAY.wait(delay)
         finally:
             with self.cv:
                 result = self._finish(slot, tokens, n_predict, cache_n, prompt_n, n_batches)
@@ -1370,12 +1402,19 @@ def main(argv: list[str]) -> int:
         return 1
     httpd.daemon_threads = True
     SERVER = FakeServer(opts)
+    load_vocab(SERVER.model_path)
     host, port = opts["host"], httpd.server_address[1]
 
     stop = threading.Event()
 
     def on_signal(signum, frame):
         stop.set()
+        END_LOAD.set()
+
+    # A test that must see the loading state or a busy slot holds it (a long FAKE_LOAD_SECONDS,
+    # FAKE_COMPLETION_DELAY) until it has, then ends it with a signal: no timed window to catch.
+    signal.signal(signal.SIGUSR1, lambda signum, frame: END_LOAD.set())
+    signal.signal(signal.SIGUSR2, lambda signum, frame: END_COMPLETION_DELAY.set())
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -1395,7 +1434,8 @@ def main(argv: list[str]) -> int:
         srv_log("E", "load_model", f"failed to load model, '{SERVER.model_path}'")
         srv_log("E", "llama_server", "exiting due to model loading error")
         return 1
-    if stop.wait(env_float("FAKE_LOAD_SECONDS", 0.3)):
+    END_LOAD.wait(env_float("FAKE_LOAD_SECONDS", 0.3))
+    if stop.is_set():
         srv_log("I", "operator()", "operator(): cleaning up before exit...")
         return 0
     s = SERVER

@@ -28,13 +28,13 @@ async def test_attach_watches_without_owning(profile):
         assert await att.start() == ServerState.READY
         with pytest.raises(PermissionError, match="not started by KV Valet"):
             await att.stop_server()
-        crashed = []
-        att.on_state(lambda s, o: crashed.append((s, o)))
-        await sup.stop()
         import asyncio
 
-        while not crashed:  # event-driven: the watcher reports on its next poll
-            await asyncio.sleep(0.05)
+        crashed = []
+        reported = asyncio.Event()
+        att.on_state(lambda s, o: (crashed.append((s, o)), reported.set()))
+        await sup.stop()
+        await asyncio.wait_for(reported.wait(), 30)  # the watcher reports on its next poll
         assert crashed[0][0] == ServerState.CRASHED and "does not answer" in crashed[0][1].detail
         await att.aclose()
     finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs.check import (ARM_BASELINE, ARM_HIDDEN, ARM_WITH, HIDDEN_SUFFIX, PROBE_EXACT, PROBE_TEXT, CheckError,
+from app.jobs.check import (ARM_BASELINE, ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, HIDDEN_SUFFIX, PROBE_EXACT, PROBE_TEXT, CheckError,
                             ab_check, check_resume, hide_sidecar, recover_hidden_sidecars, to_csv, to_json,
                             to_markdown)
 from app.jobs import journal
@@ -110,6 +110,7 @@ async def test_ab_puts_sidecar_back_and_exports_agree(fake_server, tmp_path, cat
     digest = sha256(sidecar)
     with fake_server(FAKE_SIDECAR=1) as (url, proc):
         target = make_target(url, tmp_path, catalog, proc)
+        await target.client.tokenize(WARM_TEXT)  # a chat client taught the fake tokenizer its text
         ab = await ab_check(target, rec, 0, baseline=True)
         await target.client.aclose()
     assert sha256(sidecar) == digest
@@ -124,13 +125,17 @@ async def test_ab_puts_sidecar_back_and_exports_agree(fake_server, tmp_path, cat
     assert ab.end_to_end_speedup == pytest.approx(hidden.total_ms / with_.total_ms)
     assert ab.had_sidecar and "put back" in ab.note
     kinds = [h.kind for h in catalog.history(rec.id)]
-    assert kinds == ["ab", "ab", "baseline"]
+    assert kinds == ["ab", "ab", "ab", "ab", "baseline"]
+    assert ab.protocol == "one process" and "all probes ran in one server process" in ab.note
+    assert not ab.confounded  # the fake keeps no checkpoints across restores
 
     # exports hold the same figures
     data = json.loads(to_json(ab))
     assert data["type"] == "ab"
-    assert [r["name"] for r in data["rows"]] == [ARM_WITH, ARM_HIDDEN, ARM_BASELINE]
-    assert data["rows"][1]["prompt_n"] == hidden.prompt_n
+    assert [r["name"] for r in data["rows"]] == [ARM_WITH, ARM_WITH_EXACT, ARM_HIDDEN, ARM_HIDDEN_EXACT,
+                                                 ARM_BASELINE]
+    assert data["protocol"] == "one process"
+    assert data["rows"][2]["prompt_n"] == hidden.prompt_n
     assert data["rows"][0]["prompt_ms"] == pytest.approx(with_.prompt_ms, abs=0.01)
     assert data["ratios"]["delta_prefill_speedup"] == pytest.approx(ab.delta_prefill_speedup, abs=0.01)
     rows = list(csv.DictReader(io.StringIO(to_csv(ab))))
@@ -195,7 +200,7 @@ async def test_stock_build_both_arms_reprefill(fake_server, tmp_path, catalog):
     for p in report.probes:
         assert "this build does not persist context checkpoints" in p.verdict.reason
     assert not ab.had_sidecar
-    assert ab.note == "both arms re-prefill: this build wrote no sidecar"
+    assert ab.note.startswith("both arms re-prefill: this build wrote no sidecar")
     assert all(r.verdict.kind is VerdictKind.DISCARDED for r in ab.rows)
     md = to_markdown(report)
     assert "DISCARDED" in md and "this build does not persist" in md
@@ -243,11 +248,12 @@ def test_cli_check_exit_codes(fake_server, tmp_path, capsys, sidecar, code):
     data = json.loads(captured.out)
     assert data == json.loads(out_json.read_text())
     assert data["verdict"]["kind"] == ("HIT" if sidecar else "DISCARDED")
-    assert len(data["probes"]) == 2 and len(data["ab"]["rows"]) == 2
+    assert len(data["probes"]) == 2 and len(data["ab"]["rows"]) == 4
+    assert data["ab"]["protocol"] == "one process"  # a server KV Valet does not run: one process, labelled
     if not sidecar:
-        assert data["ab"]["note"] == "both arms re-prefill: this build wrote no sidecar"
+        assert data["ab"]["note"].startswith("both arms re-prefill: this build wrote no sidecar")
     rows = list(csv.DictReader(io.StringIO((tmp_path / "report.csv").read_text())))
-    assert [r["section"] for r in rows] == ["probe", "probe", "ab", "ab", "ratio", "ratio", "ratio"]
+    assert [r["section"] for r in rows] == ["probe", "probe", "ab", "ab", "ab", "ab", "ratio", "ratio", "ratio"]
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

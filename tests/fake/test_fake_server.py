@@ -106,23 +106,34 @@ def test_port_in_use_exits_1(tmp_path):
     assert f"E srv  init_listene: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}" in out.stderr
 
 
-def test_health_503_while_loading_then_200(fake_server):
-    with fake_server(wait=False, FAKE_LOAD_SECONDS=1.0) as (url, proc):
-        deadline = time.monotonic() + 10
-        seen = []
-        while time.monotonic() < deadline:
-            try:
-                r = httpx.get(url + "/health", timeout=1)
-            except httpx.TransportError:
-                time.sleep(0.02)
-                continue
-            if not seen or seen[-1][0] != r.status_code:
-                seen.append((r.status_code, r.json()))
-            if r.status_code == 200:
-                break
+def poll_health(url: str, until_status: int, timeout: float = 30.0) -> list[tuple[int, dict]]:
+    """/health's answers, each new status once, up to the first ``until_status``; the timeout
+    is only a failure guard."""
+    deadline = time.monotonic() + timeout
+    seen: list[tuple[int, dict]] = []
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(url + "/health", timeout=5)
+        except httpx.TransportError:  # not listening yet
             time.sleep(0.02)
-        assert seen[0] == (503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+            continue
+        if not seen or seen[-1][0] != r.status_code:
+            seen.append((r.status_code, r.json()))
+        if r.status_code == until_status:
+            return seen
+        time.sleep(0.02)
+    raise AssertionError(f"/health never answered {until_status}: {seen}")
+
+
+def test_health_503_while_loading_then_200(fake_server):
+    # the load lasts until the test has seen it (SIGUSR1 ends it): no timed window to catch
+    with fake_server(wait=False, FAKE_LOAD_SECONDS=600) as (url, proc):
+        seen = poll_health(url, 503)
+        assert seen == [(503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})]
+        proc.send_signal(signal.SIGUSR1)
+        seen = poll_health(url, 200)
         assert seen[-1] == (200, RESPONSES["health"]["body"])
+        assert [status for status, _ in seen] in ([200], [503, 200])
         log = log_text(proc)
         assert log.index("model loaded") < log.index("listening on http://127.0.0.1:") < log.index("all slots are idle")
         # untimestamped lines only where llama.cpp prints a multi-line message (the chat template example)
@@ -134,7 +145,8 @@ def test_health_503_while_loading_then_200(fake_server):
 
 
 def test_props_slots_tokenize_and_metrics_shapes(fake_server):
-    with fake_server(FAKE_COMPLETION_DELAY=0.5) as (url, proc):
+    # a completion keeps its slot busy until the test has seen it (SIGUSR2 ends the delay)
+    with fake_server(FAKE_COMPLETION_DELAY=600) as (url, proc):
         props = httpx.get(url + "/props").json()
         assert props.keys() == RESPONSES["props"]["body"].keys()
         assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 4096
@@ -148,17 +160,18 @@ def test_props_slots_tokenize_and_metrics_shapes(fake_server):
         assert tokens == post(url, "/tokenize", {"content": "Hello world"}).json()["tokens"]
         assert post(url, "/detokenize", {"tokens": tokens}).json() == {"content": "Hello world"}
 
-        with httpx.Client(timeout=10) as client:
+        with httpx.Client(timeout=60) as client:
             import threading
 
             result = {}
             t = threading.Thread(target=lambda: result.update(r=client.post(
                 url + "/completion", json={"prompt": "Say hi.", "n_predict": 4, "id_slot": 1})))
             t.start()
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 30  # a failure guard: the slot stays busy until SIGUSR2
             busy = False
             while time.monotonic() < deadline and not busy:
                 busy = httpx.get(url + "/slots").json()[1]["is_processing"]
+            proc.send_signal(signal.SIGUSR2)
             t.join()
         assert busy
         body = result["r"].json()

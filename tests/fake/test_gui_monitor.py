@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
 import pytest
 
@@ -81,7 +82,8 @@ def test_wiring_adds_a_monitor_tab_that_follows_the_controller(window, qloop, pr
 
 
 def test_slot_busy_then_idle_and_paused_while_hidden(window, qloop, profile, monkeypatch):
-    monkeypatch.setenv("FAKE_COMPLETION_DELAY", "1.0")
+    # slot 1 stays busy until the Monitor has shown it (SIGUSR2 ends the delay): no timed window
+    monkeypatch.setenv("FAKE_COMPLETION_DELAY", "600")
     panel = MonitorPanel(gpu_monitor=GpuMonitor(nvml=two_gpus()), interval=0.2, busy_interval=0.05)
     panel.attach(window.controller)
     window.add_panel(panel, "Monitor")
@@ -109,6 +111,7 @@ def test_slot_busy_then_idle_and_paused_while_hidden(window, qloop, profile, mon
     assert [r.id for r in snap.slots if r.busy] == [1]
     assert cells(m, 1)[C.COL_STATE] == "processing" and cells(m, 0)[C.COL_STATE] == "idle"
     assert panel.sampler.current_interval == 0.05  # faster while a slot is busy
+    os.kill(window.controller.supervisor.pid, signal.SIGUSR2)
     result = run(qloop, done_task)
 
     after = signal_future(panel.sig_snapshot, lambda s: not s.any_busy and s.slots[1].tokens_held)

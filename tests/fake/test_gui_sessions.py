@@ -188,9 +188,12 @@ def test_check_and_ab_by_clicks(setup, qloop, qtbot):
         label, ok, text = await click(qtbot, panel, panel.check_button, "Check resume", 60)
         assert ok and "HIT" in text and panel.report_dialog.isVisible()
         label, ok, text = await click(qtbot, panel, panel.ab_button, "A/B check", 60)
-        assert ok
-        kinds = [r.verdict.kind for r in panel.report_dialog.report.rows]
-        assert kinds[:2] == ["HIT", "DISCARDED"]
+        assert ok, text
+        ab = panel.report_dialog.report
+        assert [ab.row(a).verdict.kind for a in ("with sidecar", "sidecar hidden")] == ["HIT", "DISCARDED"]
+        # the window runs the server: every probe ran in a fresh server process, as the seed's A/B
+        assert ab.protocol == "across restarts" and all(r.fresh_process for r in ab.rows)
+        assert panel.service is not None
         assert sidecar.read_bytes() == before  # put back byte-identical
         with Catalog(paths.catalog_path()) as cat:
             assert {e.kind for e in cat.history(rec.id)} >= {"check", "ab"}
@@ -286,8 +289,36 @@ def test_long_messages_do_not_widen_the_window(setup, qloop, qtbot):
     panel._say(f"Parked slot 0 as 'x' in {long_path}", ok=True)
     w._show_state("Crashed", f"exit 134 (SIGABRT): GGML_ASSERT failed at {long_path}")
     w._message(f"The server stopped unexpectedly: {long_path}")
-    qtbot.wait(50)  # let the layouts settle (no synchronisation on a state: a width cannot be awaited)
+    settle_layouts()
     assert w.width() == width
+
+
+def settle_layouts(max_rounds: int = 100) -> None:
+    """Deliver posted events until a round delivers no LayoutRequest: every layout the
+    messages touched has been recomputed, up to the window (no timed wait)."""
+    from PySide6.QtCore import QCoreApplication, QEvent, QObject
+
+    class Counter(QObject):
+        n = 0
+
+        def eventFilter(self, obj, event):
+            if event.type() == QEvent.LayoutRequest:
+                self.n += 1
+            return False
+
+    app = QCoreApplication.instance()
+    counter = Counter()
+    app.installEventFilter(counter)
+    try:
+        for _ in range(max_rounds):
+            counter.n = 0
+            QCoreApplication.sendPostedEvents()
+            app.processEvents()
+            if counter.n == 0:
+                return
+        raise AssertionError(f"layouts still changing after {max_rounds} rounds")
+    finally:
+        app.removeEventFilter(counter)
 
 
 def test_window_and_cli_end_in_the_same_catalog_and_files(setup, qloop, qtbot):

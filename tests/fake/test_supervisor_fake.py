@@ -43,13 +43,18 @@ def recorder(sup):
 
 
 async def test_start_reaches_ready_through_loading_and_stop_leaves_no_process(profile, monkeypatch):
-    monkeypatch.setenv("FAKE_LOAD_SECONDS", "0.5")
+    # the fake loads until the supervisor has said Loading (SIGUSR1 ends the load): no timed window
+    monkeypatch.setenv("FAKE_LOAD_SECONDS", "600")
     plan = plan_launch(profile)
     assert plan.argv[-2:] == ["-lv", "4"]  # cache events are trace-level in build 11434
     sup = make_supervisor(plan)
     states = recorder(sup)
+    starting = asyncio.ensure_future(sup.start())
     try:
-        await sup.start()
+        await sup.wait_state(ServerState.LOADING, timeout=30)
+        assert not starting.done()
+        os.kill(sup.pid, signal.SIGUSR1)
+        await asyncio.wait_for(starting, 30)
         assert sup.state == ServerState.READY
         assert states[:3] == [ServerState.STARTING, ServerState.LOADING, ServerState.READY]
         pid = sup.pid
@@ -57,6 +62,7 @@ async def test_start_reaches_ready_through_loading_and_stop_leaves_no_process(pr
         # the log reaches the buffer in batches from the reader thread: wait for the line
         await wait_for_line(sup, "listening on")
     finally:
+        starting.cancel()  # done by now, unless the test failed before
         await sup.aclose()
     assert states[-2:] == [ServerState.STOPPING, ServerState.STOPPED]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -72,17 +72,17 @@ def test_start_fills_the_table_and_cancel_stops(real_profile, qloop, qtbot):
         assert any(d.chart.series(50))
         print(f"\n[gui] {d.status_label.text()}")
 
-        # a long run, cancelled once tokens flow: it ends early with what it measured
-        d.seconds_spin.setValue(60)
+        # the longest run (600 s), cancelled once tokens flow: it ends early with what it measured
+        # (the 30 s of run() are a failure guard; how fast a cancel returns: tests/bench/bench_loadcheck.py)
+        d.seconds_spin.setValue(600)
+        assert d.seconds_spin.value() == 600
         done = outcome_future(d)
         flowing = signal_future(d.progress.valueChanged, lambda v: v > 0)
         qtbot.mouseClick(d.start_button, Qt.LeftButton)
         run(qloop, flowing, timeout=30)
         qtbot.mouseClick(d.cancel_button, Qt.LeftButton)
-        t = time.perf_counter()
         report = run(qloop, done, timeout=30)
-        assert time.perf_counter() - t < 10
-        assert report.cancelled and report.elapsed_s < 30 and d.table.rowCount() == 2
+        assert report.cancelled and report.elapsed_s < 600 and d.table.rowCount() == 2
         assert d.start_button.isEnabled() and not d.cancel_button.isEnabled()
         assert "cancelled" in d.status_label.text()
     finally:

@@ -25,8 +25,9 @@ def test_the_question_box_does_not_block_the_loop(qtbot, qloop):
                 await asyncio.sleep(0)
 
         answer = asyncio.ensure_future(panel._confirmed("Resume session", "slot 1 holds 336 tokens"))
-        await asyncio.gather(ticker(), asyncio.sleep(0.05))
-        assert ticks == [0, 1, 2] and panel.question_box is not None and panel.question_box.isVisible()
+        await ticker()  # three turns of the loop while the question is open
+        assert ticks == [0, 1, 2] and not answer.done()
+        assert panel.question_box is not None and panel.question_box.isVisible()
         qtbot.mouseClick(panel.question_box.button(QMessageBox.Yes), Qt.LeftButton)
         assert await asyncio.wait_for(answer, 5) is True
         await panel.aclose()

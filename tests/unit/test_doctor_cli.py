@@ -253,17 +253,22 @@ def test_build_keys_match_what_the_catalog_records():
     assert build_keys("version: 4149 (1bb30bf2)\nbuilt with cc")[0] == "b4149-1bb30bf2"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_gather_facts_sees_a_read_only_folder(tmp_path):
     from app.jobs.diagnose import gather_facts
 
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
+    if os.geteuid() == 0:  # root writes into a mode-500 folder; not into /proc/sys (proc_sys_permission)
+        ro = Path("/proc/sys")
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
     try:
+        with pytest.raises(OSError):  # really read-only for this user
+            (ro / "kv-valet-probe").mkdir()
         f = gather_facts(LaunchProfile(name="g", slot_save_path=str(ro) + "/"))
         assert (f.save_dir_exists, f.save_dir_is_dir, f.save_dir_writable) == (True, True, False)
         f = gather_facts(LaunchProfile(name="g", slot_save_path=str(ro / "sub") + "/"))
         assert (f.save_dir_exists, f.save_dir_writable) == (False, False)
     finally:
-        ro.chmod(0o700)
+        if ro.is_relative_to(tmp_path):
+            ro.chmod(0o700)

@@ -1,0 +1,131 @@
+"""Which sidecar behaviour the server runs, and what it will do with a session's sidecar.
+
+The evidence, strongest first (:func:`app.core.sidecar_behaviour.identify`):
+
+* the server's own log: KV Valet's build says ``checkpoint sidecars: MODE`` at start;
+* the binary: a KV Valet build has ``build-info.json`` beside it (its default is v2,
+  ``KVV_SIDECAR_MODE`` in the launch environment picks another mode);
+* its parks: an SWA/hybrid park that held checkpoints wrote a PKCL v1 sidecar (the
+  fork), a v2 one, or none (a stock build);
+* a strict loader's ``ignoring checkpoint sidecar`` warning.
+
+The result keys every prediction: the sidecar status a session list shows, the
+resume warning, the count against ``--ctx-checkpoints``, the discard reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from app.core.sidecar_behaviour import (LABELS, Behaviour, Evidence, LoadPrediction, identify, predict_load,
+                                        sideless_warning)
+from app.jobs import sidecar_check
+from app.server.logparse import Kind
+from app.server.sidecar import read_facts, sidecar_candidates
+from app.store.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+MODE_ENV = "KVV_SIDECAR_MODE"
+BUILD_INFO = "build-info.json"
+
+
+def kv_valet_build_info(binary: str | os.PathLike | None) -> dict | None:
+    """The build-info.json KV Valet writes beside a server it built, else None."""
+    if not binary:
+        return None
+    path = Path(binary).with_name(BUILD_INFO)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def mode_from_log(lines) -> str | None:
+    """The ``checkpoint sidecars: MODE`` line among parsed log lines (LogLine or LogEvent)."""
+    for item in lines:
+        ev = getattr(item, "event", item)
+        if getattr(ev, "kind", None) is Kind.SIDECAR_MODE:
+            return ev.fields.get("mode")
+    return None
+
+
+def mode_from_log_file(path: str | os.PathLike | None, max_lines: int = 2000) -> str | None:
+    """The mode line of the server run a log file holds (it comes in the first lines)."""
+    from app.server.logparse import parse_line
+
+    if not path:
+        return None
+    mode = None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for i, line in enumerate(f):
+                if i >= max_lines and mode is not None:
+                    break
+                if "checkpoint sidecars:" in line:
+                    ev = parse_line(line)
+                    if ev.kind is Kind.SIDECAR_MODE:
+                        mode = ev.fields.get("mode")  # the last run in the file wins
+    except OSError:
+        return None
+    return mode
+
+
+def park_evidence(catalog: Catalog, build: str) -> tuple[str | None, bool]:
+    """What this build's parks showed: ("v1" | "v2" | "none" | None, saw an ignoring line)."""
+    persists = catalog.build_persists_checkpoints(build)
+    if persists is False:
+        return "none", False
+    if persists is None:
+        return None, False
+    for rec in catalog.sessions_of_build(build):
+        facts = read_facts(Path(rec.save_dir) / rec.state_file)
+        if facts.kind == "PKCL" and facts.version in (1, 2):
+            return f"v{facts.version}", False
+    return None, False
+
+
+def identify_target(target, *, mode_line: str | None = None, binary: str | None = None,
+                    env_mode: str | None = None) -> Behaviour:
+    """The behaviour of ``target``'s server from everything the app can see."""
+    info = kv_valet_build_info(binary)
+    if mode_line is None and target.log is not None:
+        mode_line = mode_from_log(target.log.since(0)) if hasattr(target.log, "since") else None
+    wrote, ignoring = park_evidence(target.catalog, target.build)
+    if target.log is not None and hasattr(target.log, "since"):
+        ignoring = ignoring or any(getattr(getattr(x, "event", x), "kind", None) is Kind.SIDECAR_IGNORED
+                                   for x in target.log.since(0))
+    return identify(Evidence(mode_line=mode_line, built_by_kv_valet=info is not None,
+                             env_mode=env_mode, park_wrote=wrote, ignoring_line=ignoring))
+
+
+def describe(behaviour: Behaviour) -> str:
+    return LABELS[Behaviour(behaviour)]
+
+
+def predict_for_target(target, state_path: str | os.PathLike, n_tokens: int | None, *,
+                       compute_hash: bool = True) -> LoadPrediction:
+    """What ``target``'s loader will do with the sidecar of ``state_path`` (reads headers;
+    hashes the state file for a PKCL v2 sidecar when ``compute_hash``: call off the
+    GUI thread)."""
+    facts = read_facts(state_path)
+    state_hash, known = None, True
+    if facts.kind == "PKCL" and facts.version == 2 and target.behaviour is Behaviour.V2:
+        state_hash = sidecar_check.state_hash(state_path, compute=compute_hash)
+        known = state_hash is not None
+    return predict_load(target.behaviour, facts, n_restored=n_tokens, ctx_checkpoints=target.ctx_checkpoints,
+                        state_hash=state_hash, hash_known=known)
+
+
+def resume_warning(target, prediction: LoadPrediction, memory_kind: str) -> str | None:
+    """The warning before a resume whose sidecar will not be used, from what was
+    measured on this kind of build."""
+    return sideless_warning(target.behaviour, prediction, memory_kind)
+
+
+def sidecar_of(state_path: str | os.PathLike) -> Path:
+    return sidecar_candidates(state_path)[0]
