@@ -97,6 +97,10 @@ def _facts_lines(profile, facts) -> list[str]:
             lines.append(built)
     else:
         lines.append("binary: not found (the binary's flags and KV types were not checked)")
+    if facts.sidecar_behaviour:
+        from app.core.sidecar_behaviour import LABELS, Behaviour
+
+        lines.append(f"checkpoint sidecars: {LABELS[Behaviour(facts.sidecar_behaviour)]}")
     if facts.architecture:
         swa = f", n_swa {facts.n_swa}" if facts.n_swa else ""
         lines.append(f"model: {facts.architecture}, {facts.memory_kind}{swa}")

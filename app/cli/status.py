@@ -33,11 +33,40 @@ async def cmd_status(args) -> int:
 
         proc = ProcessMonitor(pid) if pid else None
         snap = await take_snapshot(fetch_health, client.slots, GpuMonitor(), proc, {}, cache_ram, url)
+        behaviour = await _sidecar_behaviour(client, args.url) if snap.health == "ok" else None
+    from app.core.sidecar_behaviour import LABELS
+
     if args.json:
-        print(json.dumps(snapshot_to_dict(snap), indent=2))
+        data = snapshot_to_dict(snap)
+        data["sidecar_behaviour"] = behaviour.value if behaviour is not None else None
+        print(json.dumps(data, indent=2))
     else:
         print(format_snapshot(snap))
+        if behaviour is not None:
+            print(f"Checkpoint sidecars: {LABELS[behaviour]}")
     return EXIT_OK if snap.health == "ok" else EXIT_FAIL
+
+
+async def _sidecar_behaviour(client, target: str):
+    """What the server's build does with checkpoint sidecars (app.jobs.behaviour)."""
+    from app import paths
+    from app.jobs.behaviour import identify_server
+    from app.server.client import ServerError, ServerUnreachable
+    from app.store.catalog import Catalog
+
+    try:
+        build = str((await client.props()).get("build_info") or "unknown")
+    except (ServerError, ServerUnreachable):
+        return None
+    log_path = binary = None
+    if "://" not in target:
+        from app.store.profiles import ProfileStore
+
+        log_path = paths.server_log_path(target)
+        binary = ProfileStore().load(target).server_binary or None
+    with Catalog(paths.catalog_path()) as catalog:
+        return identify_server(catalog, build, log_path=log_path if log_path and log_path.is_file() else None,
+                               binary=binary)
 
 
 def _resolve_target(target: str):

@@ -161,6 +161,7 @@ class Facts:
     typical_park_bytes: int | None = None
     largest_session_tokens: int | None = None
     build_persists_checkpoints: bool | None = None
+    sidecar_behaviour: str | None = None  # app.core.sidecar_behaviour.Behaviour of the binary, when known
 
     def known_cache_types(self) -> tuple[str, ...] | None:
         if self.cache_types:

@@ -129,3 +129,15 @@ def resume_warning(target, prediction: LoadPrediction, memory_kind: str) -> str 
 
 def sidecar_of(state_path: str | os.PathLike) -> Path:
     return sidecar_candidates(state_path)[0]
+
+
+def identify_server(catalog: Catalog, build: str, *, log_path: str | os.PathLike | None = None,
+                    binary: str | None = None) -> Behaviour:
+    """The behaviour of a server the app does not hold a target for (``status``, ``doctor``):
+    its log file's start line, its binary, what parks of ``build`` wrote."""
+    mode = mode_from_log_file(log_path) if log_path else None
+    if mode:
+        build = f"{build} +sidecars-{mode}"
+    wrote, _ = park_evidence(catalog, build)
+    return identify(Evidence(mode_line=mode, built_by_kv_valet=kv_valet_build_info(binary) is not None,
+                             park_wrote=wrote))

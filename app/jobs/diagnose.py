@@ -232,7 +232,25 @@ def _catalog_facts(profile: LaunchProfile, keys: list[str], catalog: Catalog | N
             if known is not None:
                 out["build_persists_checkpoints"] = known
                 break
+        from app.jobs.behaviour import identify_server
+
+        log_path = paths.server_log_path(profile.name)
+        for key in keys or ["unknown"]:
+            b = identify_server(catalog, key, log_path=log_path if log_path.is_file() else None,
+                                binary=_binary_of(profile))
+            if b.value != "unknown":
+                out["sidecar_behaviour"] = b.value
+                break
         return out
     finally:
         if own:
             catalog.close()
+
+
+def _binary_of(profile: LaunchProfile) -> str | None:
+    from app.server.discovery import DiscoveryError, find_server_binary
+
+    try:
+        return find_server_binary(profile.server_binary).path
+    except DiscoveryError:
+        return None

@@ -243,6 +243,21 @@ class SessionService:
             self._emit(self._changed)
         return changed
 
+    def on_this_server(self, rec: SessionRecord) -> str | None:
+        """What this server's own loader will do with ``rec``'s sidecar, as a sentence
+        (None for a dense model, or when this build's sidecar behaviour is not known)."""
+        from app.core.sidecar_behaviour import SHORT
+        from app.jobs.behaviour import predict_for_target
+
+        if rec.memory_kind == "dense" or self.target.behaviour is Behaviour.UNKNOWN:
+            return None
+        try:
+            p = predict_for_target(self.target, Path(rec.save_dir) / rec.state_file, rec.n_tokens,
+                                   compute_hash=False)
+        except OSError as e:
+            return f"On this server: cannot read the sidecar ({e.strerror or e})."
+        return f"On this server ({SHORT[self.target.behaviour]}): {p.sentence}."
+
     def session(self, name: str) -> SessionRecord:
         try:
             return find_session(self.catalog, self.profile_name, name)

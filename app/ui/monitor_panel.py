@@ -584,6 +584,12 @@ class MonitorPanel(QWidget):
                                      "cause and the remedy.")
         self.health_badge.hide()
         blay.addWidget(self.health_badge)
+        # What this build does with checkpoint sidecars (app.core.sidecar_behaviour), from its start
+        # line, its binary and its parks: every resume prediction follows from it.
+        self.sidecar_label = QLabel("Checkpoint sidecars: -")
+        self.sidecar_label.setObjectName("sidecar_behaviour")
+        self.sidecar_label.setWordWrap(True)
+        blay.addWidget(self.sidecar_label)
         blay.addWidget(self.warnings_box)
         blay.addWidget(slots_box)
         blay.addLayout(middle)
@@ -807,6 +813,20 @@ class MonitorPanel(QWidget):
             await sampler.stop()
         if client is not None:
             await client.aclose()
+
+    def set_sidecar_behaviour(self, behaviour) -> None:
+        """Show what the running build does with checkpoint sidecars (None: no server)."""
+        from app.core.sidecar_behaviour import LABELS, Behaviour
+
+        if behaviour is None:
+            self.sidecar_label.setText("Checkpoint sidecars: -")
+            self.sidecar_label.setToolTip("")
+            return
+        b = Behaviour(behaviour)
+        self.sidecar_label.setText(f"Checkpoint sidecars: {LABELS[b]}")
+        self.sidecar_label.setToolTip("What this llama-server build does with checkpoint sidecars, from its own "
+                                      "start line, its binary and what its parks wrote. The resume warnings, the "
+                                      "sidecar column and the verdict's reason follow from it.")
 
     def set_health(self, count: int, worst) -> None:
         """Show the Cache health badge: ``count`` findings, the worst of severity ``worst``."""

@@ -125,6 +125,9 @@ class SessionsModel(QAbstractTableModel):
         self.records: list[SessionRecord] = []
         self._rows: list[_Row] = []
         self.icon_for: dict = {}  # sidecar status -> QIcon, set by the panel from its style
+        # what the running server's own loader does with a record's sidecar (the session
+        # service's answer, asked when a tooltip is shown); None without a server
+        self.server_view = None
 
     def set_records(self, records: list[SessionRecord]) -> bool:
         """Show ``records``; False when they are what is shown already."""
@@ -201,7 +204,9 @@ class SessionsModel(QAbstractTableModel):
         if role == _TOOLTIP:
             r = self.records[row]
             if col == COL_SIDECAR:
-                return f"{SIDECAR_HELP.get(r.sidecar_status, '')}\n\n{r.sidecar_reason}".strip()
+                text = f"{SIDECAR_HELP.get(r.sidecar_status, '')}\n\n{r.sidecar_reason}".strip()
+                view = self.server_view(r) if self.server_view is not None else None
+                return f"{text}\n\n{view}" if view else text
             if col == COL_VERDICT:
                 return r.last_verdict_reason or "No query judged since the last resume."
             if col == COL_SAVED:
@@ -494,6 +499,7 @@ class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
             self._drop_service()
 
     def _drop_service(self) -> None:
+        self.source_model.server_view = None
         if self.service is not None:
             svc, self.service = self.service, None
             self.spawn(svc.aclose())
@@ -533,6 +539,7 @@ class SessionsPanel(AsksQuestions, RunsTasks, QWidget):
         if self.service is not None:
             await self.service.aclose()
         self.service = svc
+        self.source_model.server_view = svc.on_this_server
         svc.target.queue.on_change(self._on_queue)
         svc.on_change(self._on_service_changed)
         svc.on_restored(lambda slot, entry: self.sig_restored.emit(slot, entry))

@@ -40,6 +40,7 @@ def attach_panels(window) -> None:
             monitor.restored, monitor.last_tasks = {}, {}
         else:
             monitor.restored, monitor.last_tasks = service.target.restored, service.target.last_tasks
+        monitor.set_sidecar_behaviour(service.target.behaviour if service is not None else None)
         monitor.request_tick()
 
     def on_snapshot(snap) -> None:
@@ -49,6 +50,9 @@ def attach_panels(window) -> None:
     sessions.sig_service.connect(on_service)
     sessions.sig_restored.connect(lambda _slot, _entry: monitor.request_tick())
     sessions.sig_verdict.connect(lambda _slot, _session, _verdict: monitor.request_tick())
+    # a park or the server's start line can tell the build's sidecar behaviour later on
+    sessions.sig_changed.connect(lambda: monitor.set_sidecar_behaviour(
+        sessions.service.target.behaviour if sessions.service is not None else None))
     monitor.sig_snapshot.connect(on_snapshot)
     window.sessions_panel = sessions
     window.monitor_panel = monitor

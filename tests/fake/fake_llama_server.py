@@ -95,6 +95,14 @@ PKCL_VERSION = 1
 PKCL_MAX = 1024
 PKCL_HEADER = struct.Struct("<III")  # magic, version, count
 PKCL_ENTRY = struct.Struct("<qiiQQ")  # n_tokens, pos_min, pos_max, n_tgt, n_dft
+PKCL_MAX_BLOB = 16 << 30  # the fork's per-blob limit
+# PKCL v2 (KV Valet's sidecar build, KVV_SIDECAR_MODE=v2)
+PKCL_VERSION_2 = 2
+PKCL2_HEADER = struct.Struct("<IIQI")  # magic, version, state_hash, count
+PKCL2_ENTRY = struct.Struct("<qii")  # n_tokens, pos_min, pos_max; then 3 x (u64 size, bytes)
+U64 = struct.Struct("<Q")
+FNV_OFFSET = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
 
 FULL_REPROCESS = ("forcing full prompt re-processing due to lack of cache data (likely due to SWA or "
                   "hybrid/recurrent memory, see https://github.com/ggml-org/llama.cpp/pull/13194"
@@ -423,51 +431,145 @@ class Ckpt:
     size_tgt: int
     size_dft: int = 0
     id_task: int = -1
+    size_spec: int = 0  # PKCL v2's speculative-decoding block
 
     @property
     def size(self) -> int:
-        return self.size_tgt + self.size_dft
+        return self.size_tgt + self.size_dft + self.size_spec
 
 
 class SidecarReadError(Exception):
-    pass
+    """pkcl_read refused the file; the message is the patch's ``reason``."""
 
 
-def write_pkcl(path: str, checkpoints: list[Ckpt]) -> int:
-    """PKCL v1 (turboquant PR #206): header, then per checkpoint its header and bytes."""
-    with open(path, "wb") as f:
-        f.write(PKCL_HEADER.pack(PKCL_MAGIC, PKCL_VERSION, len(checkpoints)))
-        for cp in checkpoints:
-            f.write(PKCL_ENTRY.pack(cp.n_tokens, cp.pos_min, cp.pos_max, cp.size_tgt, cp.size_dft))
-            f.write(fake_bytes(cp.n_tokens * 31 + cp.pos_min, cp.size_tgt))
-            f.write(fake_bytes(-cp.n_tokens, cp.size_dft))
-        return f.tell()
+# KVV_SIDECAR_MODE of KV Valet's sidecar build (app/serverbuild/kvv-sidecar.patch): "" and anything
+# unknown run as v2; the start line names the mode (a warning for an unknown value).
+SIDECAR_MODES = ("v2", "fork", "port")
 
 
-def read_pkcl(path: str) -> list[Ckpt]:
+def sidecar_mode() -> tuple[str, str]:
+    """(mode, raw KVV_SIDECAR_MODE) like kvv_mode() / kvv_mode_raw()."""
+    raw = os.environ.get("KVV_SIDECAR_MODE", "")
+    return (raw if raw in ("fork", "port") else "v2"), raw
+
+
+def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:
+    """64-bit FNV-1a (kvv_fnv1a_file), the PKCL v2 state hash."""
+    prime, mask = FNV_PRIME, (1 << 64) - 1
+    for b in data:
+        h = ((h ^ b) * prime) & mask
+    return h
+
+
+def fnv1a64_path(path: str) -> int:
+    """The hash of every byte of ``path``; OSError when it cannot be read."""
+    h = FNV_OFFSET
     with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < PKCL_HEADER.size:
-        raise SidecarReadError("truncated header")
-    magic, version, count = PKCL_HEADER.unpack_from(data)
+        while chunk := f.read(1 << 20):
+            h = fnv1a64(chunk, h)
+    return h
+
+
+def _ckpt_blob(cp: Ckpt, which: int, size: int) -> bytes:
+    return fake_bytes(cp.n_tokens * 31 + cp.pos_min if which == 0 else -cp.n_tokens - which, size)
+
+
+def write_pkcl(path: str, checkpoints: list[Ckpt], cap: int = 0) -> int:
+    """pkcl_write_v1: the newest ``cap`` checkpoints (0: all, as the fork writes), not atomic.
+    Returns how many were written."""
+    cps = checkpoints[-cap:] if cap > 0 else list(checkpoints)
+    with open(path, "wb") as f:
+        f.write(PKCL_HEADER.pack(PKCL_MAGIC, PKCL_VERSION, len(cps)))
+        for cp in cps:
+            f.write(PKCL_ENTRY.pack(cp.n_tokens, cp.pos_min, cp.pos_max, cp.size_tgt, cp.size_dft))
+            f.write(_ckpt_blob(cp, 0, cp.size_tgt))
+            f.write(_ckpt_blob(cp, 1, cp.size_dft))
+    return len(cps)
+
+
+def write_pkcl2(path: str, state_hash: int, checkpoints: list[Ckpt]) -> int:
+    """pkcl_write_v2: through ``<path>.tmp`` and a rename (a crash never leaves a half sidecar)."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(PKCL2_HEADER.pack(PKCL_MAGIC, PKCL_VERSION_2, state_hash, len(checkpoints)))
+            for cp in checkpoints:
+                f.write(PKCL2_ENTRY.pack(cp.n_tokens, cp.pos_min, cp.pos_max))
+                for which, size in enumerate((cp.size_tgt, cp.size_dft, cp.size_spec)):
+                    f.write(U64.pack(size))
+                    f.write(_ckpt_blob(cp, which, size))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    return len(checkpoints)
+
+
+def read_pkcl_file(path: str, version: int, strict: bool, n_restored: int, n_ctx_checkpoints: int,
+                   want_hash: int = 0) -> list[Ckpt]:
+    """pkcl_read (all or nothing): ``strict`` are the port's (v1) and v2's checks, else only the
+    fork's (magic, version, count <= 1024, blobs <= 16 GiB, short reads). Raises SidecarReadError
+    with the patch's reason."""
+    if not os.path.isfile(path):
+        raise SidecarReadError("not a regular file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        raise SidecarReadError("cannot open") from None
+    size = len(data)
+    head = PKCL2_HEADER.size if version == 2 else PKCL_HEADER.size
+    if size < head:
+        raise SidecarReadError("file too short")
+    magic, file_version = struct.unpack_from("<II", data)
     if magic != PKCL_MAGIC:
-        raise SidecarReadError(f"bad magic {magic:08x}")
-    if version != PKCL_VERSION:
-        raise SidecarReadError(f"unsupported version {version}")
+        raise SidecarReadError("bad magic")
+    if file_version != version:
+        raise SidecarReadError(f"unsupported version {file_version}")
+    if version == 2:
+        _m, _v, stored_hash, count = PKCL2_HEADER.unpack_from(data)
+        if stored_hash != want_hash:
+            raise SidecarReadError("state hash mismatch (the sidecar belongs to another save)")
+    else:
+        _m, _v, count = PKCL_HEADER.unpack_from(data)
     if count > PKCL_MAX:
-        raise SidecarReadError(f"too many checkpoints ({count})")
-    out, pos = [], PKCL_HEADER.size
-    for _ in range(count):
-        if len(data) - pos < PKCL_ENTRY.size:
-            raise SidecarReadError("truncated checkpoint header")
-        n_tokens, pos_min, pos_max, n_tgt, n_dft = PKCL_ENTRY.unpack_from(data, pos)
-        pos += PKCL_ENTRY.size
-        if n_tgt + n_dft > len(data) - pos:
-            raise SidecarReadError("truncated checkpoint data")
-        if n_tokens < 0 or pos_min > pos_max:
-            raise SidecarReadError("corrupt checkpoint header")
-        pos += n_tgt + n_dft
-        out.append(Ckpt(n_tokens, pos_min, pos_max, n_tgt, n_dft))
+        raise SidecarReadError(f"count {count} exceeds {PKCL_MAX}")
+    if strict and count == 0:
+        raise SidecarReadError("no checkpoints")
+    if strict and count > n_ctx_checkpoints:
+        raise SidecarReadError(f"count {count} exceeds the limit (--ctx-checkpoints {n_ctx_checkpoints})")
+    out, off = [], head
+    entry = PKCL2_ENTRY if version == 2 else PKCL_ENTRY
+    for i in range(count):
+        if size - off < entry.size:
+            raise SidecarReadError(f"truncated header of checkpoint {i}")
+        fields = entry.unpack_from(data, off)
+        off += entry.size
+        n_tokens, pos_min, pos_max = fields[:3]
+        if strict and not 0 <= n_tokens <= n_restored:
+            raise SidecarReadError(f"checkpoint {i}: n_tokens {n_tokens} outside [0, {n_restored}]")
+        if strict and pos_max < pos_min:
+            raise SidecarReadError(f"checkpoint {i}: pos_max < pos_min")
+        sizes = [0, 0, 0]
+        if version == 1:
+            sizes[:2] = fields[3:5]
+        for b in range(3 if version == 2 else 2):
+            if version == 2:
+                if size - off < U64.size:
+                    raise SidecarReadError(f"checkpoint {i}: truncated block size")
+                (sizes[b],) = U64.unpack_from(data, off)
+                off += U64.size
+            if sizes[b] > PKCL_MAX_BLOB or (strict and sizes[b] > size - off):
+                raise SidecarReadError(f"checkpoint {i}: data runs past the end of the file")
+            if sizes[b] > size - off:
+                raise SidecarReadError(f"read error in checkpoint {i}")
+            off += sizes[b]
+        out.append(Ckpt(n_tokens, pos_min, pos_max, sizes[0], sizes[1], -1, sizes[2]))
+    if strict and off != size:
+        raise SidecarReadError(f"{size - off} trailing bytes")
     return out
 
 
@@ -575,6 +677,7 @@ class FakeServer:
         self.gen_tps = env_float("FAKE_GEN_TPS", 40)
         self.state_version = int(env_float("FAKE_STATE_VERSION", 4))
         self.sidecar = env_flag("FAKE_SIDECAR")
+        self.sidecar_mode, self.sidecar_mode_raw = sidecar_mode()  # only with FAKE_SIDECAR=1
         self.loading = True
         self.cv = threading.Condition(threading.RLock())
         self.next_task = 0
@@ -1139,7 +1242,7 @@ class FakeServer:
                     result = self._restore(slot, id_slot, filename)
                 else:
                     n = len(slot.tokens)
-                    self._clear(slot)
+                    self._clear(slot, keep_checkpoints=self.fork)  # the fork keeps the checkpoint list
                     result = {"id_slot": id_slot, "n_erased": n}
             except HttpError as exc:
                 self.send_error(task, exc.message)
@@ -1148,12 +1251,18 @@ class FakeServer:
             self.idle_tick()
             return result
 
-    def _clear(self, slot: Slot) -> None:
+    @property
+    def fork(self) -> bool:
+        """The sidecar build as the turboquant fork: restore and erase keep the checkpoints."""
+        return self.sidecar and self.sidecar_mode == "fork"
+
+    def _clear(self, slot: Slot, keep_checkpoints: bool = False) -> None:
         """server_slot::prompt_clear."""
         slot_log("I", "prompt_clear", slot.id, slot.task_id(), f"clearing prompt with {len(slot.tokens)} tokens", TRACE)
         self.mem_clear(slot)
         slot.tokens = []
-        slot.checkpoints = []
+        if not keep_checkpoints:
+            slot.checkpoints = []
 
     def _save(self, slot: Slot, id_slot: int, filename: str) -> dict:
         t0 = time.perf_counter()
@@ -1179,16 +1288,35 @@ class FakeServer:
             log("E", f"llama_state_seq_save_file: error saving sequence state file: failed to open {path}: "
                      f"{exc.strerror}")
             raise HttpError(500, "Unable to save slot", "server_error") from None
-        if self.sidecar and slot.checkpoints:  # PR #206: after the state file, only with checkpoints, not atomic
-            try:
-                write_pkcl(path + ".ckpt", slot.checkpoints)
-                slot_log("I", "process_single_task", slot.id, slot.task_id(),
-                         f"saved {len(slot.checkpoints)} context checkpoints to sidecar")
-            except OSError:
-                slot_log("W", "process_single_task", slot.id, slot.task_id(),
-                         f"failed to write checkpoint sidecar {path}.ckpt")
+        t_state_ms = (time.perf_counter() - t0) * 1000
+        if self.sidecar:
+            self._save_sidecar(slot, path)
+        # the fork takes save_ms before the sidecar write
+        save_ms = t_state_ms if self.fork else (time.perf_counter() - t0) * 1000
         return {"id_slot": id_slot, "filename": filename, "n_saved": len(slot.tokens), "n_written": len(data),
-                "timings": {"save_ms": (time.perf_counter() - t0) * 1000}}
+                "timings": {"save_ms": save_ms}}
+
+    def _save_sidecar(self, slot: Slot, path: str) -> None:
+        """The checkpoint sidecar ``<state>.ckpt`` after the state file (kvv-sidecar.patch, SLOT_SAVE):
+        v2 on every save while --ctx-checkpoints > 0 (also with none), atomically; fork and port
+        PKCL v1 only when the slot holds checkpoints (fork: all, port: the newest 1024), not atomically."""
+        ckpt_path = path + ".ckpt"
+        attempted, n = False, 0
+        try:
+            if self.sidecar_mode == "v2":
+                if self.max_checkpoints > 0:
+                    attempted = True
+                    n = write_pkcl2(ckpt_path, fnv1a64_path(path), slot.checkpoints)
+            elif slot.checkpoints:
+                attempted = True
+                n = write_pkcl(ckpt_path, slot.checkpoints, 0 if self.fork else PKCL_MAX)
+            ok = True
+        except OSError:
+            ok = False
+        if attempted and ok:
+            slot_log("I", "process_single_task", slot.id, slot.task_id(), f"saved {n} context checkpoints to sidecar")
+        elif attempted:
+            slot_log("W", "process_single_task", slot.id, slot.task_id(), f"failed to write checkpoint sidecar {ckpt_path}")
 
     def _restore(self, slot: Slot, id_slot: int, filename: str) -> dict:
         t0 = time.perf_counter()
@@ -1207,23 +1335,69 @@ class FakeServer:
             if any(t < 0 or t >= N_VOCAB for t in tokens):
                 raise TokensStateError("Invalid tokens in slot save file")
         except TokensStateError as exc:
-            self._clear(slot)
+            self._clear(slot, keep_checkpoints=self.fork)
             raise HttpError(400, f"Unable to restore slot: {exc}") from None
-        slot.tokens = tokens  # slot->prompt.clear(): the in-memory checkpoints are gone too
-        slot.checkpoints = []
+        slot.tokens = tokens  # slot->prompt.clear(): the in-memory checkpoints are gone too (not on the fork)
+        if not self.fork:
+            slot.checkpoints = []
         self.mem_load_full(slot, state.n_cells)
-        ckpt = path + ".ckpt"
-        if self.sidecar and self.max_checkpoints > 0 and os.path.isfile(ckpt):
-            try:
-                cps = read_pkcl(ckpt)  # nothing ties a PR #206 sidecar to its state file
-                slot.checkpoints = cps[-self.max_checkpoints:]
-                slot_log("I", "process_single_task", slot.id, slot.task_id(),
-                         f"restored {len(slot.checkpoints)} context checkpoints from sidecar")
-            except (SidecarReadError, OSError) as exc:
-                slot_log("W", "process_single_task", slot.id, slot.task_id(),
-                         f"failed to read checkpoint sidecar {ckpt}: {exc}")
+        if self.sidecar:
+            self._restore_sidecar(slot, path)
         return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens), "n_read": state.n_read,
                 "timings": {"restore_ms": (time.perf_counter() - t0) * 1000}}
+
+    def _restore_sidecar(self, slot: Slot, path: str) -> None:
+        """Read ``<state>.ckpt`` back after the tokens (kvv-sidecar.patch, SLOT_RESTORE): the fork's lax
+        loader (silent), or the strict one of v2 / port ("ignoring checkpoint sidecar: REASON (PATH)");
+        fork and v2 fall back to a tip checkpoint over the restored positions."""
+        mode, ckpt_path = self.sidecar_mode, path + ".ckpt"
+        n_restored = len(slot.tokens)
+        want_tip = False
+        if self.max_checkpoints > 0 and (mode != "fork" or n_restored > 0):
+            exists = os.path.exists(ckpt_path)
+            cps, loaded = [], False
+            if mode == "fork":
+                if exists:
+                    try:
+                        cps = read_pkcl_file(ckpt_path, 1, False, n_restored, self.max_checkpoints)
+                        loaded = True
+                    except SidecarReadError:
+                        pass
+                want_tip = not loaded  # silent, as the fork
+            elif exists:
+                try:
+                    want_hash = 0
+                    if mode == "v2":
+                        try:
+                            want_hash = fnv1a64_path(path)
+                        except OSError:
+                            raise SidecarReadError("cannot hash the state file") from None
+                    cps = read_pkcl_file(ckpt_path, 2 if mode == "v2" else 1, True, n_restored,
+                                         self.max_checkpoints, want_hash)
+                    loaded = True
+                except SidecarReadError as exc:
+                    slot_log("W", "process_single_task", slot.id, slot.task_id(),
+                             f"ignoring checkpoint sidecar: {exc} ({ckpt_path})")
+                want_tip = not loaded and mode == "v2"
+            else:
+                want_tip = mode == "v2"
+            if loaded:
+                slot.checkpoints = cps  # replaces the list (the fork's kept one too)
+                slot_log("I", "process_single_task", slot.id, slot.task_id(),
+                         f"restored {len(cps)} context checkpoints from sidecar")
+        if want_tip and n_restored > 0 and slot.pos_min >= 0 and slot.pos_max >= slot.pos_min:
+            # the tip fallback: one checkpoint over the restored positions, made as create_checkpoint
+            # makes one (a restore has no task: id_task -1)
+            cps = slot.checkpoints
+            while cps and len(cps) >= self.max_checkpoints:
+                cps.pop(0)
+            cps[:] = [cp for cp in cps if cp.n_tokens != n_restored]
+            size = self.checkpoint_cells(slot.pos_min, slot.pos_max) * int(env_float("FAKE_CKPT_BYTES_PER_TOKEN", 16))
+            cp = Ckpt(n_restored, slot.pos_min, slot.pos_max, size, 0, -1)
+            cps.append(cp)
+            slot_log("I", "process_single_task", slot.id, slot.task_id(),
+                     f"created context checkpoint {len(cps)} of {self.max_checkpoints} (pos_min = {cp.pos_min}, "
+                     f"pos_max = {cp.pos_max}, n_tokens = {cp.n_tokens}, size = {mib(cp.size)} MiB)", TRACE)
 
     # ------------------------------------------------------------ read-only endpoints
 
@@ -1455,6 +1629,12 @@ def main(argv: list[str]) -> int:
                 f"min spacing = {s.checkpoint_min_step}", TRACE)
     else:
         srv_log("I", "load_model", "context checkpoints disabled", TRACE)
+    if s.sidecar:  # KV Valet's sidecar build says which behaviour this process runs
+        if s.sidecar_mode_raw and s.sidecar_mode_raw != s.sidecar_mode:
+            srv_log("W", "load_model", f"checkpoint sidecars: {s.sidecar_mode} (KVV_SIDECAR_MODE "
+                    f"'{s.sidecar_mode_raw}' is not one of v2, fork, port)")
+        else:
+            srv_log("I", "load_model", f"checkpoint sidecars: {s.sidecar_mode}")
     if opts["cache_idle_slots"] and s.cache is None:
         srv_log("W", "init", "--cache-idle-slots requires --cache-ram, disabling")
     elif s.cache_idle_slots:

