@@ -40,6 +40,12 @@ def add_commands(sub) -> argparse.ArgumentParser:
                    help="the server's log file (-lv 4), to see sidecar loads and forced re-processing "
                         "(default for a profile: the log KV Valet writes, see 'Server log files')")
     p.add_argument("--question", default=None, help="the probe question (default: a short one)")
+    p.add_argument("--protocol", choices=("restarts", "one-process"), default=None,
+                   help="'restarts': every probe in a fresh server process, as the seed's A/B (needs a server "
+                        "KV Valet runs: for a profile whose server is not running, this command starts it and "
+                        "stops it after); 'one-process': every probe in the running server, a probe that reused "
+                        "an earlier probe's checkpoints labelled confounded. Default: restarts when this command "
+                        "runs the server, else one process")
     p.add_argument("--export", action="append", default=[], metavar="FILE",
                    help="also write the report to FILE (.md, .csv, .json, or .png for the chart); may repeat")
     p.set_defaults(run=run_check)
@@ -73,20 +79,29 @@ async def _run(args, catalog) -> int:
         log_path = paths.server_log_path(args.target)
         log_path = log_path if log_path.is_file() else None
     log_buffer = FileLogBuffer(log_path) if log_path else None
-    svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args),
-                        log_buffer=log_buffer)
+    protocol = {"restarts": "across restarts", "one-process": "one process", None: None}[args.protocol]
+    sup = None
+    try:
+        svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args),
+                            log_buffer=log_buffer)
+    except ServiceError as e:
+        if "://" in args.target or "is not running" not in str(e) or protocol == "one process":
+            raise CliError(str(e)) from None
+        svc, sup = await _own_server(catalog, args.target)  # the seed's protocol needs a server we run
     question = args.question if args.question is not None else DEFAULT_QUESTION
     try:
-        report = await svc.check(args.session, args.slot, force=args.yes, question=question)
+        report = await svc.check(args.session, args.slot, force=args.yes, question=question, protocol=protocol)
         if args.ab or args.baseline:
             report.ab = await svc.ab(args.session, report.slot_id, force=True, baseline=args.baseline,
-                                     question=question)
+                                     question=question, protocol=protocol)
     except NeedsConfirmation as e:
         raise CliError("not checked (pass --yes to go on):", details=e.warnings) from None
     except ServiceError as e:
         raise CliError(str(e)) from None
     finally:
         await svc.aclose()
+        if sup is not None:
+            await sup.aclose()
 
     print(to_json(report) if args.json else to_markdown(report), end="")
     for f in args.export:
@@ -104,3 +119,34 @@ async def _run(args, catalog) -> int:
     if report.verdict.kind in (VerdictKind.HIT, VerdictKind.PARTIAL):
         return Exit.OK
     return Exit.FAIL
+
+
+async def _own_server(catalog, name: str):
+    """Start the profile's server for this command (stopped at its end), so the check can
+    restart it between probes: (SessionService, Supervisor)."""
+    import sys
+
+    from app.jobs.service import SessionService
+    from app.server.launcher import make_supervisor, plan_launch
+    from app.server.supervisor import LaunchError, StartFailed
+    from app.store.profiles import ProfileStore
+
+    store = ProfileStore()
+    profile = store.ensure_default() if name == "default" else store.load(name)
+    plan = await asyncio.to_thread(plan_launch, profile)
+    print(f"[kv-valet] the server of '{profile.name}' is not running: starting it for this check "
+          "(it is stopped at the end)", file=sys.stderr, flush=True)
+    for n in plan.notes:
+        print(f"[kv-valet] {n}", file=sys.stderr)
+    sup = make_supervisor(plan)
+    try:
+        await sup.start()
+        svc = await SessionService.connect(catalog, url=plan.url, profile=profile, log_buffer=sup.log,
+                                           build=plan.build, supervisor=sup, stopper=sup.stop)
+    except (LaunchError, StartFailed) as e:
+        await sup.aclose()
+        raise CliError(f"the server of '{profile.name}' did not start: {e}") from None
+    except BaseException:
+        await sup.aclose()
+        raise
+    return svc, sup

@@ -69,19 +69,21 @@ def _open_header(path: Path):
         raw = f.read(_HEADER.size)
         if len(raw) < 4 or raw[:4] != STATE_MAGIC_BYTES:
             raise StateFileError(
-                f"not a llama.cpp slot state file (magic {raw[:4]!r}, expected {STATE_MAGIC_BYTES!r})"
+                f"{path.name} is not a llama.cpp slot state file (magic {raw[:4]!r}, "
+                f"expected {STATE_MAGIC_BYTES!r})"
             )
         if len(raw) < _HEADER.size:
-            raise StateFileError(f"truncated: {path.name} has only {file_size} bytes")
+            raise StateFileError(f"{path.name} is truncated: it has only {file_size} bytes")
         _, version, n_words = _HEADER.unpack(raw)
         if n_words > MAX_TOKEN_WORDS:
             raise StateFileError(
-                f"corrupt header: {n_words:,} token words is more than any context holds"
+                f"{path.name} has a corrupt header: {n_words:,} token words is more than any context holds"
             )
         header_bytes = _HEADER.size + 4 * n_words
         if file_size <= header_bytes:
             raise StateFileError(
-                f"truncated: header says {n_words:,} token words but file has only {file_size:,} bytes"
+                f"{path.name} is truncated: header says {n_words:,} token words but file has only "
+                f"{file_size:,} bytes"
             )
         return f, file_size, version, n_words, header_bytes
     except BaseException:
@@ -96,11 +98,12 @@ def _parse(path: Path, want_tokens: bool) -> tuple[StateHeader, list[int]]:
         first = _read_words(f, path, 1, file_size)[0] if n_words else None
         if first == PACKED_MARKER:
             if n_words < 3:
-                raise StateFileError("corrupt header: packed token payload shorter than 3 words")
+                raise StateFileError(f"{path.name} has a corrupt header: packed token payload shorter "
+                                     "than 3 words")
             payload_version, token_count = _read_words(f, path, 2, file_size)
             if token_count < 0 or token_count > n_words - 3:
                 raise StateFileError(
-                    f"corrupt header: packed payload claims {token_count:,} tokens "
+                    f"{path.name} has a corrupt header: packed payload claims {token_count:,} tokens "
                     f"in {n_words:,} words"
                 )
             tokens = list(_read_words(f, path, token_count, file_size)) if want_tokens else []

@@ -82,6 +82,18 @@ def test_sigterm_parks_the_filled_slot_then_stops(real_profile):
     assert rec.slot_id == 0 and rec.n_tokens > 600 and rec.state_path.is_file()
     assert [(e.slot, e.session) for e in load_resume_plan("real")] == [(0, rec.name)]
 
+    # the seed's A/B without a window: the server is not running, so `check` starts it, restarts
+    # it between probes (every probe in a fresh process), stops it, and exits 3 (DISCARDED, stock)
+    out = subprocess.run([sys.executable, "-m", "app.cli", "check", "real", rec.name, "--ab", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 3, out.stderr
+    assert "starting it for this check" in out.stderr
+    report = json.loads(out.stdout)
+    assert report["ab"]["protocol"] == "across restarts" and report["ab"]["behaviour"] == "none"
+    assert all(r["fresh_process"] for r in report["ab"]["rows"])
+    assert [r["verdict"] for r in report["ab"]["rows"]] == ["DISCARDED"] * 4
+    assert not [c for c in psutil.Process().children(recursive=True) if "llama-server" in c.name()]
+
 
 def test_profiles_import_and_show_mask_the_key(capsys):
     from app.cli import main
