@@ -48,6 +48,11 @@ def gather_facts(profile: LaunchProfile, catalog: Catalog | None = None) -> Fact
         facts = replace(facts, **_catalog_facts(profile, keys, catalog))
     except Exception as e:
         log.debug("doctor: catalog facts: %s", e)
+    if facts.sidecar_behaviour is None:  # no catalog yet: the server's own log can still tell
+        try:
+            facts = replace(facts, **_behaviour_facts(profile, keys, None))
+        except Exception as e:
+            log.debug("doctor: sidecar behaviour: %s", e)
     return facts
 
 
@@ -232,15 +237,7 @@ def _catalog_facts(profile: LaunchProfile, keys: list[str], catalog: Catalog | N
             if known is not None:
                 out["build_persists_checkpoints"] = known
                 break
-        from app.jobs.behaviour import identify_server
-
-        log_path = paths.server_log_path(profile.name)
-        for key in keys or ["unknown"]:
-            b = identify_server(catalog, key, log_path=log_path if log_path.is_file() else None,
-                                binary=_binary_of(profile))
-            if b.value != "unknown":
-                out["sidecar_behaviour"] = b.value
-                break
+        out.update(_behaviour_facts(profile, keys, catalog))
         return out
     finally:
         if own:
@@ -254,3 +251,23 @@ def _binary_of(profile: LaunchProfile) -> str | None:
         return find_server_binary(profile.server_binary).path
     except DiscoveryError:
         return None
+
+
+def _behaviour_facts(profile: LaunchProfile, keys: list[str], catalog: Catalog | None) -> dict[str, Any]:
+    """What the profile's build does with checkpoint sidecars: the start line in the log KV
+    Valet keeps for the profile, a KV Valet build's build-info.json, what its parks wrote."""
+    from app.core.sidecar_behaviour import Behaviour, Evidence, identify
+    from app.jobs.behaviour import identify_server, kv_valet_build_info, mode_from_log_file
+
+    log_path = paths.server_log_path(profile.name)
+    log_path = log_path if log_path.is_file() else None
+    binary = _binary_of(profile)
+    if catalog is None:
+        b = identify(Evidence(mode_line=mode_from_log_file(log_path) if log_path else None,
+                              built_by_kv_valet=kv_valet_build_info(binary) is not None))
+        return {"sidecar_behaviour": b.value} if b is not Behaviour.UNKNOWN else {}
+    for key in keys or ["unknown"]:
+        b = identify_server(catalog, key, log_path=log_path, binary=binary)
+        if b is not Behaviour.UNKNOWN:
+            return {"sidecar_behaviour": b.value}
+    return {}

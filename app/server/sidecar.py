@@ -249,16 +249,29 @@ def fnv1a64_file(path: str | os.PathLike, chunk: int = 1 << 20) -> int:
                 h = ((h ^ b) * prime) & mask
 
 
+def _named(path: str | os.PathLike, exc: SidecarError) -> SidecarError:
+    """The same refusal, naming the file it is about."""
+    name = Path(path).name
+    text = str(exc)
+    return exc if name in text else SidecarError(f"{name}: {text}")
+
+
 def read_pkcl(path: str | os.PathLike) -> tuple[Checkpoint, ...]:
     """Checkpoint headers of a turboquant PR #206 sidecar; raises SidecarError."""
     with open(path, "rb") as f:
-        return _read_pkcl(f, os.fstat(f.fileno()).st_size)
+        try:
+            return _read_pkcl(f, os.fstat(f.fileno()).st_size)
+        except SidecarError as exc:
+            raise _named(path, exc) from None
 
 
 def read_lsckpt2(path: str | os.PathLike) -> tuple[Checkpoint, ...]:
     """Checkpoint headers of an upstream PR #24028 sidecar; raises SidecarError."""
     with open(path, "rb") as f:
-        return _read_lsckpt2(f, os.fstat(f.fileno()).st_size)
+        try:
+            return _read_lsckpt2(f, os.fstat(f.fileno()).st_size)
+        except SidecarError as exc:
+            raise _named(path, exc) from None
 
 
 def validate_checkpoints(checkpoints: tuple[Checkpoint, ...], saved_tokens: int | None) -> None:
@@ -328,6 +341,7 @@ def inspect_sidecar(state_path: str | os.PathLike, saved_tokens: int | None, mem
                                  f"present, unverified (version {exc.version}): a PKCL sidecar of a version "
                                  "this KV Valet does not know", version=exc.version)
         except SidecarError as exc:
+            exc = _named(ckpt, exc)
             if dense:
                 return SidecarReport(SidecarStatus.NOT_NEEDED, None, ckpt, size, (),
                                      f"not needed for a dense model (and the sidecar there is invalid: {exc})")
@@ -425,6 +439,8 @@ def read_facts(state_path: str | os.PathLike):
                 offset += _PKCL2_ENTRY.size
                 sizes = []
                 for _block in range(3):
+                    if offset > size:  # a block size past the end: no seek there (EINVAL, OverflowError)
+                        break
                     f.seek(offset)
                     s = f.read(_U64.size)
                     if len(s) != _U64.size:

@@ -194,6 +194,10 @@ def test_check_and_ab_by_clicks(setup, qloop, qtbot):
         # the window runs the server: every probe ran in a fresh server process, as the seed's A/B
         assert ab.protocol == "across restarts" and all(r.fresh_process for r in ab.rows)
         assert panel.service is not None
+        # the build's sidecar behaviour, from the server's start line, named in the Monitor
+        assert "PKCL v2" in w.monitor_panel.sidecar_label.text()
+        tip = panel.source_model.data(panel.source_model.index(0, 5), Qt.ToolTipRole)
+        assert "On this server (v2): this build will load the sidecar's" in tip
         assert sidecar.read_bytes() == before  # put back byte-identical
         with Catalog(paths.catalog_path()) as cat:
             assert {e.kind for e in cat.history(rec.id)} >= {"check", "ab"}

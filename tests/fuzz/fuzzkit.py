@@ -36,11 +36,13 @@ def cpu_limit(seconds: float = HANG_CPU_S):
         signal.signal(signal.SIGVTALRM, old)
 
 
-def outcome(parser: str, call, refusal: type[BaseException] | tuple = (), *, names=None):
+def outcome(parser: str, call, refusal: type[BaseException] | tuple = (), *, names=None, rejects=None):
     """Run ``call()``; return ("parsed", value) or ("refused", exception).
 
     ``refusal``: the parser's own refusal type(s); any other exception propagates (a crash).
     ``names``: a file name the refusal must mention (the sentence names the file).
+    ``rejects(value)``: for a parser that answers with a report instead of raising (a sidecar
+    report "invalid"), whether that answer is a refusal, for the summary's count.
     """
     TALLY[parser]["examples"] += 1
     try:
@@ -50,7 +52,7 @@ def outcome(parser: str, call, refusal: type[BaseException] | tuple = (), *, nam
         TALLY[parser]["refusals"] += 1
         check_sentence(exc, names)
         return "refused", exc
-    TALLY[parser]["parsed"] += 1
+    TALLY[parser]["refusals" if rejects is not None and rejects(value) else "parsed"] += 1
     return "parsed", value
 
 

@@ -113,7 +113,8 @@ def check(files, data: bytes, *, saved_tokens=None, kind="sliding-window", state
         got[name] = value if k == "parsed" else None
     # the report: never an exception; an invalid sidecar's reason names the file
     k, report = outcome("sidecar inspect_sidecar",
-                        lambda: inspect_sidecar(state, saved_tokens, kind, state_hash=lambda: state_hash))
+                        lambda: inspect_sidecar(state, saved_tokens, kind, state_hash=lambda: state_hash),
+                        rejects=lambda r: r.status is SidecarStatus.INVALID or "invalid" in r.reason)
     assert k == "parsed" and report.reason.strip() and "\n" not in report.reason
     if report.status is SidecarStatus.INVALID:
         assert ckpt.name in report.reason, report.reason

@@ -272,3 +272,18 @@ def test_gather_facts_sees_a_read_only_folder(tmp_path):
     finally:
         if ro.is_relative_to(tmp_path):
             ro.chmod(0o700)
+
+
+def test_doctor_names_the_builds_sidecar_behaviour(fake_server, gemma):
+    """From the server log KV Valet keeps for the profile: its build's start line."""
+    from app import paths
+
+    save(LaunchProfile(name="modes", model=str(gemma), server_binary=str(fake_server), ctx_size=8192, parallel=1))
+    assert "checkpoint sidecars:" not in run_doctor("modes").stdout  # nothing known yet
+    log = paths.server_log_path("modes")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fork = (B11434.parent / "sidecar-modes-b11434" / "fork" / "01-fill-save.log").read_text()
+    log.write_text(fork)
+    r = run_doctor("modes")
+    assert "checkpoint sidecars: turboquant fork (#206)" in r.stdout, r.stdout
+    assert json.loads(run_doctor("modes", "--json").stdout)["facts"]["sidecar_behaviour"] == "fork"

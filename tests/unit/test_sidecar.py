@@ -86,7 +86,7 @@ def test_sizes_must_add_up_exactly(tmp_path, size, added):
     if added is None:
         assert "checkpoint 4 of 4 needs bytes up to 31,483,580 but the file has 31,483,548" in r.reason
     else:
-        assert r.reason == "invalid: sizes add up to 31,483,580 bytes but the file has 31,483,612"
+        assert r.reason == "invalid: s1.bin.ckpt: sizes add up to 31,483,580 bytes but the file has 31,483,612"
 
 
 def test_small_synthetic_sidecar_round_trip(tmp_path):
