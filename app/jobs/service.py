@@ -151,7 +151,7 @@ class SessionService:
             path = getattr(log_buffer, "path", None)
             mode = mode_from_log_file(path) if path else mode_from_log(log_buffer.since(0))
         binary = (supervisor.argv[0] if supervisor is not None and getattr(supervisor, "argv", None)
-                  else (profile.server_binary if profile is not None else None))
+                  else _profile_binary(profile))
         if mode:
             target.build = f"{target.build} +sidecars-{mode}"  # KV Valet's build: not the stock one's key
         target.behaviour = identify_target(target, mode_line=mode, binary=binary)
@@ -544,6 +544,18 @@ class SessionService:
             entry.verdict = verdict
         self._emit(self._verdict_cbs, slot_id, session, verdict)
         self._emit(self._changed)
+
+
+def _profile_binary(profile: LaunchProfile | None) -> str | None:
+    """The binary a profile launches (its own path, the built server, or the one discovery finds)."""
+    from app.server.discovery import DiscoveryError, find_server_binary
+
+    if profile is None:
+        return None
+    try:
+        return find_server_binary(profile.server_binary).path
+    except DiscoveryError:
+        return None
 
 
 def record_prefill_sample(catalog: Catalog, profile: str, ev) -> None:

@@ -318,13 +318,16 @@ class ServerBinaryField(QWidget):
         top.addWidget(self.choice)
         top.addWidget(self.path, 1)
         top.addWidget(self.browse)
+        # the status wraps over the field's whole width and the button sits under it: the profile
+        # form's column is narrow, and a button beside the text was cut off there
         bottom = QHBoxLayout()
         bottom.setContentsMargins(0, 0, 0, 0)
-        bottom.addWidget(self.status, 1)
         bottom.addWidget(self.build_button)
+        bottom.addStretch(1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(top)
+        lay.addWidget(self.status)
         lay.addLayout(bottom)
         self.choice.currentIndexChanged.connect(self._on_choice)
         self.path.textChanged.connect(lambda _t: self.textChanged.emit(self.text()))

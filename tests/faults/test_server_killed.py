@@ -59,17 +59,19 @@ def test_server_killed_idle_and_mid_prefill(stock_profile):
             assert outcome.summary().startswith(KILLED), outcome.summary()
             await _resumes_after_restart(srv, "chat", rec.n_tokens)
 
-            # mid-prefill: killed when the log says the prompt is being processed
+            # mid-prefill: killed when the log says the new prompt goes into the slot (its decode,
+            # a second or two here, comes next)
             prefilling = asyncio.get_running_loop().create_future()
-            srv.sup.on_line(lambda item: item.event.kind is Kind.PROMPT_PROGRESS and not prefilling.done()
+            srv.sup.on_line(lambda item: item.event.kind is Kind.NEW_PROMPT and not prefilling.done()
                             and prefilling.set_result(item.event.line))
             query = asyncio.ensure_future(srv.fill(0, SHORT * 2 + MORE, n_predict=8))
             await asyncio.wait_for(prefilling, 60)
             outcome = await srv.kill()
             with pytest.raises(ServerUnreachable):
                 await query
-            assert outcome.summary().startswith(KILLED) and "prompt processing progress" in "\n".join(
-                outcome.last_lines), outcome
+            tail = "\n".join(outcome.last_lines)
+            assert outcome.summary().startswith(KILLED) and "new prompt" in tail, outcome
+            assert "prompt eval time" not in tail[tail.rindex("new prompt"):], tail  # the prefill never ended
             assert state_bytes(srv.save_dir, rec.state_file) == before
             await _resumes_after_restart(srv, "chat", rec.n_tokens)
         finally:
