@@ -84,6 +84,95 @@ def state_dir() -> Path:
     return _xdg("XDG_STATE_HOME", ".local/state") / APP_DIR_NAME
 
 
+# -- private folders and files ----------------------------------------------------------------
+# Parked sessions hold whole conversations, profiles hold API keys, logs hold prompts: every
+# folder KV Valet creates is 0700 and every file it writes 0600, whatever the umask.
+
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def private_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` and its missing parents, each 0700; a folder that exists is left as
+    it is (it may be the user's own, chosen in the preferences)."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:
+            continue  # made meanwhile by another process (or thread)
+        os.chmod(d, PRIVATE_DIR_MODE)  # the umask only takes bits away; be exact all the same
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)  # raises the error that says why not
+    return path
+
+
+def make_private(path: str | os.PathLike) -> None:
+    """chmod 0600 a file KV Valet owns (a state file the server wrote with its umask); a
+    symlink is not followed, and a file of another user is left as it is."""
+    try:
+        if not os.path.islink(path):
+            os.chmod(path, PRIVATE_FILE_MODE)
+    except OSError:
+        pass
+
+
+def touch_private(path: str | os.PathLike) -> None:
+    """Create ``path`` empty and 0600 if it is missing (a file another program then writes
+    into, as SQLite its catalog: its -wal and -shm files take the same mode), or make ours
+    0600. Errors are left to that program to report."""
+    try:
+        if os.path.islink(path):
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, PRIVATE_FILE_MODE)
+    except OSError:
+        return
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def open_private(path: str | os.PathLike, mode: str = "w", **kw):
+    """``open(path, mode)`` for writing ("w", "a", "wb", "ab"), the file created 0600 (and an
+    existing one of ours made 0600)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    except OSError:
+        pass
+    return os.fdopen(fd, mode, **kw)
+
+
+def write_private(path: str | os.PathLike, data: str | bytes, *, encoding: str = "utf-8") -> Path:
+    """Write ``path`` atomically (a temporary file beside it, then a rename), 0600, its folder
+    created 0700 when missing."""
+    import threading
+
+    path = Path(path)
+    private_dir(path.parent)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    try:
+        with open_private(tmp, "wb") as f:
+            f.write(data.encode(encoding) if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    return path
+
+
 def server_log_path(profile_name: str) -> Path:
     """The full log of a profile's server (rotated: ``.1`` … ``.3`` are older)."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in profile_name) or "_"

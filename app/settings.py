@@ -121,6 +121,8 @@ def load(path: Path | None = None) -> Settings:
         raw = _read_raw(path)
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SettingsError([("file", f"{path} cannot be read: {e}")]) from None
+    except RecursionError:  # tomllib recurses per level of nested arrays and tables
+        raise SettingsError([("file", f"{path} cannot be read: nested too deep")]) from None
     values, errors = {}, []
     for key, value in raw.items():
         if key not in FIELDS:
@@ -150,7 +152,7 @@ def save(settings: Settings, path: Path | None = None) -> Path:
     folder = settings.data_path()
     if folder is not None and not errors:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            paths.private_dir(folder)
             if not os.access(folder, os.W_OK | os.X_OK):
                 raise PermissionError("not writable")
         except OSError as e:
@@ -160,7 +162,7 @@ def save(settings: Settings, path: Path | None = None) -> Path:
     path = path or settings_path()
     try:
         raw = _read_raw(path)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
         raw = {}  # a broken file is replaced by a good one
     foreign = {k: v for k, v in raw.items() if k not in FIELDS and isinstance(v, (str, int, float, bool))}
     lines = ["# KV Valet settings (Preferences, or `kv-valet settings`). Only changed values are written."]
@@ -169,11 +171,7 @@ def save(settings: Settings, path: Path | None = None) -> Path:
         if value != getattr(DEFAULTS, key):
             lines.append(f"{key} = {as_toml(value)}")
     lines += [f"{k} = {as_toml(v)}" for k, v in foreign.items()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return paths.write_private(path, "\n".join(lines) + "\n")
 
 
 def update(path: Path | None = None, **changes) -> Settings:
@@ -191,7 +189,7 @@ def as_toml(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return '"' + "".join(c if c >= " " else f"\\u{ord(c):04x}" for c in text) + '"'
+    return '"' + "".join(c if " " <= c != "\x7f" else f"\\u{ord(c):04x}" for c in text) + '"'
 
 
 def auto_resumes(setting: AutoResume, profile_resumes: bool) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.serverbuild.cache import BUILT_MARKER
@@ -67,7 +67,9 @@ class LaunchProfile:
     main_gpu: int | None = None
     rpc: str | None = None
     slot_save_path: str | None = None  # None = the profile's folder in the data dir
-    api_key: str | None = None  # passed as LLAMA_API_KEY, never on the command line
+    # passed as LLAMA_API_KEY, never on the command line; not in repr() either (a debug log of a
+    # call's arguments, a traceback's locals)
+    api_key: str | None = field(default=None, repr=False)
     api_key_file: str | None = None
     verbosity: int | None = None  # None = -lv 4 when the binary knows -lv
     metrics: bool = False
@@ -166,7 +168,8 @@ def validate(profile: LaunchProfile, *, check_files: bool = True) -> list[FieldE
         err("cache_ram", f"{profile.cache_ram} MiB: use -1 (no limit), 0 (off) or a size in MiB")
     if profile.gpu_layers is not None:
         g = profile.gpu_layers
-        if g not in ("auto", "all") and not (g.lstrip("-").isdigit() and int(g) >= 0):
+        # isascii: "²" and "١٢" are digits to str.isdigit, but not to int() or llama-server
+        if g not in ("auto", "all") and not (g.isascii() and g.lstrip("-").isdigit() and int(g) >= 0):
             err("gpu_layers", f"'{g}': use a number of layers, 'auto' or 'all'")
     for fname in ("cache_type_k", "cache_type_v"):
         v = getattr(profile, fname)
@@ -198,7 +201,8 @@ def validate(profile: LaunchProfile, *, check_files: bool = True) -> list[FieldE
     for conflict in absorb_extra_args(profile)[1]:
         err("extra_args", conflict)
     if not is_loopback(profile.host) and not profile.has_api_key and not profile.expose_acknowledged:
-        err("host", exposure_warning(profile) + " Set an API key, or confirm that this is what you want.")
+        err("host", exposure_warning(profile) + " Set an API key, or confirm that this is what you want "
+            "(Start in the window asks; for the command line, put expose_acknowledged = true in the profile).")
     return errors
 
 

@@ -58,7 +58,10 @@ class Owner:
         try:
             import psutil
 
-            return abs(psutil.Process(self.pid).create_time() - self.started) < 0.05
+            proc = psutil.Process(self.pid)
+            # A zombie is dead: SIGKILLed, not yet reaped by its parent (a window that ran a CLI,
+            # a test); its flocks are gone already, so another process may be at its journal now.
+            return abs(proc.create_time() - self.started) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
         except Exception:
             return False
 

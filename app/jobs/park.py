@@ -26,6 +26,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any, Callable
 
 from app import paths
 from app.jobs import sidecar_check
+from app.jobs.files_lock import FilesLock, files_locked
 from app.jobs.slots import SlotError, find_row, held
 from app.jobs.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase
 from app.jobs.target import ServerTarget
@@ -80,7 +82,9 @@ def slugify(name: str) -> str:
     slug = re.sub(r"[^\w.-]+", "-", name.strip(), flags=re.UNICODE)
     slug = re.sub(r"\.{2,}", ".", slug)
     slug = re.sub(r"-{2,}", "-", slug).strip("-._")
-    slug = slug[:120] or "session"
+    # at most 120 characters and 200 bytes (a file name holds 255, with "-999.bin.checkpoints"),
+    # stripped again after the cut: a trailing '.' would make "<slug>..bin", which the server refuses
+    slug = slug[:120].encode()[:200].decode(errors="ignore").strip("-._") or "session"
     if slug.startswith(TMP_PREFIX):
         slug = "s-" + slug
     return slug
@@ -90,12 +94,15 @@ def pick_state_file(catalog: Catalog, save_dir: Path, profile: str, name: str) -
     """``<slug>.bin``, unless another session (or a file we do not know) owns it."""
     own = catalog.get(profile, name)
     if own is not None and Path(own.save_dir) == save_dir:
+        if (save_dir / own.state_file).is_symlink():  # a link may point anywhere: never park over one
+            raise ParkError(f"{own.state_file} in {save_dir} is a symbolic link, not the file '{name}' was "
+                            "parked to: KV Valet does not park over a link; remove it, or park under another name")
         return own.state_file
     taken = {r.state_file for r in catalog.list() if Path(r.save_dir) == save_dir}
     base = slugify(name)
     for i in range(1, 1000):
         candidate = f"{base}.bin" if i == 1 else f"{base}-{i}.bin"
-        if candidate not in taken and not (save_dir / candidate).exists():
+        if candidate not in taken and not os.path.lexists(save_dir / candidate):  # lexists: a dangling link too
             return candidate
     raise ParkError(f"no free file name for '{name}' in {save_dir}")
 
@@ -138,10 +145,7 @@ def _cached_memory_kind(model_path: str) -> str:
     kind = getattr(info.memory_kind, "value", str(info.memory_kind))
     cache[path] = {"stamp": stamp, "kind": kind}
     with contextlib.suppress(OSError):
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(cache_file.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, cache_file)
+        paths.write_private(cache_file, json.dumps(cache, indent=1, sort_keys=True))
     return kind
 
 
@@ -191,6 +195,14 @@ def _rm(path: Path) -> None:
         path.unlink()
 
 
+def _save_companions(tmp: Path) -> list[Path]:
+    """What a save to ``tmp`` may write besides it: its sidecars, and the file KV Valet's
+    sidecar build writes a PKCL v2 sidecar through (``<state>.ckpt.tmp``, renamed when whole).
+    A server killed mid-sidecar leaves that one: a failed park removes it too, and recovery
+    counts it as the park's own (another process's park in flight must keep it)."""
+    return [Path(str(tmp) + s + t) for s in SIDECAR_SUFFIXES for t in ("", ".tmp")]
+
+
 def _rollback(p: ParkJournal) -> None:
     """Undo a park whose new state file is not in place: old files back, temps gone."""
     d, tmp, final, backup = p.paths
@@ -201,8 +213,8 @@ def _rollback(p: ParkJournal) -> None:
         if bak.exists():
             os.replace(bak, Path(str(final) + suf))
     _rm(tmp)
-    for suf in SIDECAR_SUFFIXES:
-        _rm(Path(str(tmp) + suf))
+    for companion in _save_companions(tmp):
+        _rm(companion)
 
 
 def _finish(catalog: Catalog, p: ParkJournal) -> None:
@@ -220,6 +232,25 @@ def _finish(catalog: Catalog, p: ParkJournal) -> None:
         _rm(Path(str(backup) + suf))
 
 
+def _listed_as_is(catalog: Catalog, p: ParkJournal, final: Path) -> bool:
+    """The catalog lists ``final`` as it is on disk now (size and token count)."""
+    rec = catalog.get(p.profile, p.name)
+    if rec is None or rec.state_file != p.final or Path(rec.save_dir) != Path(p.save_dir):
+        return False
+    try:
+        header = read_state_header(final)
+    except (StateFileError, OSError):
+        return False
+    return header.file_size == rec.state_size and header.token_count == rec.n_tokens
+
+
+def _discard(p: ParkJournal) -> None:
+    """Remove what an interrupted park left aside: its previous copy and its temporary files."""
+    d, tmp, final, backup = p.paths
+    for f in [backup, *(Path(str(backup) + s) for s in SIDECAR_SUFFIXES), tmp, *_save_companions(tmp)]:
+        _rm(f)
+
+
 def recover_interrupted(catalog: Catalog, save_dirs) -> list[str]:
     """Finish or roll back parks a crash interrupted; delete orphaned temp files.
 
@@ -227,8 +258,15 @@ def recover_interrupted(catalog: Catalog, save_dirs) -> list[str]:
     is rolled back (old state file and sidecar restored); one whose new state
     file is already in place (same inode as journaled) is finished (sidecar
     moved, record written). Parks still running, here or in another live
-    process, are left alone.
+    process, are left alone. Runs under the catalog's files lock (two processes
+    starting at once never both finish one park).
     """
+    with files_locked(catalog):
+        return _recover(catalog, save_dirs)
+
+
+def _recover(catalog: Catalog, save_dirs) -> list[str]:
+    """recover_interrupted, the files lock held by the caller."""
     journal = Journal(catalog)
     messages: list[str] = []
     dirs = {Path(d) for d in save_dirs if d}
@@ -246,7 +284,7 @@ def recover_interrupted(catalog: Catalog, save_dirs) -> list[str]:
             messages.append(f"dropped a malformed park journal entry #{e.id}")
             continue
         d, tmp, final, backup = p.paths
-        referenced.update([tmp, backup] + [Path(str(x) + s) for x in (tmp, backup) for s in SIDECAR_SUFFIXES])
+        referenced.update([tmp, backup, *_save_companions(tmp)] + [Path(str(backup) + s) for s in SIDECAR_SUFFIXES])
         if e.active():
             continue
         name = p.name or p.final
@@ -263,6 +301,11 @@ def recover_interrupted(catalog: Catalog, save_dirs) -> list[str]:
             elif final.exists() and final.stat().st_ino == p.ino:
                 _finish(catalog, p)
                 messages.append(f"park of '{name}' was interrupted after the state file was moved: finished")
+            elif final.exists() and _listed_as_is(catalog, p, final):
+                # parked again since (another process): that copy and its row stand; restoring this
+                # park's previous copy over it would pair the newer row with an older file
+                _discard(p)
+                messages.append(f"park of '{name}' was interrupted and parked again since: leftovers removed")
             else:
                 _rollback(p)
                 messages.append(f"park of '{name}' was interrupted and its new file is gone: rolled back")
@@ -290,6 +333,27 @@ def known_save_dirs(catalog: Catalog, extra=()) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- park
+
+
+def _why_save_failed(save_dir: Path, n_tokens: int, catalog: Catalog, profile: str, name: str) -> str | None:
+    """What the folder says about a refused save. llama-server answers a full disk and a
+    read-only folder alike with "Unable to save slot"; the folder is visible here."""
+    from app.monitor.units import fmt_bytes
+
+    if not os.access(save_dir, os.W_OK):
+        return f"the folder {save_dir} is read-only"
+    try:
+        free = shutil.disk_usage(save_dir).free
+    except OSError:
+        return None
+    # about as many bytes per token as this session's last copy (same model, same slot size)
+    prev = catalog.get(profile, name)
+    need = int(prev.state_size / prev.n_tokens * n_tokens) if prev and prev.n_tokens > 0 else 0
+    if need and free < need:
+        return f"the disk holding {save_dir} is full: {fmt_bytes(free)} free, the save needs about {fmt_bytes(need)}"
+    if free < 64 * 1024 * 1024:
+        return f"the disk holding {save_dir} is almost full: {fmt_bytes(free)} free"
+    return None
 
 
 def _say(cb: ProgressFn | None, text: str) -> None:
@@ -357,30 +421,48 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         except ServerUnreachable as e:
             raise ParkError(f"the server stopped answering during the save ({e.reason})") from None
         except ServerError as e:
-            raise ParkError(f"the server refused to save slot {slot_id}: {e.message}") from None
+            why = _why_save_failed(save_dir, n_live, catalog, target.profile_name, name)
+            raise ParkError(f"the server refused to save slot {slot_id}: {e.message}"
+                            + (f" ({why})" if why else "")) from None
         _say(on_progress, "verifying the saved file")
         n_tokens = _verify(tmp, resp)
+        for f in (tmp, *(Path(str(tmp) + s) for s in SIDECAR_SUFFIXES)):
+            paths.make_private(f)  # the server wrote them with its umask: 0600, as every file of ours
         # off the loop: a PKCL v2 sidecar's state hash reads the whole file (fresh in the page cache now)
         sidecar = await asyncio.to_thread(sidecar_check.inspect, tmp, n_tokens, memory_kind, verify_hash=True)
         state_size = tmp.stat().st_size
         now = time.time()
-        record = SessionRecord(
-            name=name, profile=target.profile_name, state_file=final_name, save_dir=str(save_dir),
-            sidecar_file=(final_name + sidecar.path.name[len(tmp_name):]) if sidecar.path else None,
-            state_size=state_size, sidecar_size=sidecar.size, n_tokens=n_tokens,
-            save_ms=float((resp.get("timings") or {}).get("save_ms") or 0.0),
-            server_build=target.build, model_path=target.model_path, model_size=ident.size,
-            model_sha256=ident.sha256, model_quick_id=ident.quick_id, cache_type_k=target.cache_type_k, cache_type_v=target.cache_type_v,
-            n_ctx_slot=int(slot.n_ctx or 0), flash_attn=target.flash_attn, swa_full=target.swa_full,
-            memory_kind=memory_kind, sidecar_status=sidecar.status, sidecar_reason=sidecar.reason,
-            sidecar_count=len(sidecar.checkpoints), slot_id=slot_id, updated_at=now,
-        )
         _say(on_progress, "moving the files into place")
-        commit = replace(entry, phase=ParkPhase.COMMIT, ino=tmp.stat().st_ino, record=asdict(record))
-        cid = journal.begin(commit)
-        journal.end(jid)
-        jid = cid
-        stored = _commit(catalog, commit)
+        # Under the catalog's files lock (app.jobs.files_lock): another KV Valet process may
+        # re-park or delete this session, or pick this file name, at the same moment. The name
+        # is picked again under it, and a commit a killed process left half-done in this
+        # folder is finished or undone first, so this one never swaps its file over it.
+        lock = await asyncio.to_thread(FilesLock(catalog).acquire)
+        try:
+            recovered = _recover(catalog, [save_dir])
+            final_name = pick_state_file(catalog, save_dir, target.profile_name, name)
+            record = SessionRecord(
+                name=name, profile=target.profile_name, state_file=final_name, save_dir=str(save_dir),
+                sidecar_file=(final_name + sidecar.path.name[len(tmp_name):]) if sidecar.path else None,
+                state_size=state_size, sidecar_size=sidecar.size, n_tokens=n_tokens,
+                save_ms=float((resp.get("timings") or {}).get("save_ms") or 0.0),
+                server_build=target.build, model_path=target.model_path, model_size=ident.size,
+                model_sha256=ident.sha256, model_quick_id=ident.quick_id, cache_type_k=target.cache_type_k,
+                cache_type_v=target.cache_type_v, n_ctx_slot=int(slot.n_ctx or 0), flash_attn=target.flash_attn,
+                swa_full=target.swa_full, memory_kind=memory_kind, sidecar_status=sidecar.status,
+                sidecar_reason=sidecar.reason, sidecar_count=len(sidecar.checkpoints), slot_id=slot_id,
+                updated_at=now,
+            )
+            commit = replace(entry, final=final_name, phase=ParkPhase.COMMIT, ino=tmp.stat().st_ino,
+                             record=asdict(record))
+            cid = journal.begin(commit)
+            journal.end(jid)
+            jid, entry = cid, commit
+            d, tmp, final, backup = entry.paths
+            stored = _commit(catalog, commit)
+            journal.end(jid)
+        finally:
+            lock.release()
     except BaseException as exc:
         with contextlib.suppress(OSError):
             _rollback(entry)
@@ -389,13 +471,12 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         if isinstance(exc, OSError):
             raise ParkError(f"could not write the parked files in {save_dir}: {exc.strerror or exc}") from None
         raise
-    journal.end(jid)
 
     if memory_kind in CHECKPOINTED_KINDS:
         catalog.record_sidecar_observation(target.build, sidecar.status in (
             SidecarStatus.PRESENT_VALID, SidecarStatus.PRESENT_UNVERIFIED), memory_kind)
     report = await asyncio.to_thread(sidecar_check.inspect, final, n_tokens, memory_kind, verify_hash=True)
-    warnings = park_warnings(report, memory_kind, n_tokens, resp)
+    warnings = park_warnings(report, memory_kind, n_tokens, resp) + recovered
     return ParkResult(stored, report, warnings, slot_id)
 
 

@@ -8,7 +8,6 @@ that pins ``id_slot`` finds its conversation where it left it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,11 +38,8 @@ def write_resume_plan(profile: str, results: list[ParkResult]) -> list[PlanEntry
 
 def write_resume_plan_entries(profile: str, plan: list[PlanEntry]) -> list[PlanEntry]:
     path = plan_path(profile)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps([{"slot": e.slot, "session": e.session} for e in plan], ensure_ascii=False,
-                              indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    paths.write_private(path, json.dumps([{"slot": e.slot, "session": e.session} for e in plan],
+                                         ensure_ascii=False, indent=1))
     return plan
 
 

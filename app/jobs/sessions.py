@@ -30,7 +30,20 @@ def list_sessions(catalog: Catalog, profile: str | None = None, *, verify_hash: 
     """The sessions, each with its sidecar re-checked on disk (app.jobs.sidecar_check)."""
     from app.jobs.sidecar_check import recheck_all
 
-    return recheck_all(catalog, catalog.list(profile), verify_hash=verify_hash)
+    records = [r for r in catalog.list(profile) if not leaves_its_folder(r)]
+    return recheck_all(catalog, records, verify_hash=verify_hash)
+
+
+def leaves_its_folder(rec: SessionRecord) -> bool:
+    """The state file is a symbolic link out of its save folder (put there after the park):
+    not a session of ours, never followed: not listed (and a delete removes the link only)."""
+    state = rec.state_path
+    if not state.is_symlink():
+        return False
+    try:
+        return Path(rec.save_dir).resolve() not in state.resolve().parents
+    except (OSError, RuntimeError):  # a loop of links
+        return True
 
 
 def _one(catalog: Catalog, name: str, profile: str | None) -> SessionRecord:
@@ -64,14 +77,21 @@ def rename_session(catalog: Catalog, old: str, new: str, profile: str | None = N
 
 
 def delete_session(catalog: Catalog, name: str, profile: str | None = None) -> list[Path]:
-    """Delete the session's row, state file and sidecars; returns the files removed."""
-    rec = _one(catalog, name, profile)
-    catalog.delete(rec.profile, rec.name)
-    state = rec.state_path
-    # Another session may share the file only if the catalog says so: keep it then.
-    if any(r.state_path == state for r in catalog.list()):
-        return []
-    return _remove_files(state)
+    """Delete the session's row, state file and sidecars; returns the files removed.
+
+    Under the catalog's files lock (app.jobs.files_lock): another process re-parking this
+    session at the same moment must not get its new file unlinked after its row is written.
+    """
+    from app.jobs.files_lock import files_locked
+
+    with files_locked(catalog, timeout=5.0):  # the window waits on its GUI thread: not long
+        rec = _one(catalog, name, profile)
+        catalog.delete(rec.profile, rec.name)
+        state = rec.state_path
+        # Another session may share the file only if the catalog says so: keep it then.
+        if any(r.state_path == state for r in catalog.list()):
+            return []
+        return _remove_files(state)
 
 
 def _remove_files(state: Path) -> list[Path]:
@@ -185,17 +205,20 @@ def delete_older_than(catalog: Catalog, days: float, profile: str | None = None,
     doomed = older_than(catalog, days, profile, now=now)
     if not doomed:
         return []
-    users = Counter(_state_key(r) for r in catalog.list())
+    from app.jobs.files_lock import files_locked
+
     removed = []
-    for rec in doomed:
-        current = catalog.get(rec.profile, rec.name)
-        if current is None or current.id != rec.id or current.updated_at != rec.updated_at:
-            continue  # deleted or parked again meanwhile: not the session that was judged old
-        if not catalog.delete(rec.profile, rec.name):
-            continue
-        removed.append(rec)
-        key = _state_key(rec)
-        users[key] -= 1
-        if users[key] <= 0:
-            _remove_files(rec.state_path)
+    with files_locked(catalog):  # no other process's park commits in the middle (app.jobs.files_lock)
+        users = Counter(_state_key(r) for r in catalog.list())
+        for rec in doomed:
+            current = catalog.get(rec.profile, rec.name)
+            if current is None or current.id != rec.id or current.updated_at != rec.updated_at:
+                continue  # deleted or parked again meanwhile: not the session that was judged old
+            if not catalog.delete(rec.profile, rec.name):
+                continue
+            removed.append(rec)
+            key = _state_key(rec)
+            users[key] -= 1
+            if users[key] <= 0:
+                _remove_files(rec.state_path)
     return removed

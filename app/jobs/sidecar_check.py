@@ -106,11 +106,7 @@ def state_hash(path: str | os.PathLike, *, compute: bool) -> int | None:
         data = dict(_load())
         data[key] = {"stamp": stamp, "hash": value, "path": str(path)}
         with contextlib.suppress(OSError):
-            cache = _cache_file()
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(cache.name + f".tmp{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, cache)
+            paths.write_private(_cache_file(), json.dumps(data, indent=1, sort_keys=True))
     return value
 
 

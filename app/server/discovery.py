@@ -102,10 +102,7 @@ def binary_info(binary: str) -> tuple[BinaryCaps, str]:
         cache = {k: v for k, v in cache.items() if not k.startswith(os.path.abspath(binary) + "|")}
         cache[key] = entry
         try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cache))
-            os.replace(tmp, cache_file)
+            paths.write_private(cache_file, json.dumps(cache))
         except OSError:
             pass
     return parse_help(entry["help"]), entry["version"]
@@ -147,11 +144,11 @@ def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:
     if missing:
         raise DiscoveryError("default model chunks missing: " + ", ".join(missing))
     total = sum(c.stat().st_size for c in chunks)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    paths.private_dir(target.parent)
     tmp = target.with_suffix(".gguf.part")
     h = hashlib.sha256()
     done = 0
-    with open(tmp, "wb") as out:
+    with paths.open_private(tmp, "wb") as out:
         for c in chunks:
             with open(c, "rb") as f:
                 while block := f.read(1 << 20):

@@ -76,7 +76,7 @@ def _value(reader, key: str):
 def _int(value) -> int | None:
     try:
         return int(value) if value is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a float field holding inf
         return None
 
 
@@ -116,8 +116,10 @@ class _MetadataReader(gguf.GGUFReader):
             values = self._get(offs, nptype, count)
             return offs + int(values.nbytes) - orig_offs, [raw_itype, alen, values], [2], [gtype, itype]
         if itype == gguf.GGUFValueType.STRING:
-            data = self.data
+            data, end = self.data, len(self.data)
             for _ in range(count):  # u64 length + bytes, per string
+                if offs + 8 > end:  # a count past the file's end (up to 2^64): refuse, do not spin
+                    raise ValueError(f"a string array of {count:,} items runs past the end of the file")
                 n = int.from_bytes(data[offs:offs + 8].tobytes(), "little")
                 offs += 8 + n
             return offs - orig_offs, [raw_itype, alen], [], [gtype, itype]
@@ -280,8 +282,7 @@ def model_sha256(
 
     cache = _load_cache(cache_file)  # re-read: another process may have added entries
     cache[key] = {**stamp, "sha256": digest}
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_name(cache_file.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, cache_file)
+    from app import paths
+
+    paths.write_private(cache_file, json.dumps(cache, indent=1, sort_keys=True))
     return digest

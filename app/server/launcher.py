@@ -8,7 +8,7 @@ a taken port.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +34,7 @@ class LaunchPlan:
     version: str
     build: str
     argv: list[str]
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds LLAMA_API_KEY: kept out of repr() (logs, tracebacks)
     slot_save_path: str
     url: str
     notes: tuple[str, ...] = ()  # what the launch changed on its own, and why (shown in the log)
@@ -64,7 +64,7 @@ def plan_launch(profile: LaunchProfile, *, on_model_progress: Callable[[int, int
     if bad:
         raise ProfileError(bad, profile.name)
     save_dir = slot_save_path_for(profile)
-    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    paths.private_dir(save_dir)  # 0700: parked sessions hold whole conversations
     verbosity = CACHE_EVENTS_VERBOSITY if caps.has("-lv") else None
     argv = to_argv(profile, found.path, slot_save_path=save_dir, default_verbosity=verbosity)
     env = server_env(profile)

@@ -71,8 +71,11 @@ def _f(s: str) -> float | int:
     return float(s) if "." in s else int(s)
 
 
+_KV = re.compile(r"(?<!\w)(\w+)\s*=\s*" + _NUM)  # (?<!\w): a key starts a word (else quadratic on a long word)
+
+
 def _kv(text: str) -> dict:
-    return {k: _f(v) for k, v in re.findall(r"(\w+)\s*=\s*" + _NUM, text)}
+    return {k: _f(v) for k, v in _KV.findall(text)}
 
 
 # (kind, pattern) tried in order against the message text.
@@ -123,7 +126,8 @@ def parse_line(line: str) -> LogEvent:
         level, component, func, text, elapsed = "", "", "", line, ""
     slot = task = None
     sm = _SLOT.match(text)
-    if sm:
+    # ids, not numbers of thousands of digits (int() refuses more than 4,300)
+    if sm and len(sm.group("slot")) + len(sm.group("task")) <= 40:
         slot, task, text_body = int(sm.group("slot")), int(sm.group("task")), sm.group("rest")
     else:
         text_body = text
@@ -137,7 +141,10 @@ def parse_line(line: str) -> LogEvent:
         r = rx.search(text_body)
         if not r:
             continue
-        fields = _fields(kind, r, text_body)
+        try:
+            fields = _fields(kind, r, text_body)
+        except (ValueError, OverflowError):  # over 4,300 digits, or past a float: not a line this rule knows
+            continue
         if kind == Kind.BUILD_INFO and not (component == "cmn" or "common_params_print_info" in line):
             continue
         return LogEvent(kind, text_body, line, level, elapsed, component, func, slot, task, fields)

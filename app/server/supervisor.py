@@ -165,10 +165,9 @@ class PidRecord:
 
 
 def write_pid_record(path: Path, rec: PidRecord) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec.__dict__ | {"argv": list(rec.argv)}))
-    os.replace(tmp, path)
+    from app import paths
+
+    paths.write_private(path, json.dumps(rec.__dict__ | {"argv": list(rec.argv)}))
 
 
 def read_pid_record(path: Path) -> PidRecord | None:

@@ -2,7 +2,7 @@
 
 One file per profile: ``<config>/profiles/<name>.toml``. Only fields that
 differ from the defaults are written, so a file reads like the command line
-it stands for. Files holding an API key are created readable by the user only.
+it stands for. Files are created readable by the user only (a profile may hold an API key).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def to_toml(profile: LaunchProfile) -> str:
 
 def _q(s: str) -> str:
     out = s.replace("\\", "\\\\").replace('"', '\\"')
-    out = "".join(c if c >= " " or c == "\t" else f"\\u{ord(c):04x}" for c in out)
+    out = "".join(c if (c >= " " or c == "\t") and c != "\x7f" else f"\\u{ord(c):04x}" for c in out)
     return f'"{out}"'
 
 
@@ -58,6 +58,8 @@ def from_toml(text: str, source: str = "") -> LaunchProfile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(FieldError("file", f"{source or 'profile'} is not valid TOML: {e}")) from None
+    except RecursionError:  # tomllib recurses per level of nested arrays and tables
+        raise ProfileError(FieldError("file", f"{source or 'profile'} is not valid TOML: nested too deep")) from None
     known = set(field_names())
     unknown = sorted(set(data) - known)
     if unknown:
@@ -92,6 +94,8 @@ def from_toml(text: str, source: str = "") -> LaunchProfile:
             continue
         values[f.name] = v
     if errors:
+        if source:  # each error says which file to fix
+            errors = [FieldError(e.field, f"{e.message} (in {source})") for e in errors]
         raise ProfileError(errors, str(data.get("name", "")))
     return LaunchProfile(**values)
 
@@ -113,6 +117,8 @@ class ProfileStore:
             raise ProfileError(FieldError("name", f"no profile named '{name}' (looked in {self.folder})")) from None
         except OSError as e:
             raise ProfileError(FieldError("file", f"cannot read {path}: {e.strerror}")) from None
+        except UnicodeDecodeError as e:
+            raise ProfileError(FieldError("file", f"{path} is not UTF-8 text (byte {e.start:,})")) from None
         profile = from_toml(text, str(path))
         if profile.name != name:
             raise ProfileError(FieldError("name", f"{path} says name = '{profile.name}', file name says '{name}'"))
@@ -138,11 +144,9 @@ class ProfileStore:
         renaming = previous_name is not None and previous_name != profile.name
         if path.exists() and (not overwrite or renaming):
             raise ProfileError(FieldError("name", f"a profile named '{profile.name}' exists already"))
-        self.folder.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(self.folder)
         tmp = path.with_suffix(".toml.tmp")
-        secret = profile.api_key is not None
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with paths.open_private(tmp, "w", encoding="utf-8") as f:  # 0600: a profile may hold a key
             f.write(to_toml(profile))
         os.replace(tmp, path)
         if renaming:

@@ -57,6 +57,9 @@ Environment knobs:
                                    (seed 002: the KV cache on an RPC backend; --cache-ram 0 avoids it)
   FAKE_IDLE_SAVE_SECONDS (0)       seconds an idle-slot save blocks the server (seed 004's stall)
   FAKE_BUILD_INFO (b11434-fake)    /props build_info
+  FAKE_LOG_FLOOD (0)               lines/s: once listening, print the captured real logs of
+                                   tests/fixtures (cycled, verbatim) at this rate until stopped
+                                   (the soak's log flood: tests/soak/soak_window.py)
 """
 
 from __future__ import annotations
@@ -1567,6 +1570,23 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, "")
 
 
+def flood_log(rate: float, stop: threading.Event) -> None:
+    """FAKE_LOG_FLOOD: real captured lines, cycled, ``rate`` a second (paced in 10 ms steps)."""
+    lines = [line for p in sorted(FIXTURES.parent.glob("*/*.log"))
+             for line in p.read_text(errors="replace").splitlines() if line.strip()]
+    i = n = 0
+    t0 = time.monotonic()
+    while not stop.is_set():
+        due = int((time.monotonic() - t0) * rate) - n
+        if due > 0:
+            chunk = [lines[(i + k) % len(lines)] for k in range(due)]
+            i, n = (i + due) % len(lines), n + due
+            with _log_lock:
+                sys.stderr.write("\n".join(chunk) + "\n")
+                sys.stderr.flush()
+        stop.wait(0.01)  # pacing of the flood, not synchronisation
+
+
 def main(argv: list[str]) -> int:
     global SERVER, VERBOSITY
     opts = parse_args(argv)
@@ -1653,6 +1673,8 @@ def main(argv: list[str]) -> int:
     srv_log("I", "llama_server", "model loaded")
     srv_log("I", "llama_server", f"listening on http://{host}:{port}")
     srv_log("I", "update_slots", "all slots are idle", TRACE)
+    if env_float("FAKE_LOG_FLOOD", 0) > 0:
+        threading.Thread(target=flood_log, args=(env_float("FAKE_LOG_FLOOD", 0), stop), daemon=True).start()
     stop.wait()
     srv_log("I", "operator()", "operator(): cleaning up before exit...")
     return 0

