@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -34,6 +34,10 @@ from app.server.logparse import Kind, LogEvent, parse_line
 STALL_MS = 200.0
 #: Histogram bucket upper bounds (ms) of idle-slot save durations.
 BUCKETS_MS = (10, 50, 100, 200, 500, 1000, 2000, float("inf"))
+#: Idle-slot saves kept one by one (the newest); the count, the histogram and the worst cover every one.
+#: A busy multi-slot server logs one per request switch: kept all, the list grew without end (the
+#: window's soak: 0.3 MB a minute under a log flood) and every figures tick walked all of it.
+IDLE_SAVES_KEPT = 1000
 
 ASSERT_TENSOR = "tensor not allocated"
 REMEDIES_RPC_ASSERT = (Remedy("Turn the prompt cache off (--cache-ram 0)", {"cache_ram": 0}),
@@ -68,7 +72,8 @@ class IdleSave:
 
 @dataclass
 class HealthFigures:
-    idle_saves: list[IdleSave] = field(default_factory=list)
+    idle_saves: deque[IdleSave] = field(default_factory=lambda: deque(maxlen=IDLE_SAVES_KEPT))  # the newest
+    idle_save_count: int = 0  # every idle-slot save seen
     full_reprocess: Counter = field(default_factory=Counter)  # slot -> count
     checkpoints_created: int = 0
     checkpoints_erased: int = 0
@@ -76,19 +81,22 @@ class HealthFigures:
     sidecar_checkpoints_loaded: int = 0  # restored from a sidecar at slot restore
     slot_selection: Counter = field(default_factory=Counter)  # "similarity" / "LRU" / "id" -> count
 
+    idle_buckets: list[int] = field(default_factory=lambda: [0] * len(BUCKETS_MS))  # counts per BUCKETS_MS
+    worst_idle_save_ms: float | None = None
+
+    def add_idle_save(self, save: IdleSave) -> None:
+        self.idle_saves.append(save)
+        self.idle_save_count += 1
+        if self.worst_idle_save_ms is None or save.ms > self.worst_idle_save_ms:
+            self.worst_idle_save_ms = save.ms
+        for i, bound in enumerate(BUCKETS_MS):
+            if save.ms <= bound:
+                self.idle_buckets[i] += 1
+                break
+
     def histogram(self) -> list[tuple[float, int]]:
         """(bucket upper bound in ms, idle-slot saves that took at most that long and more than the previous)."""
-        counts = [0] * len(BUCKETS_MS)
-        for s in self.idle_saves:
-            for i, bound in enumerate(BUCKETS_MS):
-                if s.ms <= bound:
-                    counts[i] += 1
-                    break
-        return list(zip(BUCKETS_MS, counts))
-
-    @property
-    def worst_idle_save_ms(self) -> float | None:
-        return max((s.ms for s in self.idle_saves), default=None)
+        return list(zip(BUCKETS_MS, self.idle_buckets))
 
 
 class CacheHealth:
@@ -177,7 +185,7 @@ class CacheHealth:
             self._idle_save(slot, (end - start) * 1000.0)
 
     def _idle_save(self, slot: int | None, ms: float) -> None:
-        self.figures.idle_saves.append(IdleSave(slot, ms, self.clock()))
+        self.figures.add_idle_save(IdleSave(slot, ms, self.clock()))
         if ms >= self.stall_ms:
             self._add(Finding(
                 "idle-slot-save-stall", Severity.WARNING,

@@ -168,9 +168,9 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
     def _show_figures(self) -> None:
         fig = self.health.figures
         lines = []
-        saves = fig.idle_saves
-        if saves:
-            lines.append(f"Idle-slot / prompt-cache saves: {len(saves)}, worst {fig.worst_idle_save_ms:,.0f} ms")
+        if fig.idle_save_count:
+            lines.append(f"Idle-slot / prompt-cache saves: {fig.idle_save_count:,}, worst "
+                         f"{fig.worst_idle_save_ms:,.0f} ms")
             prev = 0
             for bound, n in fig.histogram():
                 label = f"> {prev:g} ms" if bound == float("inf") else f"{prev:g}–{bound:g} ms"

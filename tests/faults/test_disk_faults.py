@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 
 import pytest
 
@@ -34,8 +33,9 @@ async def _park(srv: Server, slot: int, name: str):
 
 
 def test_disk_full_during_a_park(stock_profile, tmp_path):
-    """The save folder has room for the old copy only: the re-park fails, says the disk is
-    full, and the old copy stays listed, byte-identical; with room again the park works."""
+    """The save folder's disk fills up with a megabyte left: the re-park runs out of space
+    half-way through its temporary file, fails, says the disk is full, and the old copy stays
+    listed, byte-identical; with room again the park works."""
     folder = tmp_path / "small"
     profile = stock_profile.replace(slot_save_path=str(folder) + "/")
     from app.store.profiles import ProfileStore
@@ -43,13 +43,17 @@ def test_disk_full_during_a_park(stock_profile, tmp_path):
     ProfileStore().save(profile)
 
     async def go():
-        with small_fs(folder, 4 * 1024 * 1024):  # the old copy is 3.2 MB, the new one as big
+        with small_fs(folder, 12 * 1024 * 1024):
             srv = await Server(profile).start()
             try:
                 await srv.fill(0)
                 old = await _park(srv, 0, "chat")
                 before = state_bytes(folder, old.state_file)
                 await srv.fill(0, SHORT + MORE)
+                filler = folder / "filler"  # not a state file: nobody lists it
+                with open(filler, "wb") as f:
+                    f.truncate(0)
+                    f.write(b"\0" * (shutil.disk_usage(folder).free - 1024 * 1024))
                 rc, out, err = await cli("park", "real", "--slot", "0", "--name", "chat")
                 assert rc == 1, (out, err)
                 assert "slot 0: not parked: the server refused to save slot 0: Unable to save slot (the disk " \
@@ -58,8 +62,7 @@ def test_disk_full_during_a_park(stock_profile, tmp_path):
                 assert listed["chat"].n_tokens == old.n_tokens
                 assert state_bytes(folder, old.state_file) == before
 
-                # room again (the filesystem grows, as after freeing space): the park goes through
-                subprocess.run(["mount", "-o", "remount,size=16m", str(folder)], check=True)
+                filler.unlink()  # room again: the park goes through
                 rc, out, err = await cli("park", "real", "--slot", "0", "--name", "chat")
                 assert rc == 0 and "parked slot 0 as 'chat'" in out, (out, err)
                 listed = assert_consistent([folder])

