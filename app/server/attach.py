@@ -14,6 +14,7 @@ import contextlib
 import logging
 from typing import Callable
 
+from app.core.background import track
 from app.server.client import LlamaClient
 from app.server.outcome import Cause, Outcome
 from app.server.supervisor import PidRecord, ServerState, terminate_leftover
@@ -53,7 +54,7 @@ class AttachedServer:
     async def start(self) -> ServerState:
         """Begin watching; returns the first observed state."""
         if self._task is None:
-            self._task = asyncio.ensure_future(self._watch())
+            self._task = track(self._watch(), f"watching {self.url}")
         await self._first.wait()
         return self.state
 

@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 
+from app.core.background import track
+
 
 def _has_display() -> bool:
     if os.environ.get("QT_QPA_PLATFORM"):
@@ -119,7 +121,7 @@ def run_gui() -> int:
             window.close()
             app.quit()
 
-        asyncio.ensure_future(smoke_run())
+        track(smoke_run(), "the install smoke run")
 
     # The desktop session ends (logout): the same park-all-then-stop path as SIGTERM.
     app.commitDataRequest.connect(window.session_ending)

@@ -19,6 +19,7 @@ import asyncio
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
+from app.core.background import track
 from app.serverbuild.cache import BUILT_MARKER
 from app.server.supervisor import ServerState
 
@@ -104,7 +105,7 @@ class FirstRunGuide(QDialog):
         if self._task is not None and not self._task.done():
             return
         self.next_button.setEnabled(False)
-        self._task = asyncio.ensure_future(self._run_step(self.step))
+        self._task = track(self._run_step(self.step), f"first-run step {self.step + 1}")
 
     async def _run_step(self, index: int) -> None:
         try:

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (QDialog, QDoubleSpinBox, QFormLayout, QHBoxLayout
                                QProgressBar, QPushButton, QSizePolicy, QSpinBox, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
+from app.core.background import track
 from app.jobs.loadcheck import (MAX_SECONDS, MAX_STREAMS, MIN_SECONDS, LoadCheckError, LoadReport, check_loopback,
                                 fmt_ms, gap_series, run_load_check)
 from app.ui import theme
@@ -231,8 +232,8 @@ class LoadCheckDialog(QDialog):
         self.progress.setValue(0)
         theme.tint(self.status_label, "")
         self.status_label.setText(f"running {self.streams_spin.value()} streams for {self.seconds_spin.value()} s…")
-        self._task = asyncio.ensure_future(self._run(self.streams_spin.value(), float(self.seconds_spin.value()),
-                                                     float(self.stall_spin.value()), self._cancel))
+        self._task = track(self._run(self.streams_spin.value(), float(self.seconds_spin.value()),
+                                                     float(self.stall_spin.value()), self._cancel), "the load check")
         return self._task
 
     def cancel(self) -> None:

@@ -10,6 +10,7 @@ from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QSystemTrayIcon, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStatusBar, QTabWidget,
                                QWidget)
 
+from app.core.background import track
 from app.core.profile import LaunchProfile, ProfileError
 from app.server.discovery import DiscoveryError, binary_info, find_server_binary
 from app.server.launcher import CACHE_EVENTS_VERBOSITY
@@ -117,7 +118,7 @@ class MainWindow(QMainWindow):
         self.attach_action.setToolTip("Watch a llama-server started elsewhere, without owning it.")
         self.attach_action.triggered.connect(self._on_attach)
         self.detach_action = menu.addAction("Detach")
-        self.detach_action.triggered.connect(lambda: asyncio.ensure_future(self.controller.detach_async()))
+        self.detach_action.triggered.connect(lambda: track(self.controller.detach_async(), "detaching"))
         self.loadcheck_action = menu.addAction("Load check…")
         self.loadcheck_action.setToolTip("Parallel streams for some seconds: inter-token gaps and stalls per stream, "
                                          "to compare before and after a remedy.")
@@ -247,7 +248,7 @@ class MainWindow(QMainWindow):
     def _on_attach(self) -> None:
         url, ok = QInputDialog.getText(self, "Attach to a server", "Server URL:", text="http://127.0.0.1:8080")
         if ok and url.strip():
-            asyncio.ensure_future(self.controller.attach_async(url.strip()))
+            track(self.controller.attach_async(url.strip()), f"attaching to {url.strip()}")
 
     def check_leftover_servers(self, ask: bool = True) -> list:
         """Servers launched by an earlier KV Valet that is gone (pid + start time match)."""
@@ -267,9 +268,9 @@ class MainWindow(QMainWindow):
             box.addButton("Leave it", QMessageBox.RejectRole)
             box.exec()
             if box.clickedButton() is attach:
-                asyncio.ensure_future(self.controller.attach_async(rec.url, leftover=rec))
+                track(self.controller.attach_async(rec.url, leftover=rec), f"attaching to {rec.url}")
             elif box.clickedButton() is stop:
-                asyncio.ensure_future(asyncio.to_thread(terminate_leftover, rec))
+                track(asyncio.to_thread(terminate_leftover, rec), f"stopping the leftover server pid {rec.pid}")
         return found
 
     def add_panel(self, widget: QWidget, title: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.core.background import track
 from app.ui.health_panel import HealthPanel
 from app.ui.monitor_panel import MonitorPanel
 from app.ui.sessions_panel import SessionsPanel
@@ -118,13 +119,13 @@ def _guard_shutdown(window, sessions) -> None:
 
     def on_prepare(what: str, start: bool) -> None:
         if start:
-            task = asyncio.ensure_future(park_then_release(what))
+            task = track(park_then_release(what), f"parking before {what}")
             window.prepare_tasks.add(task)
             task.add_done_callback(window.prepare_tasks.discard)
         elif window.controller.state == ServerState.READY and window.controller.owned:
             guard.take()  # awake again: hold the lock for the next time
             if what == "sleep":  # did the chats survive? if not, offer what was parked before
-                task = asyncio.ensure_future(sessions.after_wake())
+                task = track(sessions.after_wake(), "checking the slots after a wake")
                 window.prepare_tasks.add(task)
                 task.add_done_callback(window.prepare_tasks.discard)
 

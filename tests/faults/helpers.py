@@ -76,6 +76,15 @@ class Server:
                                            log_buffer=self.sup.log, build=self.plan.build, supervisor=self.sup)
         return svc, catalog
 
+    async def park(self, slot: int, name: str):
+        """Park ``slot`` as ``name`` through a fresh service (an app start); the session record."""
+        svc, cat = await self.service()
+        try:
+            return (await svc.park(slot, name)).record
+        finally:
+            await svc.aclose()
+            cat.close()
+
     async def fill(self, slot: int, prompt: str = SHORT, n_predict: int = 2) -> dict:
         from app.server.client import LlamaClient
 

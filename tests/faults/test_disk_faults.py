@@ -23,15 +23,6 @@ from tests.faults.helpers import (MORE, SHORT, Proc, Server, assert_consistent, 
 pytestmark = pytest.mark.real_server
 
 
-async def _park(srv: Server, slot: int, name: str):
-    svc, cat = await srv.service()
-    try:
-        return (await svc.park(slot, name)).record
-    finally:
-        await svc.aclose()
-        cat.close()
-
-
 def test_disk_full_during_a_park(stock_profile, tmp_path):
     """The save folder's disk fills up with a megabyte left: the re-park runs out of space
     half-way through its temporary file, fails, says the disk is full, and the old copy stays
@@ -47,7 +38,7 @@ def test_disk_full_during_a_park(stock_profile, tmp_path):
             srv = await Server(profile).start()
             try:
                 await srv.fill(0)
-                old = await _park(srv, 0, "chat")
+                old = await srv.park(0, "chat")
                 before = state_bytes(folder, old.state_file)
                 await srv.fill(0, SHORT + MORE)
                 filler = folder / "filler"  # not a state file: nobody lists it
@@ -80,7 +71,7 @@ def test_read_only_save_folder(stock_profile):
         srv = await Server(stock_profile).start()
         try:
             await srv.fill(0)
-            old = await _park(srv, 0, "chat")
+            old = await srv.park(0, "chat")
             before = state_bytes(srv.save_dir, old.state_file)
             await srv.fill(0, SHORT + MORE)
             with read_only(srv.save_dir):
@@ -109,7 +100,7 @@ def test_catalog_cannot_be_opened_or_written(stock_profile, tmp_path):
         srv = await Server(stock_profile).start()
         try:
             await srv.fill(0)
-            old = await _park(srv, 0, "chat")
+            old = await srv.park(0, "chat")
             before = state_bytes(srv.save_dir, old.state_file)
             await srv.fill(0, SHORT + MORE)
             catalog = paths.catalog_path()

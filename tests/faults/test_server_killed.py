@@ -24,15 +24,6 @@ pytestmark = pytest.mark.real_server
 KILLED = "killed by a signal — signal 9 (SIGKILL)"
 
 
-async def _park(srv: Server, slot: int, name: str):
-    svc, cat = await srv.service()
-    try:
-        return (await svc.park(slot, name)).record
-    finally:
-        await svc.aclose()
-        cat.close()
-
-
 async def _resumes_after_restart(srv: Server, name: str, n_tokens: int, slot: int = 1) -> None:
     """Restart what died; the session is listed, its files agree, and it resumes whole."""
     await srv.start()
@@ -52,7 +43,7 @@ def test_server_killed_idle_and_mid_prefill(stock_profile):
         srv = await Server(stock_profile).start()
         try:
             await srv.fill(0)
-            rec = await _park(srv, 0, "chat")
+            rec = await srv.park(0, "chat")
             before = state_bytes(srv.save_dir, rec.state_file)
 
             outcome = await srv.kill()  # idle
@@ -122,7 +113,7 @@ def test_server_killed_mid_save_keeps_the_previous_copy(build, request):
         srv = await Server(profile).start()
         try:
             await srv.fill(0)
-            await _park(srv, 0, "chat")
+            await srv.park(0, "chat")
             await srv.fill(0, SHORT + MORE)
 
             hit, message, before = await _kill_mid_save(srv, regex, events)
@@ -147,7 +138,7 @@ def test_server_killed_mid_restore(stock_profile):
         srv = await Server(stock_profile).start()
         try:
             await srv.fill(0)
-            rec = await _park(srv, 0, "chat")
+            rec = await srv.park(0, "chat")
             before = state_bytes(srv.save_dir, rec.state_file)
             svc, cat = await srv.service()
             try:

@@ -132,3 +132,39 @@ def test_cli_commands_run_without_pyside6():
             "import app.jobs.service; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=APP.parent, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_no_untracked_background_task():
+    """Work started without awaiting goes through app.core.background.track (or a panel's spawn,
+    or a callback that reads its exception): an untracked task's exception vanishes."""
+    import re
+
+    allowed = {"core/background.py", "ui/tasks.py"}
+    offenders = []
+    for p in APP.rglob("*.py"):
+        rel = str(p.relative_to(APP))
+        if rel in allowed:
+            continue
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"asyncio\.ensure_future\(", line) and not re.search(
+                    r"(_task|task|park|interrupt|waiters)\s*=|\[asyncio\.ensure_future", line):
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+def test_track_logs_a_failure_with_its_context(caplog):
+    import asyncio
+
+    from app.core.background import track
+
+    async def boom():
+        raise RuntimeError("disk gone")
+
+    async def go():
+        t = track(boom(), "parking slot 3")
+        await asyncio.gather(t, return_exceptions=True)
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    [rec] = [r for r in caplog.records if "background work failed" in r.getMessage()]
+    assert "parking slot 3" in rec.getMessage() and "disk gone" in str(rec.exc_info[1])
