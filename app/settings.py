@@ -3,8 +3,9 @@
 ``<config>/settings.toml`` holds what the Preferences dialog and ``kv-valet
 settings`` show: the data folder, the Monitor's polling rates, what happens to
 sessions parked by "Park all & stop" at the next start, the tray, and how much
-server log is kept. Only values that differ from the defaults are written, and
-keys this version does not know are kept, so a newer KV Valet's file survives an
+server log is kept. Only values that differ from the defaults are written, and the
+file is edited in place (app.paths.write_toml): comments, key order and keys or
+tables this version does not know are kept, so a newer KV Valet's file survives an
 older one. Qt-free: the window and the CLI read and write it through here.
 """
 
@@ -35,7 +36,7 @@ class AutoResume(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Settings:
-    data_folder: str = ""  # "" = $XDG_DATA_HOME/kv-valet; read once per start
+    data_folder: str = ""  # "" = the platform's data folder (paths.default_data_dir()); read once per start
     monitor_interval_s: float = 1.0  # the Monitor's /slots + GPU poll
     monitor_busy_interval_s: float = 0.25  # ... while a slot is processing
     auto_resume: AutoResume = AutoResume.OFFER
@@ -43,6 +44,7 @@ class Settings:
     notifications: bool = True  # a desktop notification when background work ends
     log_file_mib: int = 20  # each server log file; rotated past this
     log_backups: int = 3  # rotated files kept per profile: <profile>.log.1 … .N
+    park_timeout_s: float = 120.0  # the park before any stop (quit, logout, shutdown, sleep, serve) at most
 
     def errors(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -59,6 +61,8 @@ class Settings:
             out.append(("log_file_mib", f"must be between 1 and 4096 MiB (got {self.log_file_mib})"))
         if not 0 <= self.log_backups <= 100:
             out.append(("log_backups", f"must be between 0 and 100 files (got {self.log_backups})"))
+        if not 1.0 <= self.park_timeout_s <= 3600.0:
+            out.append(("park_timeout_s", f"must be between 1 and 3600 seconds (got {self.park_timeout_s:g})"))
         return out
 
     def data_path(self) -> Path | None:
@@ -146,8 +150,12 @@ def load_or_defaults(path: Path | None = None) -> tuple[Settings, str]:
         return DEFAULTS, f"the settings file is not usable, defaults apply: {e}"
 
 
+HEADER = "# KV Valet settings (Preferences, or `kv-valet settings`). Only changed values are written."
+
+
 def save(settings: Settings, path: Path | None = None) -> Path:
-    """Validate, then write atomically; unknown keys already in the file are kept."""
+    """Validate, then write atomically, editing the file that is there (tomlkit): the user's
+    comments, key order and keys or tables this version does not know are kept."""
     errors = settings.errors()
     folder = settings.data_path()
     if folder is not None and not errors:
@@ -160,18 +168,8 @@ def save(settings: Settings, path: Path | None = None) -> Path:
     if errors:
         raise SettingsError(errors)
     path = path or settings_path()
-    try:
-        raw = _read_raw(path)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
-        raw = {}  # a broken file is replaced by a good one
-    foreign = {k: v for k, v in raw.items() if k not in FIELDS and isinstance(v, (str, int, float, bool))}
-    lines = ["# KV Valet settings (Preferences, or `kv-valet settings`). Only changed values are written."]
-    for key in FIELDS:
-        value = getattr(settings, key)
-        if value != getattr(DEFAULTS, key):
-            lines.append(f"{key} = {as_toml(value)}")
-    lines += [f"{k} = {as_toml(v)}" for k, v in foreign.items()]
-    return paths.write_private(path, "\n".join(lines) + "\n")
+    values = {key: getattr(settings, key) for key in FIELDS}
+    return paths.write_toml(path, values, defaults=dataclasses.asdict(DEFAULTS), header=HEADER)
 
 
 def update(path: Path | None = None, **changes) -> Settings:
@@ -214,6 +212,8 @@ HELP = {
                      "re-prefilled.",
     "log_file_mib": "Size of each server log file before it is rotated.",
     "log_backups": "Rotated server log files kept per profile (<profile>.log.1 … .N).",
+    "park_timeout_s": "How long the park of every slot before a stop may take (quit, logout, shutdown, sleep, "
+                      "'kv-valet serve' stopping); past it, or at a second signal, the server stops anyway.",
 }
 
 

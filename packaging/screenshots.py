@@ -11,7 +11,16 @@ display, under Xvfb, or offscreen:
 ``--dark`` hands the app a dark palette, as a dark desktop does, and names the
 images ``*-dark.png``.
 
-It uses throw-away config and data folders, so your profiles and sessions are not touched.
+It runs the app from a neutral home, so the pictures show no folder of the machine that took
+them and your profiles, sessions and window layout are not touched: the script re-runs itself with
+``HOME``, ``XDG_CONFIG_HOME``/``XDG_DATA_HOME``/``XDG_STATE_HOME``/``XDG_CACHE_HOME`` and
+``KV_VALET_CONFIG_DIR``/``KV_VALET_DATA_DIR``/``KV_VALET_STATE_DIR`` inside a fresh
+``/tmp/kv-valet-demo/home/user`` (``--home``; a fixed path, not a random temporary one, because
+the window shows it: the sessions folder, the command line), and with Python from a link to the
+virtualenv at ``~/kv-valet/.venv`` there, so the bundled llama-server's path reads
+``/tmp/kv-valet-demo/home/user/kv-valet/.venv/lib/…`` rather than the checkout's. The folder is
+removed at the end; one left there by an interrupted run is replaced (only one with this script's
+marker file: anything else there is refused).
 """
 
 from __future__ import annotations
@@ -19,12 +28,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
+import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+NEUTRAL_HOME = "/tmp/kv-valet-demo/home/user"
+MARKER = ".kv-valet-screenshots"  # in a home this script made, and may empty
+IN_NEUTRAL_HOME = "KVV_SCREENSHOTS_IN_NEUTRAL_HOME"  # set for the re-run inside it
 
 TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
         "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
@@ -38,6 +52,8 @@ async def shoot(window, out: Path, suffix: str = "") -> None:
     def grab(name: str, tab=None) -> None:
         if tab is not None:
             window.tabs.setCurrentWidget(tab)
+        # a passing status message (this machine's CPU note at the start, say) is not the picture's
+        window.statusBar().clearMessage()
         window.repaint()
         window.grab().save(str(out / f"{name}{suffix}.png"))
         print(out / f"{name}{suffix}.png")
@@ -106,18 +122,73 @@ def dark_palette():
     return pal
 
 
+def neutral_home(home: Path) -> Path:
+    """``home``, new and empty, with the marker that lets a later run empty it again."""
+    if home.exists():
+        if not (home / MARKER).is_file():
+            raise SystemExit(f"screenshots.py: {home} exists and is not a home this script made; "
+                             "remove it or choose another with --home")
+        shutil.rmtree(home)
+    home.mkdir(parents=True, mode=0o700)
+    (home / MARKER).write_text("made by packaging/screenshots.py, which removes it when done\n")
+    (home / ".cache" / "tmp").mkdir(parents=True)
+    return home
+
+
+def neutral_env(home: Path) -> dict[str, str]:
+    """The environment of the app in ``home``: every folder it writes or shows lies in there."""
+    env = dict(os.environ)
+    env.pop("PYTHONHOME", None)
+    xdg = {"XDG_CONFIG_HOME": home / ".config", "XDG_DATA_HOME": home / ".local" / "share",
+           "XDG_STATE_HOME": home / ".local" / "state", "XDG_CACHE_HOME": home / ".cache"}
+    env.update({k: str(v) for k, v in xdg.items()})
+    env.update(HOME=str(home), TMPDIR=str(home / ".cache" / "tmp"),
+               KV_VALET_CONFIG_DIR=str(xdg["XDG_CONFIG_HOME"] / "kv-valet"),
+               KV_VALET_DATA_DIR=str(xdg["XDG_DATA_HOME"] / "kv-valet"),
+               KV_VALET_STATE_DIR=str(xdg["XDG_STATE_HOME"] / "kv-valet"))
+    env[IN_NEUTRAL_HOME] = "1"
+    if sys.prefix == sys.base_prefix:  # no virtualenv: packages in the user site stay found
+        import site
+
+        env.setdefault("PYTHONUSERBASE", site.getuserbase())
+    return env
+
+
+def python_in(home: Path) -> str:
+    """The interpreter, through a link to its virtualenv inside ``home`` (the packages' paths,
+    llama-server's among them, are then under ``home`` too); outside a virtualenv, itself."""
+    if sys.prefix == sys.base_prefix:
+        return sys.executable
+    link = home / "kv-valet" / ".venv"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(sys.prefix, target_is_directory=True)
+    return str(link / "bin" / os.path.basename(sys.executable))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
     ap.add_argument("--dark", action="store_true", help="as on a desktop in dark mode")
     ap.add_argument("--port", type=int, default=None, help="the default profile's port (default 8080)")
+    ap.add_argument("--home", default=NEUTRAL_HOME, help=f"the neutral home the app runs in (default {NEUTRAL_HOME})")
     args = ap.parse_args()
-    out = Path(args.out)
+    out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="kvv-shots-")
-    os.environ["KV_VALET_CONFIG_DIR"] = os.path.join(tmp, "config")
-    os.environ["KV_VALET_DATA_DIR"] = os.path.join(tmp, "data")
-    os.environ["KV_VALET_STATE_DIR"] = os.path.join(tmp, "state")
+    if os.environ.get(IN_NEUTRAL_HOME) != "1":
+        home = Path(args.home).absolute()
+        top = home  # the first folder of the path that this run creates, removed at the end
+        while not top.parent.exists():
+            top = top.parent
+        try:
+            neutral_home(home)
+        except OSError as e:
+            raise SystemExit(f"screenshots.py: cannot make the neutral home: {e}; choose another with --home") from None
+        try:
+            argv = [python_in(home), str(Path(__file__).resolve()), "--out", str(out), "--home", str(home)]
+            argv += (["--dark"] if args.dark else []) + (["--port", str(args.port)] if args.port else [])
+            return subprocess.run(argv, env=neutral_env(home), cwd=home).returncode
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
 
     import qasync
     from PySide6.QtWidgets import QApplication

@@ -71,13 +71,10 @@ async def _run(args, catalog) -> int:
     for f in args.export:
         if Path(f).suffix.lower() not in (".md", ".csv", ".json", ".png"):
             raise CliError(f"cannot export to {Path(f).name}: use .md, .csv, .json or .png", Exit.USAGE)
-    log_path = args.log_file
-    if log_path is None and "://" not in args.target:
-        from app import paths
+    from app.jobs.server_service import resolve_target
 
-        # the log file KV Valet writes for every server it launches (kv-valet serve, the window)
-        log_path = paths.server_log_path(args.target)
-        log_path = log_path if log_path.is_file() else None
+    # the given log file, else the one KV Valet writes for every server it launches (serve, the window)
+    log_path = resolve_target(args.target, log_file=args.log_file).log_path
     log_buffer = FileLogBuffer(log_path) if log_path else None
     protocol = {"restarts": "across restarts", "one-process": "one process", None: None}[args.protocol]
     sup = None
@@ -123,30 +120,28 @@ async def _run(args, catalog) -> int:
 
 async def _own_server(catalog, name: str):
     """Start the profile's server for this command (stopped at its end), so the check can
-    restart it between probes: (SessionService, Supervisor)."""
+    restart it between probes: (SessionService, its ServerService)."""
     import sys
 
-    from app.jobs.service import SessionService
-    from app.server.launcher import make_supervisor, plan_launch
-    from app.server.supervisor import LaunchError, StartFailed
-    from app.store.profiles import ProfileStore
+    from app.jobs.server_service import LaunchRefused, ServerService, load_profile
 
-    store = ProfileStore()
-    profile = store.ensure_default() if name == "default" else store.load(name)
-    plan = await asyncio.to_thread(plan_launch, profile)
+    profile = load_profile(name)
     print(f"[kv-valet] the server of '{profile.name}' is not running: starting it for this check "
           "(it is stopped at the end)", file=sys.stderr, flush=True)
-    for n in plan.notes:
-        print(f"[kv-valet] {n}", file=sys.stderr)
-    sup = make_supervisor(plan)
+    servers = ServerService(catalog, connect_sessions=False)
+    refused: list[str] = []
+    servers.on_event(lambda ev: refused.append(ev.message) if isinstance(ev, LaunchRefused) else None)
     try:
-        await sup.start()
-        svc = await SessionService.connect(catalog, url=plan.url, profile=profile, log_buffer=sup.log,
-                                           build=plan.build, supervisor=sup, stopper=sup.stop)
-    except (LaunchError, StartFailed) as e:
-        await sup.aclose()
-        raise CliError(f"the server of '{profile.name}' did not start: {e}") from None
+        handle = await servers.launch(profile)
+        if handle is None:
+            h = servers.servers.get(f"profile:{profile.name}")
+            outcome = h.supervisor.outcome if h is not None and h.supervisor is not None else None
+            why = refused[0] if refused else outcome.summary() if outcome is not None else "it did not start"
+            raise CliError(f"the server of '{profile.name}' did not start: {why}")
+        for n in handle.plan.notes:
+            print(f"[kv-valet] {n}", file=sys.stderr)
+        svc = await servers.sessions(handle.id)
     except BaseException:
-        await sup.aclose()
+        await servers.aclose()
         raise
-    return svc, sup
+    return svc, servers

@@ -10,15 +10,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from app import paths
 from app.cli.errors import CliError, Exit
 
 APP_ID = "io.github.kvvalet.KVValet"
+#: desktop entries, icons and units hold nothing secret, and the desktop's own tools read them
+PUBLIC_FILE_MODE = 0o644
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (the supported install is `pip install -e .`)
 ICON_SIZES = (16, 32, 48, 64, 128, 256)
 
@@ -39,13 +41,11 @@ def add_commands(sub) -> None:
 
 
 def _data_home() -> Path:
-    value = os.environ.get("XDG_DATA_HOME")
-    return Path(value) if value and os.path.isabs(value) else Path.home() / ".local" / "share"
+    return paths.xdg_data_home()
 
 
 def _config_home() -> Path:
-    value = os.environ.get("XDG_CONFIG_HOME")
-    return Path(value) if value and os.path.isabs(value) else Path.home() / ".config"
+    return paths.xdg_config_home()
 
 
 def kv_valet_executable() -> str:
@@ -75,10 +75,7 @@ def desktop_files() -> dict[Path, bytes]:
 
 def cmd_install_desktop(args) -> int:
     for path, content in desktop_files().items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(content)
-        os.replace(tmp, path)
+        paths.write_atomic(path, content, mode=PUBLIC_FILE_MODE)
         print(f"wrote {path}")
     _run_if_present(["update-desktop-database", str(_data_home() / "applications")])
     return Exit.OK
@@ -133,8 +130,7 @@ def cmd_install_service(args) -> int:
 
     ProfileStore().load(args.profile)  # a clear error for an unknown profile
     path = _unit_path(args.profile)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(unit_text(args.profile), encoding="utf-8")
+    paths.write_atomic(path, unit_text(args.profile), mode=PUBLIC_FILE_MODE)
     print(f"wrote {path}")
     if args.no_enable:
         print(f"enable it with: systemctl --user enable --now {unit_name(args.profile)}")

@@ -59,15 +59,12 @@ def add_commands(sub) -> argparse.ArgumentParser:
 
 
 def resolve_target(target: str) -> tuple[str, str | None]:
-    """(URL, API key) of a URL (key: $LLAMA_API_KEY) or a profile (its key, else $LLAMA_API_KEY)."""
-    from app.server.launcher import resolve_api_key
+    """(URL, API key) of a URL (key: $LLAMA_API_KEY) or a profile (its key, else $LLAMA_API_KEY):
+    the server service's one resolver."""
+    from app.jobs.server_service import resolve_target as resolve
 
-    if "://" in target:
-        return target.rstrip("/"), resolve_api_key(None)
-    from app.store.profiles import ProfileStore
-
-    prof = ProfileStore().load(target)
-    return prof.url, resolve_api_key(prof)
+    spec = resolve(target)
+    return spec.url, spec.api_key
 
 
 class _Progress:

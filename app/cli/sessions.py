@@ -95,21 +95,20 @@ def _run(cmd, args) -> int:
 
 async def connect(catalog, target_arg: str, *, save_dir: str | None = None, api_key: str | None = None,
                   log_buffer=None):
-    """A SessionService for a profile name or a server URL; recovery notes go to stderr."""
-    from app.jobs.service import SessionService
+    """The session service of a profile's server or a server URL, through the server service
+    (app.jobs.server_service: the one target resolver); recovery notes go to stderr."""
+    from app.jobs.server_service import ServerService
 
-    if "://" in target_arg:
-        if not save_dir:
-            raise CliError("--save-dir is required with a server URL (the server's --slot-save-path)", Exit.USAGE)
-        svc = await SessionService.connect(catalog, url=target_arg.rstrip("/"), save_dir=save_dir,
-                                           api_key=api_key, log_buffer=log_buffer)
-    else:
-        from app.store.profiles import ProfileStore
-
-        store = ProfileStore()
-        profile = store.ensure_default() if target_arg == "default" else store.load(target_arg)
-        svc = await SessionService.for_profile(catalog, profile, save_dir=save_dir, api_key=api_key,
-                                               log_buffer=log_buffer)
+    if "://" in target_arg and not save_dir:
+        raise CliError("--save-dir is required with a server URL (the server's --slot-save-path)", Exit.USAGE)
+    servers = ServerService(catalog, connect_sessions=False)
+    try:
+        handle = servers.reach(target_arg, save_dir=save_dir, api_key=api_key)
+        svc = await servers.sessions(handle.id, log_buffer=log_buffer)
+    except BaseException:
+        await servers.aclose()
+        raise
+    svc.close_with(servers.aclose)
     for msg in svc.recovery_messages:
         note(msg)
     return svc
@@ -129,6 +128,8 @@ async def cmd_park(args, catalog) -> int:
         stopped = None
         if args.all and args.and_stop:
             outcome = await svc.park_all_and_stop(args.name)
+            if outcome.error:
+                raise CliError(f"could not park: {outcome.error}")
             results, stopped = outcome.results, outcome.stopped
         elif args.all:
             results = await svc.park_all(args.name)
@@ -203,8 +204,20 @@ async def cmd_resume_all(args, catalog) -> int:
 # -- sessions ----------------------------------------------------------------
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+def _size(n: int) -> str:
+    """A session's size, as the Sessions tab writes it (app.core.units, the app's one formatter)."""
+    from app.core.units import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def list_line(r) -> str:
+    """One session of ``kv-valet sessions list``."""
+    from app.core.units import fmt_duration
+
+    saved = fmt_duration(r.time_saved_s) if r.time_saved_s or r.last_time_saved_s is not None else "-"
+    return (f"{r.name:<28} {r.profile:<16} {r.n_tokens:>8,} tok "
+            f"{_size(r.state_size + r.sidecar_size):>10}  saved {saved:>8}  sidecar {r.sidecar_status}")
 
 
 def _when(ts: float) -> str:
@@ -216,8 +229,8 @@ def _when(ts: float) -> str:
 def _rm_older_than(args, catalog) -> int:
     import time
 
+    from app.core.units import fmt_bytes
     from app.jobs.sessions import cutoff, delete_older_than, older_than, usage_of
-    from app.monitor.units import fmt_bytes
 
     if args.name is not None:
         raise CliError("give a session name or --older-than, not both", Exit.USAGE)
@@ -259,15 +272,13 @@ def cmd_sessions(args) -> int:
                 return Exit.OK
             if not recs:
                 print("no parked sessions")
-            from app.core.verdict import format_duration
+            from app.core.units import fmt_duration
 
             for r in recs:
-                saved = format_duration(r.time_saved_s) if r.last_time_saved_s is not None else "-"
-                print(f"{r.name:<28} {r.profile:<16} {r.n_tokens:>8,} tok "
-                      f"{_mb(r.state_size + r.sidecar_size):>10}  saved {saved:>8}  sidecar {r.sidecar_status}")
+                print(list_line(r))
             if recs:
                 total = sum(r.time_saved_s for r in recs)
-                print(f"time saved by resumes: {format_duration(total)} (tokens reused x the measured prefill "
+                print(f"time saved by resumes: {fmt_duration(total)} (tokens reused x the measured prefill "
                       "rate; a resume that re-prefilled counts 0)")
             return Exit.OK
         if args.action == "show":
@@ -278,7 +289,7 @@ def cmd_sessions(args) -> int:
                 print(json.dumps(d, indent=1, ensure_ascii=False))
                 return Exit.OK
             rows = [("name", r.name), ("profile", r.profile), ("state file", str(r.state_path)),
-                    ("size", _mb(r.state_size) + (f" + sidecar {_mb(r.sidecar_size)}" if r.sidecar_size else "")),
+                    ("size", _size(r.state_size) + (f" + sidecar {_size(r.sidecar_size)}" if r.sidecar_size else "")),
                     ("tokens", f"{r.n_tokens:,} (slot {r.slot_id}, n_ctx {r.n_ctx_slot:,})"),
                     ("model", f"{r.model_path} ({r.memory_kind})"),
                     ("KV types", f"{r.cache_type_k}/{r.cache_type_v}"), ("build", r.server_build),

@@ -58,44 +58,20 @@ async def _sidecar_behaviour(client, target: str):
         build = str((await client.props()).get("build_info") or "unknown")
     except (ServerError, ServerUnreachable):
         return None
-    log_path = binary = None
-    if "://" not in target:
-        from app.store.profiles import ProfileStore
+    from app.jobs.server_service import resolve_target
 
-        log_path = paths.server_log_path(target)
-        binary = ProfileStore().load(target).server_binary or None
+    spec = resolve_target(target)
+    binary = (spec.profile.server_binary or None) if spec.profile is not None else None
     with Catalog(paths.catalog_path()) as catalog:
-        return identify_server(catalog, build, log_path=log_path if log_path and log_path.is_file() else None,
-                               binary=binary)
+        return identify_server(catalog, build, log_path=spec.log_path, binary=binary)
 
 
 def _resolve_target(target: str):
-    """A URL, or a profile name (then its URL, key, cache budget and live pid)."""
-    from app.server.launcher import resolve_api_key
+    """A URL, or a profile name (then its URL, key, cache budget and live pid): the server
+    service's one resolver (app.jobs.server_service.resolve_target)."""
+    from app.jobs.server_service import listening_pid, resolve_target
 
-    if "://" in target:
-        return target, resolve_api_key(None), None, _pid_listening_on(target)
-    from app.server.launcher import pid_record_path
-    from app.server.supervisor import find_leftover_server
-    from app.store.profiles import ProfileStore
-
-    prof = ProfileStore().load(target)
-    rec = find_leftover_server(pid_record_path(prof.name))
-    return prof.url, resolve_api_key(prof), prof.effective_cache_ram, (rec.pid if rec else _pid_listening_on(prof.url))
-
-
-def _pid_listening_on(url: str) -> int | None:
-    from urllib.parse import urlparse
-
-    import psutil
-
-    port = urlparse(url).port
-    if not port:
-        return None
-    try:
-        for c in psutil.net_connections(kind="tcp"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                return c.pid
-    except (psutil.Error, OSError):
-        return None
-    return None
+    spec = resolve_target(target)
+    cache_ram = spec.profile.effective_cache_ram if spec.profile is not None else None
+    pid = spec.leftover.pid if spec.leftover is not None else listening_pid(spec.url)
+    return spec.url, spec.api_key, cache_ram, pid

@@ -22,6 +22,7 @@ from app.core.argv import absorb_extra_args
 from app.core.findings import Finding, Remedy, Severity
 from app.core.helptext import BinaryCaps
 from app.core.profile import LaunchProfile, exposure_warning, is_loopback
+from app.core.units import fmt_bytes
 from app.serverbuild.cache import BUILT_MARKER
 
 # -- server defaults (build 11434) ------------------------------------------------
@@ -240,11 +241,8 @@ def swa_full_extra(p: LaunchProfile, facts: Facts) -> tuple[int, int] | None:
     return int(per_cell * extra_cells * layers), extra_cells
 
 
-def human_bytes(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{int(n)} bytes"
+#: the app's one size formatter (app.core.units); the old name, for the modules that import it
+human_bytes = fmt_bytes
 
 
 # -- rules --------------------------------------------------------------------------
@@ -411,8 +409,8 @@ def _disk_nearly_full(p: LaunchProfile, f: Facts):
     if fit >= MIN_FREE_PARKS:
         return False
     room = "no park" if fit == 0 else ("1 more park" if fit == 1 else f"{fit} more parks")
-    return {"path": f.save_dir, "free": human_bytes(f.save_free_bytes), "fit": fit, "room": room,
-            "typical": human_bytes(f.typical_park_bytes)}
+    return {"path": f.save_dir, "free": fmt_bytes(f.save_free_bytes), "fit": fit, "room": room,
+            "typical": fmt_bytes(f.typical_park_bytes)}
 
 
 def _exposed(key: bool, acknowledged: bool | None):
@@ -442,7 +440,7 @@ def _swa_full_memory(p: LaunchProfile, f: Facts):
         cost = "much more KV memory (the model's numbers needed to estimate how much are not known)"
     else:
         extra, cells = est
-        cost = (f"about {human_bytes(extra)} more KV memory ({f.n_swa_layers} sliding-window layers "
+        cost = (f"about {fmt_bytes(extra)} more KV memory ({f.n_swa_layers} sliding-window layers "
                 f"x {cells:,} more cells)")
     return {"cost": cost, "extra_bytes": est[0] if est else None}
 

@@ -23,6 +23,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.checkpoints import CheckpointFigures
+from app.core.units import fmt_duration
+
 
 class VerdictKind(enum.StrEnum):
     HIT = "HIT"
@@ -108,7 +111,7 @@ def judge(
     build_persists: bool | None = None,
     ctx_checkpoints: int | None = 32,
     full_reprocess_logged: bool = False,
-    checkpoint_restored: dict | None = None,
+    checkpoint_restored: CheckpointFigures | None = None,
     common_prefix: int | None = None,
     prompt_ms: float | None = None,
     sidecar_count: int | None = None,
@@ -118,11 +121,11 @@ def judge(
     """Judge the first query after restoring ``n_restored`` tokens.
 
     ``sidecar_status``: "present" / "present, unverified" / "missing" / "invalid" /
-    "not needed" (or a :class:`app.server.sidecar.SidecarStatus`).
+    "not needed" (or a :class:`app.core.states.SidecarStatus`).
     ``sidecar_loaded_count``: N from ``restored N context checkpoints from sidecar``
     (None when the log is not available, 0 when the log shows none).
     ``sidecar_count``: checkpoints in the sidecar file (from the park), for the reason.
-    ``checkpoint_restored``: fields of ``restored context checkpoint (...)``.
+    ``checkpoint_restored``: the figures of ``restored context checkpoint (...)``.
     ``common_prefix``: tokens the new prompt shares with the saved ones, when known.
     ``behaviour`` / ``prediction``: the build's sidecar behaviour and what its loader
     was predicted to do before the restore (:mod:`app.core.sidecar_behaviour`): a
@@ -161,9 +164,9 @@ def judge(
         "full_reprocess_logged": full_reprocess_logged, "common_prefix": common_prefix,
         "estimated": estimated,
     }
-    if checkpoint_restored:
-        figures["checkpoint_n_past"] = checkpoint_restored.get("n_past")
-        figures["checkpoint_pos_max"] = checkpoint_restored.get("pos_max")
+    if checkpoint_restored is not None:
+        figures["checkpoint_n_past"] = checkpoint_restored.n_past
+        figures["checkpoint_pos_max"] = checkpoint_restored.pos_max
     est = " (estimated: the log has no trace lines; run the server with -lv 4)" if estimated else ""
 
     def verdict(kind: VerdictKind, reason: str) -> Verdict:
@@ -180,7 +183,7 @@ def judge(
                  or (full_reprocess_logged and cache_n < n_restored - tol))
     if not discarded and cache_n >= n_restored - tol:
         how = ""
-        if checkpoint_restored and checkpoint_restored.get("n_past") is not None:
+        if checkpoint_restored is not None and checkpoint_restored.n_past is not None:
             how = f", rolled back {_plural(rollback, 'token')} to a context checkpoint"
         elif rollback:
             how = f", rolled back {_plural(rollback, 'token')}"
@@ -259,13 +262,5 @@ TIME_SAVED_HELP = ("Prefill time the resumes avoided: for each resume judged HIT
                    "measurements and add nothing.")
 
 
-def format_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return f"{seconds * 1000:,.0f} ms"
-    if seconds < 90:
-        return f"{seconds:,.1f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:,.0f} min"
-    return f"{seconds / 3600:,.1f} h"
+#: the app's one duration formatter (app.core.units); the old name, for the modules that import it
+format_duration = fmt_duration

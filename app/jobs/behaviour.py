@@ -23,7 +23,7 @@ from pathlib import Path
 from app.core.sidecar_behaviour import (LABELS, Behaviour, Evidence, LoadPrediction, identify, predict_load,
                                         sideless_warning)
 from app.jobs import sidecar_check
-from app.server.logparse import Kind
+from app.server.logparse import Kind, SidecarMode
 from app.server.sidecar import read_facts, sidecar_candidates
 from app.store.catalog import Catalog
 
@@ -65,8 +65,8 @@ def mode_from_log(lines) -> str | None:
     """The ``checkpoint sidecars: MODE`` line among parsed log lines (LogLine or LogEvent)."""
     for item in lines:
         ev = getattr(item, "event", item)
-        if getattr(ev, "kind", None) is Kind.SIDECAR_MODE:
-            return ev.fields.get("mode")
+        if isinstance(ev, SidecarMode):
+            return ev.mode
     return None
 
 
@@ -84,8 +84,8 @@ def mode_from_log_file(path: str | os.PathLike | None, max_lines: int = 2000) ->
                     break
                 if "checkpoint sidecars:" in line:
                     ev = parse_line(line)
-                    if ev.kind is Kind.SIDECAR_MODE:
-                        mode = ev.fields.get("mode")  # the last run in the file wins
+                    if isinstance(ev, SidecarMode):
+                        mode = ev.mode  # the last run in the file wins
     except OSError:
         return None
     return mode

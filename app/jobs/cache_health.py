@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from app.core.findings import Finding, Remedy, Severity
-from app.server.logparse import Kind, LogEvent, parse_line
+from app.server.logparse import Kind, LogEvent, PromptCacheUpdate, SidecarRestored, SlotSelected, parse_line
 
 #: An idle-slot save this long stalls every stream noticeably (seed 004: 0.7-0.9 s per save).
 STALL_MS = 200.0
@@ -136,9 +136,9 @@ class CacheHealth:
         kind = ev.kind
         if kind is Kind.IDLE_SLOT_SAVE:
             self._pending_idle = (ev.slot, elapsed_seconds(ev.elapsed))
-        elif kind is Kind.PROMPT_CACHE_UPDATE:
+        elif isinstance(ev, PromptCacheUpdate):
             # the other call site (a slot taken over by LRU): the server times it itself
-            self._idle_save(None, float(ev.fields.get("ms", 0.0)))
+            self._idle_save(None, ev.ms)
         elif kind is Kind.FULL_REPROCESS and ev.slot is not None:
             self.figures.full_reprocess[ev.slot] += 1
             if ev.slot not in self._reprocess_reported:
@@ -153,10 +153,10 @@ class CacheHealth:
             self.figures.checkpoints_created += 1
         elif kind is Kind.CHECKPOINT_RESTORED:
             self.figures.checkpoints_restored += 1
-        elif kind is Kind.SIDECAR_RESTORED:
-            self.figures.sidecar_checkpoints_loaded += int(ev.fields.get("count", 0))
-        elif kind is Kind.SLOT_SELECTED:
-            how = str(ev.fields.get("how", "")).split(",")[0].split(" (")[0].strip()
+        elif isinstance(ev, SidecarRestored):
+            self.figures.sidecar_checkpoints_loaded += ev.count
+        elif isinstance(ev, SlotSelected):
+            how = ev.how.split(",")[0].split(" (")[0].strip()
             self.figures.slot_selection["similarity" if "similarity" in how else how or "other"] += 1
         elif kind is Kind.GGML_ASSERT:
             pass  # judged with the outcome: the process is gone then

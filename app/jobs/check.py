@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from app.core.sidecar_behaviour import MISSING, LoadPrediction, predict_load
+from app.core.states import SidecarStatus
+from app.core.timings import Timings
 from app.jobs import sidecar_check
 from app.jobs.behaviour import predict_for_target
 from app.jobs.journal import HideJournal, Journal, JournalKind, Owner
@@ -49,7 +51,7 @@ from app.core.verdict import Verdict, VerdictKind, worst
 from app.jobs.watch import judge_from_completion, scan_events
 from app.server.client import ServerError
 from app.server.logparse import Kind
-from app.server.sidecar import SidecarStatus, sidecar_candidates
+from app.server.sidecar import sidecar_candidates
 from app.server.statefile import StateFileError, read_state_header, read_state_tokens
 from app.store.catalog import Catalog, HistoryEvent, SessionRecord
 
@@ -255,19 +257,6 @@ async def _log_since(target: ServerTarget, seq: int | None, slot_id: int, wait_f
         await asyncio.sleep(0.02)
 
 
-def _ttft(timings: dict) -> float | None:
-    pm = timings.get("prompt_ms")
-    if pm is None:
-        return None
-    n = timings.get("predicted_n") or 0
-    if n >= 1:
-        per = timings.get("predicted_per_token_ms")
-        if per is None and timings.get("predicted_ms") is not None:
-            per = timings["predicted_ms"] / n
-        return pm + (per or 0.0)
-    return pm
-
-
 async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
     """Restore the session into the slot; (restore_ms, n_restored, log seq before)."""
     t = ctx.target
@@ -278,7 +267,7 @@ async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
     except ServerError as exc:
         raise CheckError(f"restore of '{ctx.record.name}' into slot {ctx.slot_id} failed: {exc.message}") from None
     wall = (time.perf_counter() - t0) * 1000.0
-    restore_ms = float((resp.get("timings") or {}).get("restore_ms") or wall)
+    restore_ms = Timings.of(resp).restore_ms or wall
     n = int(resp.get("n_restored") or len(ctx.tokens))
     t.restored[ctx.slot_id] = RestoredSlot(n, ctx.record.name, None)
     return restore_ms, n, seq
@@ -345,7 +334,7 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
     events = await _log_since(ctx.target, seq, ctx.slot_id, True)
     status = sidecar_status if sidecar_status is not None else ctx.sidecar_status
     # with a log, no "restored N context checkpoints from sidecar" line means none were loaded
-    loaded = (scan_events(events)["sidecar_loaded"] or 0) if events is not None else None
+    loaded = (scan_events(events).sidecar_loaded or 0) if events is not None else None
     v = judge_from_completion(
         n_restored, resp, sidecar_status=status, sidecar_loaded_count=loaded,
         build_persists=ctx.build_persists, ctx_checkpoints=ctx.target.ctx_checkpoints,
@@ -353,15 +342,15 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
         sidecar_count=checkpoints_expected if checkpoints_expected is not None else ctx.sidecar_count,
         behaviour=ctx.target.behaviour, prediction=prediction if prediction is not None else ctx.prediction,
     )
-    t = resp.get("timings") or {}
+    t = Timings.of(resp)
     confounded = _confound(events, loaded, v, str(ctx.target.behaviour), earlier, restart is not None)
     if confounded:
         v = Verdict(v.kind, f"{v.reason} (confounded: {confounded})", n_restored=v.n_restored,
                     prompt_n=v.prompt_n, cache_n=v.cache_n, prompt_ms=v.prompt_ms,
                     rollback_tokens=v.rollback_tokens, checkpoints_loaded=v.checkpoints_loaded,
                     figures={**v.figures, "confounded": True})
-    return ProbeRow(name=name, restore_ms=restore_ms, prompt_ms=t.get("prompt_ms"), prompt_n=t.get("prompt_n"),
-                    cache_n=t.get("cache_n"), ttft_ms=_ttft(t), n_restored=n_restored,
+    return ProbeRow(name=name, restore_ms=restore_ms, prompt_ms=t.prompt_ms, prompt_n=t.prompt_n,
+                    cache_n=t.cache_n, ttft_ms=t.ttft_ms, n_restored=n_restored,
                     checkpoints_loaded=v.checkpoints_loaded, verdict=v,
                     prompt_tokens=resp.get("tokens_evaluated"), fresh_process=restart is not None,
                     confounded=confounded)
@@ -375,6 +364,7 @@ async def _restart(ctx: _Ctx, restart: Restarter) -> None:
         log.exception("restarting the server for %s failed", ctx.record.name)
         raise CheckError(f"could not restart the server between probes: {exc}") from exc
     ctx.target.restored.clear()
+    ctx.target.held_as.clear()
     ctx.target.last_tasks.clear()
 
 
@@ -615,14 +605,14 @@ async def _baseline(ctx: _Ctx, question: str, n_predict: int) -> ProbeRow:
     q = await client.tokenize(question)
     prompt = list(ctx.tokens) + list(q)
     resp = await client.completion(prompt, slot_id=ctx.slot_id, n_predict=n_predict, cache_prompt=False)
-    t = resp.get("timings") or {}
-    n = t.get("prompt_n")
+    t = Timings.of(resp)
+    n = t.prompt_n
     v = Verdict(VerdictKind.UNKNOWN, f"baseline: full prefill of {n:,} tokens in an empty slot (reference)"
                 if n is not None else "baseline: full prefill in an empty slot (reference)",
-                n_restored=0, prompt_n=n, cache_n=t.get("cache_n"), prompt_ms=t.get("prompt_ms"),
+                n_restored=0, prompt_n=n, cache_n=t.cache_n, prompt_ms=t.prompt_ms,
                 figures={"baseline": True})
-    return ProbeRow(name=ARM_BASELINE, restore_ms=None, prompt_ms=t.get("prompt_ms"), prompt_n=n,
-                    cache_n=t.get("cache_n"), ttft_ms=_ttft(t), n_restored=0, checkpoints_loaded=None,
+    return ProbeRow(name=ARM_BASELINE, restore_ms=None, prompt_ms=t.prompt_ms, prompt_n=n,
+                    cache_n=t.cache_n, ttft_ms=t.ttft_ms, n_restored=0, checkpoints_loaded=None,
                     verdict=v, prompt_tokens=resp.get("tokens_evaluated"))
 
 

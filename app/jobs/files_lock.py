@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -26,6 +25,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
+from app import paths
 from app.store.catalog import Catalog, CatalogError
 
 #: How long a park's commit or a delete waits for another process's block (milliseconds long).
@@ -46,17 +46,12 @@ class FilesLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as e:
             raise CatalogError(f"cannot lock the session catalog ({self.path}): {e.strerror or e}") from None
-        deadline = time.monotonic() + timeout
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise CatalogError(f"another KV Valet process has been moving session files for "
-                                           f"{timeout:.0f} s ({self.path} is locked): try again") from None
-                    time.sleep(0.005)  # a lock retry, not a wait for an event
+            try:
+                paths.take_flock(fd, timeout, "")
+            except TimeoutError:
+                raise CatalogError(f"another KV Valet process has been moving session files for "
+                                   f"{timeout:.0f} s ({self.path} is locked): try again") from None
         except BaseException:
             os.close(fd)
             raise

@@ -33,13 +33,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app import paths
+from app.core.states import SidecarStatus
+from app.core.timings import Timings
 from app.jobs import sidecar_check
 from app.jobs.files_lock import FilesLock, files_locked
 from app.jobs.slots import SlotError, find_row, held
 from app.jobs.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase
-from app.jobs.target import ServerTarget
+from app.jobs.target import HeldSession, ServerTarget
+from app.monitor.slots import SlotRow
 from app.server.client import ServerError, ServerUnreachable
-from app.server.sidecar import SidecarReport, SidecarStatus
+from app.server.sidecar import SidecarReport
 from app.server.statefile import StateFileError, read_state_header
 from app.store.catalog import Catalog, SessionRecord
 
@@ -63,6 +66,7 @@ class ParkResult:
     warnings: list[str] = field(default_factory=list)
     slot_id: int | None = None
     error: str | None = None  # park_all: this slot failed (the others went on)
+    unchanged: bool = False  # park_all: already parked as ``record`` and nothing ran since: not saved again
 
     @property
     def ok(self) -> bool:
@@ -143,9 +147,8 @@ def _cached_memory_kind(model_path: str) -> str:
         return entry["kind"]
     info = read_model_info(path)
     kind = getattr(info.memory_kind, "value", str(info.memory_kind))
-    cache[path] = {"stamp": stamp, "kind": kind}
-    with contextlib.suppress(OSError):
-        paths.write_private(cache_file, json.dumps(cache, indent=1, sort_keys=True))
+    with contextlib.suppress(OSError):  # re-read under its lock: another process may have added entries
+        paths.update_json(cache_file, lambda cache: cache.__setitem__(path, {"stamp": stamp, "kind": kind}))
     return kind
 
 
@@ -338,7 +341,7 @@ def known_save_dirs(catalog: Catalog, extra=()) -> list[Path]:
 def _why_save_failed(save_dir: Path, n_tokens: int, catalog: Catalog, profile: str, name: str) -> str | None:
     """What the folder says about a refused save. llama-server answers a full disk and a
     read-only folder alike with "Unable to save slot"; the folder is visible here."""
-    from app.monitor.units import fmt_bytes
+    from app.core.units import fmt_bytes
 
     if not os.access(save_dir, os.W_OK):
         return f"the folder {save_dir} is read-only"
@@ -377,14 +380,16 @@ def _verify(tmp: Path, resp: dict) -> int:
 
 
 async def park_slot(target: ServerTarget, slot_id: int, name: str | None = None, *,
-                    on_progress: ProgressFn | None = None) -> ParkResult:
-    """Save slot ``slot_id`` as session ``name`` (replacing a session of that name)."""
+                    on_progress: ProgressFn | None = None, rows: list[SlotRow] | None = None) -> ParkResult:
+    """Save slot ``slot_id`` as session ``name`` (replacing a session of that name).
+    ``rows``: the ``/slots`` the caller already read (a park reads it once)."""
     return await target.queue.run(f"Park slot {slot_id}",
-                                  lambda: _park(target, slot_id, name, on_progress))
+                                  lambda: _park(target, slot_id, name, on_progress, rows))
 
 
-async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progress) -> ParkResult:
-    rows = await target.slot_rows()
+async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progress,
+                rows: list[SlotRow] | None = None) -> ParkResult:
+    rows = rows if rows is not None else await target.slot_rows()
     try:
         slot = find_row(rows, slot_id)
     except SlotError as e:
@@ -445,7 +450,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
                 name=name, profile=target.profile_name, state_file=final_name, save_dir=str(save_dir),
                 sidecar_file=(final_name + sidecar.path.name[len(tmp_name):]) if sidecar.path else None,
                 state_size=state_size, sidecar_size=sidecar.size, n_tokens=n_tokens,
-                save_ms=float((resp.get("timings") or {}).get("save_ms") or 0.0),
+                save_ms=Timings.of(resp).save_ms or 0.0,
                 server_build=target.build, model_path=target.model_path, model_size=ident.size,
                 model_sha256=ident.sha256, model_quick_id=ident.quick_id, cache_type_k=target.cache_type_k,
                 cache_type_v=target.cache_type_v, n_ctx_slot=int(slot.n_ctx or 0), flash_attn=target.flash_attn,
@@ -477,6 +482,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
             SidecarStatus.PRESENT_VALID, SidecarStatus.PRESENT_UNVERIFIED), memory_kind)
     report = await asyncio.to_thread(sidecar_check.inspect, final, n_tokens, memory_kind, verify_hash=True)
     warnings = park_warnings(report, memory_kind, n_tokens, resp) + recovered
+    target.held_as[slot_id] = HeldSession(stored.name, n_tokens, slot.id_task)
     return ParkResult(stored, report, warnings, slot_id)
 
 
@@ -532,19 +538,75 @@ def park_warnings(report: SidecarReport, memory_kind: str, n_tokens: int, resp: 
 # --------------------------------------------------------------------------- park all
 
 
-async def park_all(target: ServerTarget, *, prefix: str | None = None,
-                   on_progress: ProgressFn | None = None) -> list[ParkResult]:
-    """Park every non-empty slot as "<prefix> slot N"; a failing slot is reported
-    in its ParkResult.error and the others go on."""
-    rows = await target.slot_rows()
+@dataclass(frozen=True)
+class ParkChoice:
+    slot_id: int
+    name: str
+    unchanged: SessionRecord | None = None  # already parked as this session, nothing ran since: no new copy
+    continues: bool = False  # the slot goes on from this session: the park updates it (no dated copy)
+
+
+def _newest_on_slot(target: ServerTarget, slot_id: int) -> HeldSession | None:
+    """What this server process last parked from or restored into ``slot_id``, this process's or
+    another KV Valet process's (the catalog: parked or restored since the server started)."""
+    mine = target.held_as.get(slot_id)
+    if mine is not None or target.started_at is None:
+        return mine
+    best, best_at = None, target.started_at
+    for rec in target.catalog.list(target.profile_name):
+        if rec.slot_id != slot_id:
+            continue
+        for at, n in ((rec.updated_at, rec.n_tokens), (rec.last_restore_at, rec.last_n_restored)):
+            if at is not None and n and at >= best_at:
+                best, best_at = HeldSession(rec.name, int(n), None), at
+    return best
+
+
+def choose_parks(target: ServerTarget, rows: list[SlotRow], prefix: str | None = None) -> list[ParkChoice]:
+    """Which slots a "park every slot" saves, and under which name: the one rule of every
+    park-then-stop (the quit, a logout, shutdown and sleep, ``serve``'s Ctrl-C, Park all & stop).
+
+    * A slot holding exactly the tokens it was just parked as or resumed as (no task ran on
+      it since) is not parked again: a second, dated copy of the same chat buys nothing.
+    * A slot whose last task went on from such a session (it reused at least half of that
+      session's tokens from the cache) is parked *as that session*: the session is updated
+      (its older copy is kept until the new one verifies) instead of adding a dated one.
+    * Any other slot that holds tokens is parked as "<prefix> slot N" (prefix: the date).
+    """
     prefix = (prefix or "").strip() or time.strftime("%Y-%m-%d %H-%M")
-    results: list[ParkResult] = []
+    out: list[ParkChoice] = []
     for row in rows:
         sid = row.id
         if sid is None or held(row) <= 0:
             continue
+        before = _newest_on_slot(target, sid)
+        if before is not None and held(row) == before.n_tokens and \
+                (before.id_task is None or row.id_task == before.id_task):
+            rec = target.catalog.get(target.profile_name, before.name)
+            if rec is not None:
+                out.append(ParkChoice(sid, before.name, unchanged=rec))
+                continue
+        if before is not None and held(row) > before.n_tokens and (row.n_cached or 0) * 2 >= before.n_tokens \
+                and target.catalog.get(target.profile_name, before.name) is not None:
+            out.append(ParkChoice(sid, before.name, continues=True))
+            continue
+        out.append(ParkChoice(sid, f"{prefix} slot {sid}"))
+    return out
+
+
+async def park_all(target: ServerTarget, *, prefix: str | None = None,
+                   on_progress: ProgressFn | None = None) -> list[ParkResult]:
+    """Park every slot that holds tokens, as :func:`choose_parks` names them (reading
+    ``/slots`` once); a failing slot is reported in its ParkResult.error and the others go on."""
+    rows = await target.slot_rows()
+    results: list[ParkResult] = []
+    for choice in choose_parks(target, rows, prefix):
+        sid = choice.slot_id
+        if choice.unchanged is not None:
+            results.append(ParkResult(choice.unchanged, None, [], sid, unchanged=True))
+            continue
         try:
-            results.append(await park_slot(target, sid, f"{prefix} slot {sid}", on_progress=on_progress))
+            results.append(await park_slot(target, sid, choice.name, on_progress=on_progress, rows=rows))
         except (ParkError, ServerError, ServerUnreachable, OSError) as e:
             results.append(ParkResult(None, None, [], sid, str(e)))
     return results
@@ -554,12 +616,17 @@ def describe(result: ParkResult) -> str:
     """One line for the CLI/log: name, tokens, size, sidecar status and reason."""
     if not result.ok:
         return f"slot {result.slot_id}: not parked: {result.error}"
+    from app.core.units import fmt_bytes
+
     r = result.record
     assert r is not None
+    if result.unchanged:
+        return f"slot {r.slot_id if result.slot_id is None else result.slot_id}: already parked as '{r.name}' " \
+               f"({r.n_tokens:,} tokens, unchanged since): not saved again"
     sc = result.sidecar
     side = f"sidecar {sc.status.value}: {sc.reason}" if sc else "sidecar unknown"
     return (f"parked slot {r.slot_id} as '{r.name}': {r.n_tokens:,} tokens, "
-            f"{(r.state_size + r.sidecar_size) / 1e6:,.1f} MB ({r.state_file}); {side}")
+            f"{fmt_bytes(r.state_size + r.sidecar_size)} ({r.state_file}); {side}")
 
 
 def record_dict(rec: SessionRecord) -> dict[str, Any]:

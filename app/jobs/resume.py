@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.sidecar_behaviour import Behaviour, LoadPrediction
+from app.core.states import SidecarStatus
+from app.core.timings import Timings
 from app.jobs import sidecar_check
 from app.jobs.behaviour import predict_for_target, resume_warning
 from app.jobs.park import CHECKPOINTED_KINDS, model_identity
 from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
-from app.jobs.target import ServerTarget
+from app.jobs.target import HeldSession, ServerTarget
 from app.monitor.slots import RestoredSlot, SlotRow
 from app.server.client import ServerError, ServerUnreachable
-from app.server.sidecar import SidecarStatus
 from app.server.statefile import StateFileError, read_state_header, version_mismatch_reason
 from app.store.catalog import Catalog, HistoryEvent, SessionRecord
 
@@ -93,9 +94,9 @@ def find_session(catalog: Catalog, profile: str, name: str) -> SessionRecord:
 
 
 def _fmt_seconds(s: float) -> str:
-    if s < 90:
-        return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
-    return f"{s / 60:.0f} min"
+    from app.core.units import fmt_duration  # the app's one duration formatter
+
+    return fmt_duration(s)
 
 
 def _expected_version(catalog: Catalog, build: str, skip: SessionRecord) -> int | None:
@@ -306,12 +307,13 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
         resp = await target.client.restore_slot(slot_id, record.state_file)
     except ServerError as e:
         target.restored.pop(slot_id, None)
+        target.held_as.pop(slot_id, None)
         raise ResumeFailed(f"the server refused to restore '{record.name}' into slot {slot_id}: "
                            f"{e.message} (the slot is now empty)") from None
     except ServerUnreachable as e:
         raise ResumeFailed(f"the server stopped answering during the restore ({e.reason})") from None
     n_restored = int(resp.get("n_restored") or 0)
-    restore_ms = float((resp.get("timings") or {}).get("restore_ms") or 0.0)
+    restore_ms = Timings.of(resp).restore_ms or 0.0
     warnings = list(pf.warnings)
     if record.n_tokens and n_restored != record.n_tokens:
         warnings.append(f"the server restored {n_restored:,} tokens, {record.n_tokens:,} were parked")
@@ -323,14 +325,27 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
             details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
                      "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}))
     target.restored[slot_id] = RestoredSlot(n_restored, record.name, id_task_before)
+    target.held_as[slot_id] = HeldSession(record.name, n_restored, id_task_before)
     loads = pf.prediction.loads if pf.prediction is not None else None
     if loads or not target.checkpoint_owners.get(slot_id) or target.behaviour is not Behaviour.FORK:
         target.checkpoint_owners[slot_id] = record.name  # its sidecar replaced the list, or it was cleared
     return ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard)
 
 
+@dataclass(frozen=True)
+class FollowUp:
+    """What a completion on a resumed slot cost (:func:`follow_up`)."""
+
+    cache_n: int  # prompt tokens reused from the slot (0 when the server did not say)
+    prompt_n: int  # prompt tokens processed
+    prompt_ms: float
+    content: str
+    timings: Timings
+    id_slot: int
+
+
 async def follow_up(target: ServerTarget, slot_id: int, text_or_tokens: str | list[int],
-                    n_predict: int = 4) -> dict:
+                    n_predict: int = 4) -> FollowUp:
     """Send a completion on ``slot_id`` reusing its cache and return what it cost.
 
     ``cache_n`` ≈ the restored tokens and a small ``prompt_n`` mean the resume
@@ -339,9 +354,8 @@ async def follow_up(target: ServerTarget, slot_id: int, text_or_tokens: str | li
     """
     result = await target.client.completion(text_or_tokens, slot_id=slot_id, n_predict=n_predict,
                                             cache_prompt=True)
-    t = result.get("timings") or {}
-    out = {"cache_n": int(t.get("cache_n") or 0), "prompt_n": int(t.get("prompt_n") or 0),
-           "prompt_ms": float(t.get("prompt_ms") or 0.0), "content": result.get("content", ""),
-           "timings": t, "id_slot": result.get("id_slot", slot_id)}
-    target.catalog.record_prefill(target.profile_name, out["prompt_n"], out["prompt_ms"])
+    t = Timings.of(result)
+    out = FollowUp(cache_n=t.cache_n or 0, prompt_n=t.prompt_n or 0, prompt_ms=t.prompt_ms or 0.0,
+                   content=str(result.get("content", "")), timings=t, id_slot=result.get("id_slot", slot_id))
+    target.catalog.record_prefill(target.profile_name, out.prompt_n, out.prompt_ms)
     return out

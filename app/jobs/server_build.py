@@ -565,7 +565,8 @@ def needs_checkpoints(profile) -> bool:
     """Whether a resume of this profile's model can only roll back to a context checkpoint
     (sliding-window without --swa-full, recurrent/hybrid): then the stock server's parks buy nothing."""
     from app.server.discovery import default_model_path
-    from app.server.gguf_info import MemoryKind, ModelFileError, read_model_info
+    from app.core.states import MemoryKind
+    from app.server.gguf_info import ModelFileError, read_model_info
 
     if not profile.model:
         return False

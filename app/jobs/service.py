@@ -26,7 +26,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
@@ -48,8 +48,11 @@ from app.jobs.wiring import VerdictRelay, attach_verdicts
 from app.monitor.slots import LastTask, RestoredSlot, SlotRow
 from app.server.client import LlamaClient, ServerError, ServerUnreachable
 from app.server.launcher import resolve_api_key, slot_save_path_for
-from app.server.logparse import Kind
+from app.server.logparse import Kind, PromptEval, SidecarMode
 from app.store.catalog import Catalog, SessionRecord
+
+if TYPE_CHECKING:
+    from app.jobs.server_service import ParkStopReport
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +82,6 @@ class ResumeAllOutcome:
         return self.result is not None
 
 
-@dataclass
-class ParkAllStopOutcome:
-    results: list[ParkResult]
-    stopped: bool
-    plan: list[PlanEntry] = field(default_factory=list)
-
-    @property
-    def failed(self) -> list[ParkResult]:
-        return [r for r in self.results if not r.ok]
-
-
 _CACHED = re.compile(r"cached n_tokens =\s*(\d+)")
 
 
@@ -109,22 +101,31 @@ class SessionService:
         self._verdict_cbs: list[Callable[[int, str | None, Verdict], None]] = []
         self._first_cached: dict[int, int] = {}  # slot -> first "cached n_tokens" of its current task
         self._closed = False
+        self._owns_client = True
+        # the server service's park-then-stop for this server (set by app.jobs.server_service)
+        self.park_then_stop: Callable[[str | None], Awaitable["ParkStopReport"]] | None = None
+        self._closers: list[Callable[[], Awaitable[None]]] = []
 
     # -- connecting ------------------------------------------------------------
     @classmethod
     async def connect(cls, catalog: Catalog, *, url: str | None = None, profile: LaunchProfile | None = None,
                       save_dir: str | Path | None = None, api_key: str | None = None, log_buffer=None,
                       build: str | None = None, supervisor=None, stopper: Stopper | None = None,
-                      recover: bool = True, restarter: Stopper | None = None) -> "SessionService":
+                      recover: bool = True, restarter: Stopper | None = None,
+                      client: LlamaClient | None = None) -> "SessionService":
         """Connect to a running server: ``url`` (default: the profile's) with the
         key :func:`resolve_api_key` gives. ``supervisor``: the server the app runs,
-        whose log feeds the verdict watcher. Raises ServiceError when it is down."""
+        whose log feeds the verdict watcher. ``client``: the server's shared HTTP client
+        (app.jobs.server_service; not closed with this service). Raises ServiceError
+        when the server is down."""
         if url is None:
             if profile is None:
                 raise ServiceError("give a profile or a server URL")
             url = profile.url
-        key = api_key if api_key is not None else resolve_api_key(profile)
-        client = LlamaClient(url, key)
+        shared = client is not None
+        if client is None:
+            key = api_key if api_key is not None else resolve_api_key(profile)
+            client = LlamaClient(url, key)
         try:
             health = await client.health()
             if not health.ok:
@@ -142,7 +143,8 @@ class SessionService:
             except ServerUnreachable as e:
                 raise ServiceError(f"the server at {url} stopped answering ({e.reason})") from None
         except BaseException:
-            await client.aclose()
+            if not shared:
+                await client.aclose()
             raise
         # which sidecar behaviour this build has (app.jobs.behaviour): the server's own start line,
         # a KV Valet build's build-info.json, what its parks wrote
@@ -159,27 +161,12 @@ class SessionService:
             async def restarter() -> None:
                 await supervisor.restart()
         svc = cls(target, stopper=stopper, restarter=restarter)
+        svc._owns_client = not shared
         if supervisor is not None:
             attach_verdicts(svc, supervisor)
         if recover:
             svc.recovery_messages = await asyncio.to_thread(svc.recover)
         return svc
-
-    @classmethod
-    async def for_profile(cls, catalog: Catalog, profile: LaunchProfile, *, save_dir: str | Path | None = None,
-                          **kw) -> "SessionService":
-        """The server of ``profile``: the one KV Valet launched (its pid record,
-        which also lets :meth:`park_all_and_stop` stop it), else the profile's URL."""
-        from app.server.launcher import pid_record_path
-        from app.server.supervisor import find_leftover_server, terminate_leftover
-
-        rec = find_leftover_server(pid_record_path(profile.name))
-        stopper = None
-        if rec is not None:
-            async def stopper() -> None:
-                await asyncio.to_thread(terminate_leftover, rec)
-        return await cls.connect(catalog, url=rec.url if rec else profile.url, profile=profile,
-                                 save_dir=save_dir or slot_save_path_for(profile), stopper=stopper, **kw)
 
     def recover(self) -> list[str]:
         """Finish or undo parks and A/B hides a crash interrupted (never running ones)."""
@@ -201,7 +188,14 @@ class SessionService:
         if self._closed:
             return
         self._closed = True
-        await self.target.client.aclose()
+        if self._owns_client:
+            await self.target.client.aclose()
+        for closer in self._closers:
+            await closer()
+
+    def close_with(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Also run ``closer`` at :meth:`aclose` (a command's server service)."""
+        self._closers.append(closer)
 
     # -- what the server holds ---------------------------------------------------
     @property
@@ -342,20 +336,13 @@ class SessionService:
             write_resume_plan_entries(self.profile_name, lost)
         return lost
 
-    async def park_all_and_stop(self, prefix: str | None = None, *, stop_if_failed: bool = False) -> ParkAllStopOutcome:
-        """Park every non-empty slot, write the resume plan, stop the server. If a
-        slot failed to park the server keeps running (its tokens would be lost)
-        unless ``stop_if_failed``."""
-        if self.stopper is None:
+    async def park_all_and_stop(self, prefix: str | None = None) -> "ParkStopReport":
+        """Park every slot, write the resume plan, stop the server: the server service's one
+        park-then-stop (app.jobs.server_service), which the server's handle wires in here. A slot
+        that failed to park keeps the server running (its tokens would be lost)."""
+        if self.park_then_stop is None:
             raise ServiceError("only a server that KV Valet launched can be stopped from here")
-        results = await self.park_all(prefix)
-        plan = write_resume_plan(self.profile_name, results)
-        outcome = ParkAllStopOutcome(results, stopped=False, plan=plan)
-        if outcome.failed and not stop_if_failed:
-            return outcome
-        await self.stopper()
-        outcome.stopped = True
-        return outcome
+        return await self.park_then_stop(prefix)
 
     # -- resume ------------------------------------------------------------------
     async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False) -> ResumeResult:
@@ -420,6 +407,7 @@ class SessionService:
         finally:
             self.restarting = False
         self.target.restored.clear()
+        self.target.held_as.clear()
         self.target.last_tasks.clear()
         self.target.checkpoint_owners.clear()
 
@@ -515,19 +503,18 @@ class SessionService:
             m = _CACHED.search(ev.text)
             if m:
                 self._first_cached[ev.slot] = int(m.group(1))
-        elif ev.kind is Kind.PROMPT_EVAL:
-            n = ev.fields.get("n_tokens")
+        elif isinstance(ev, PromptEval):
+            n = ev.n_tokens
             cached = self._first_cached.get(ev.slot)
-            self.target.last_tasks[ev.slot] = LastTask(ev.task, (cached or 0) + (n or 0) if n is not None else None,
-                                                       cached, n)
+            self.target.last_tasks[ev.slot] = LastTask(ev.task, (cached or 0) + n, cached, n)
 
     def _track_checkpoints(self, ev) -> None:
         """Whose context checkpoints each slot holds, and what the log says of the build."""
         t = self.target
         if ev.kind in (Kind.MODEL_LOADED, Kind.LISTENING):  # a new server process: nothing survives it
             t.checkpoint_owners.clear()
-        elif ev.kind is Kind.SIDECAR_MODE:
-            mode = ev.fields.get("mode")
+        elif isinstance(ev, SidecarMode):
+            mode = ev.mode
             if mode and not t.build.endswith(f"+sidecars-{mode}"):
                 t.build = f"{t.build.split(' +sidecars-')[0]} +sidecars-{mode}"
             t.behaviour = identify_target(t, mode_line=mode)
@@ -561,8 +548,8 @@ def _profile_binary(profile: LaunchProfile | None) -> str | None:
 def record_prefill_sample(catalog: Catalog, profile: str, ev) -> None:
     """Keep the profile's measured prefill rate from every prompt the server
     processes, whoever sent it (the re-prefill estimate on resume uses it)."""
-    if getattr(ev, "kind", None) is Kind.PROMPT_EVAL:
-        n, ms = ev.fields.get("n_tokens", 0), ev.fields.get("ms", 0.0)
+    if isinstance(ev, PromptEval):
+        n, ms = ev.n_tokens, ev.ms
         if n >= 32 and ms > 0:
             with contextlib.suppress(Exception):
                 catalog.record_prefill(profile, n, ms)

@@ -102,11 +102,9 @@ def state_hash(path: str | os.PathLike, *, compute: bool) -> int | None:
     value = fnv1a64_file(path)
     if _stamp(path) != found:
         return None  # written while we read it: the next look hashes it again
-    with _LOCK:
-        data = dict(_load())
-        data[key] = {"stamp": stamp, "hash": value, "path": str(path)}
-        with contextlib.suppress(OSError):
-            paths.write_private(_cache_file(), json.dumps(data, indent=1, sort_keys=True))
+    with _LOCK, contextlib.suppress(OSError):  # re-read under its lock: another process may have added entries
+        paths.update_json(_cache_file(), lambda data: data.__setitem__(
+            key, {"stamp": stamp, "hash": value, "path": str(path)}))
     return value
 
 

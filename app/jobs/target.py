@@ -18,6 +18,15 @@ from app.server.supervisor import LogBuffer
 from app.store.catalog import Catalog
 
 
+@dataclass(frozen=True)
+class HeldSession:
+    """The session a slot was last parked as or restored from, in this server process."""
+
+    name: str
+    n_tokens: int
+    id_task: int | None  # /slots id_task then: a different one means a task ran since (None: not known)
+
+
 @dataclass
 class ServerTarget:
     client: LlamaClient
@@ -44,6 +53,11 @@ class ServerTarget:
     # Whose context checkpoints each slot holds (a session's name, or "the chat of task N"):
     # on a build that keeps them across restores (the fork) they matter to the next resume.
     checkpoint_owners: dict[int, str] = field(default_factory=dict)
+    # What each slot was last parked as or restored from (app.jobs.park.choose_parks).
+    held_as: dict[int, HeldSession] = field(default_factory=dict)
+    # When the server process started (epoch s; None: not known): parks and restores another
+    # KV Valet process recorded since then describe what its slots hold.
+    started_at: float | None = None
 
     async def slot_rows(self) -> list[SlotRow]:
         """``GET /slots`` as typed rows, with what the app knows that /slots does not."""

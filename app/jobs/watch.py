@@ -27,8 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from app.core.checkpoints import CheckpointFigures
+from app.core.timings import Timings
 from app.core.verdict import Verdict, judge
-from app.server.logparse import Kind, LogEvent, parse_line
+from app.server.logparse import (CheckpointRestored, FullReprocess, Kind, LogEvent, NewPrompt, PromptEval,
+                                 SidecarRestored, parse_line)
 from app.server.supervisor import LogBuffer, LogLine
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ class Expectation:
     task: int | None = None
     n_tokens: int | None = None
     full_reprocess: bool = False
-    checkpoint: dict | None = None
+    checkpoint: CheckpointFigures | None = None
     cached_first: int | None = None
     # when the restore was registered: the server's log reaches us in batches from a
     # reader thread, so lines of an earlier task can arrive after it; they are not this one's
@@ -122,8 +125,8 @@ class ResumeWatcher:
         if ev is None or ev.slot is None:
             return None
         slot = ev.slot
-        if ev.kind == Kind.SIDECAR_RESTORED:
-            count = int(ev.fields.get("count", 0))
+        if isinstance(ev, SidecarRestored):
+            count = ev.count
             exp = self._pending.get(slot)
             if exp is not None and exp.task is None:
                 exp.sidecar_loaded = count
@@ -139,9 +142,9 @@ class ResumeWatcher:
         if exp.task is None and isinstance(at, float) and at < exp.since:
             return None  # read before the restore was registered: an earlier task's line
         if exp.task is None:
-            if ev.kind == Kind.NEW_PROMPT:
+            if isinstance(ev, NewPrompt):
                 exp.task = ev.task
-                exp.n_tokens = ev.fields.get("n_tokens")
+                exp.n_tokens = ev.n_tokens
                 exp.events.append(ev.line)
             elif ev.kind in (Kind.PROMPT_EVAL, Kind.RELEASE) and ev.task is not None and ev.task >= 0:
                 # no trace lines: the first task we see is the one
@@ -152,17 +155,17 @@ class ResumeWatcher:
             return None
         if ev.kind == Kind.FULL_REPROCESS:
             exp.full_reprocess = True
-        elif ev.kind == Kind.CHECKPOINT_RESTORED:
-            exp.checkpoint = dict(ev.fields)
+        elif isinstance(ev, CheckpointRestored):
+            exp.checkpoint = ev.checkpoint
         elif ev.kind == Kind.RAW and exp.cached_first is None:
             m = _CACHED.search(ev.text)
             if m:
                 exp.cached_first = int(m.group(1))
         if ev.kind in (Kind.FULL_REPROCESS, Kind.CHECKPOINT_RESTORED):
             exp.events.append(ev.line)
-        if ev.kind == Kind.PROMPT_EVAL:
-            exp.prompt_ms = ev.fields.get("ms")
-            exp.prompt_n = ev.fields.get("n_tokens")
+        if isinstance(ev, PromptEval):
+            exp.prompt_ms = ev.ms
+            exp.prompt_n = ev.n_tokens
             exp.events.append(ev.line)
             return self._finish(exp)
         if ev.kind == Kind.RELEASE:
@@ -209,23 +212,34 @@ def _as_event(item) -> LogEvent | None:
     return ev if isinstance(ev, LogEvent) else None
 
 
-def scan_events(events: Iterable) -> dict:
+@dataclass(frozen=True)
+class LogScan:
+    """What the log says about one query after a restore (:func:`scan_events`)."""
+
+    sidecar_loaded: int | None = None  # N of the last ``restored N context checkpoints from sidecar``
+    full_reprocess: bool = False
+    checkpoint: CheckpointFigures | None = None  # the last ``restored context checkpoint (...)``
+    prompt_eval: PromptEval | None = None
+
+
+def scan_events(events: Iterable) -> LogScan:
     """What the log says about one query after a restore: sidecar loads, a forced
     full re-processing, the checkpoint used. For the app's own probes."""
-    out = {"sidecar_loaded": None, "full_reprocess": False, "checkpoint": None, "prompt_eval": None}
+    loaded: int | None = None
+    full = False
+    checkpoint: CheckpointFigures | None = None
+    prompt_eval: PromptEval | None = None
     for item in events:
         ev = _as_event(item)
-        if ev is None:
-            continue
-        if ev.kind == Kind.SIDECAR_RESTORED:
-            out["sidecar_loaded"] = int(ev.fields.get("count", 0))
-        elif ev.kind == Kind.FULL_REPROCESS:
-            out["full_reprocess"] = True
-        elif ev.kind == Kind.CHECKPOINT_RESTORED:
-            out["checkpoint"] = dict(ev.fields)
-        elif ev.kind == Kind.PROMPT_EVAL:
-            out["prompt_eval"] = dict(ev.fields)
-    return out
+        if isinstance(ev, SidecarRestored):
+            loaded = ev.count
+        elif isinstance(ev, FullReprocess):
+            full = True
+        elif isinstance(ev, CheckpointRestored):
+            checkpoint = ev.checkpoint
+        elif isinstance(ev, PromptEval):
+            prompt_eval = ev
+    return LogScan(loaded, full, checkpoint, prompt_eval)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -244,9 +258,8 @@ def judge_from_completion(n_restored: int, response: dict, *, sidecar_status=Non
                           sidecar_count: int | None = None, behaviour=None, prediction=None) -> Verdict:
     """Judge the app's own first query from its ``/completion`` response timings
     (plus the server log lines of that query, when the app has them)."""
-    t = response.get("timings") or {}
-    cache_n = t.get("cache_n")
-    prompt_n = t.get("prompt_n")
+    t = Timings.of(response)
+    cache_n, prompt_n = t.cache_n, t.prompt_n
     total = response.get("tokens_evaluated")
     if total is None and cache_n is not None and prompt_n is not None:
         total = cache_n + prompt_n
@@ -256,16 +269,16 @@ def judge_from_completion(n_restored: int, response: dict, *, sidecar_status=Non
     checkpoint = None
     if scan is not None:
         if loaded is None:
-            loaded = scan["sidecar_loaded"]
-        full = scan["full_reprocess"]
-        checkpoint = scan["checkpoint"]
+            loaded = scan.sidecar_loaded
+        full = scan.full_reprocess
+        checkpoint = scan.checkpoint
     common = None
     if saved_tokens is not None and prompt_tokens is not None:
         common = common_prefix(saved_tokens, prompt_tokens)
     return judge(n_restored, total, cache_n, prompt_n, sidecar_status=sidecar_status,
                  sidecar_loaded_count=loaded, build_persists=build_persists, ctx_checkpoints=ctx_checkpoints,
                  full_reprocess_logged=full, checkpoint_restored=checkpoint, common_prefix=common,
-                 prompt_ms=t.get("prompt_ms"), sidecar_count=sidecar_count, behaviour=behaviour,
+                 prompt_ms=t.prompt_ms, sidecar_count=sidecar_count, behaviour=behaviour,
                  prediction=prediction)
 
 

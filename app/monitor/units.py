@@ -1,15 +1,10 @@
-"""Units and the "not available" value shared by the monitor modules.
-
-``NA`` follows nvitop's ``NA``: a value that stands in for a reading NVML (or
-psutil) could not give, prints as ``N/A`` whatever the format spec, is falsy,
-and never raises when formatted. Bytes are the unit everywhere; these helpers
-turn them into text only at the edge (CLI tables, UI labels).
-"""
+"""The monitor's units: moved to :mod:`app.core.units` (one byte and one duration formatter
+for the whole app); re-exported here for the monitor modules that import them from here."""
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from app.core.units import (GiB, KiB, MiB, NA, NaType, TiB, fmt_bytes, fmt_duration, fmt_mib, fmt_pct,
+                            fmt_uptime, is_na, na_to_none)
 
 __all__ = [
     "KiB",
@@ -21,114 +16,8 @@ __all__ = [
     "is_na",
     "na_to_none",
     "fmt_bytes",
+    "fmt_duration",
     "fmt_mib",
     "fmt_pct",
+    "fmt_uptime",
 ]
-
-KiB = 1024
-MiB = 1024**2
-GiB = 1024**3
-TiB = 1024**4
-
-_SPEC = re.compile(r"^(?:(?P<fill>.)?(?P<align>[<>=^]))?[+\- ]?z?#?0?(?P<width>\d+)?")
-
-
-class NaType:
-    """Singleton for a value that is not available (prints as ``N/A``)."""
-
-    _instance: "NaType | None" = None
-    __slots__ = ()
-
-    def __new__(cls) -> "NaType":
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "NA"
-
-    def __str__(self) -> str:
-        return "N/A"
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __format__(self, spec: str) -> str:
-        # Keep only fill/align/width: a numeric spec such as ">8.1f" must not
-        # raise on N/A (nvitop's NA behaves the same way).
-        m = _SPEC.match(spec or "")
-        fill = (m.group("fill") if m else None) or " "
-        align = (m.group("align") if m else None) or ">"
-        if align == "=":
-            align = ">"
-        width = (m.group("width") if m else None) or ""
-        return format("N/A", f"{fill}{align}{width}")
-
-    def __reduce__(self) -> str:
-        return "NA"
-
-    def __copy__(self) -> "NaType":
-        return self
-
-    def __deepcopy__(self, memo: Any) -> "NaType":
-        return self
-
-
-NA = NaType()
-
-
-def is_na(value: Any) -> bool:
-    """True for ``NA`` and ``None``."""
-    return value is None or value is NA
-
-
-def na_to_none(value: Any) -> Any:
-    return None if value is NA else value
-
-
-def fmt_bytes(n: Any) -> str:
-    """``1536`` -> ``"1.5 KiB"``; ``NA``/``None`` -> ``"N/A"``. Binary units."""
-    if is_na(n):
-        return "N/A"
-    try:
-        v = float(n)
-    except (TypeError, ValueError):
-        return "N/A"
-    sign = "-" if v < 0 else ""
-    v = abs(v)
-    if v < KiB:
-        return f"{sign}{int(v)} B"
-    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if v >= size:
-            return f"{sign}{v / size:.1f} {unit}"
-    return f"{sign}{int(v)} B"  # pragma: no cover
-
-
-def fmt_mib(n: Any) -> str:
-    """Bytes as whole MiB with thousands separators: ``"16,280 MiB"``."""
-    if is_na(n):
-        return "N/A"
-    try:
-        return f"{float(n) / MiB:,.0f} MiB"
-    except (TypeError, ValueError):
-        return "N/A"
-
-
-def fmt_pct(p: Any, digits: int = 0) -> str:
-    if is_na(p):
-        return "N/A"
-    try:
-        return f"{float(p):.{digits}f} %"
-    except (TypeError, ValueError):
-        return "N/A"
-
-
-def fmt_uptime(s: float | None) -> str:
-    """Seconds as ``[Nd ]HH:MM:SS`` ("-" when unknown)."""
-    if s is None:
-        return "-"
-    s = int(s)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"

@@ -17,20 +17,22 @@ from typing import Callable
 from app.core.background import track
 from app.server.client import LlamaClient
 from app.server.outcome import Cause, Outcome
-from app.server.supervisor import PidRecord, ServerState, terminate_leftover
+from app.core.states import ServerState
+from app.server.supervisor import PidRecord, terminate_leftover
 
 log = logging.getLogger(__name__)
 
 
 class AttachedServer:
     def __init__(self, url: str, api_key: str | None = None, *, interval_s: float = 1.0,
-                 leftover: PidRecord | None = None):
+                 leftover: PidRecord | None = None, client: LlamaClient | None = None):
         self.url = url.rstrip("/")
         self.interval_s = interval_s
         self.leftover = leftover
         self.state = ServerState.STOPPED
         self.outcome: Outcome | None = None
-        self.client = LlamaClient(self.url, api_key)
+        self._owns_client = client is None  # else the server's shared client (app.jobs.server_service)
+        self.client = client if client is not None else LlamaClient(self.url, api_key)
         self._cbs: list[Callable[[ServerState, Outcome | None], None]] = []
         self._task: asyncio.Task | None = None
         self._first = asyncio.Event()
@@ -84,4 +86,5 @@ class AttachedServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self.client.aclose()
+        if self._owns_client:
+            await self.client.aclose()

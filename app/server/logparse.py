@@ -4,13 +4,20 @@ Line format (build 11434): ``<elapsed> <L> <component> <func>: <text>``, e.g.
 ``0.56.866.079 I slot      release: id 31 | task 0 | stop processing: ...``.
 Slot lines carry ``id N | task M |``. Unknown lines become ``RAW`` events and
 are never an error: builds drift and forks add lines.
+
+Every event is a frozen :class:`LogEvent` (``kind``, ``slot``, ``task``, ``line``,
+``text``, ...); a kind that carries figures is a subclass with them as typed
+attributes (:data:`EVENT_CLASSES`): ``isinstance(ev, PromptEval)`` then
+``ev.n_tokens`` and ``ev.ms``.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from app.core.checkpoints import CheckpointFigures
 
 
 class Kind(str, enum.Enum):
@@ -47,6 +54,10 @@ class Kind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class LogEvent:
+    """One parsed line. A kind with figures is a subclass below with them as typed
+    attributes (``isinstance(ev, PromptEval)`` and ``ev.n_tokens``); a kind without
+    figures (RAW, MODEL_LOADED, ALL_IDLE, ...) is a plain LogEvent."""
+
     kind: Kind
     text: str  # the message part (or the whole line for RAW)
     line: str
@@ -56,7 +67,140 @@ class LogEvent:
     func: str = ""
     slot: int | None = None
     task: int | None = None
-    fields: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingLine(LogEvent):
+    """``prompt eval time = 11052.83 ms / 2885 tokens (...)`` and its two siblings."""
+
+    ms: float
+    n_tokens: int
+    tokens_per_s: float | None  # None when the line says 0 ms
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptEval(TimingLine):
+    """``prompt eval time = ... ms / N tokens``: the prompt tokens a task processed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Eval(TimingLine):
+    """``eval time = ... ms / N tokens``: the tokens a task generated."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Total(TimingLine):
+    """``total time = ... ms / N tokens``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptProgress(LogEvent):
+    n_tokens: int
+    progress: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullReprocess(LogEvent):
+    reason: str  # after ``forcing full prompt re-processing due to``
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRestored(LogEvent):
+    checkpoint: CheckpointFigures
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointCreated(LogEvent):
+    index: int  # ``created context checkpoint INDEX of LIMIT (...)``
+    limit: int
+    checkpoint: CheckpointFigures
+
+
+@dataclass(frozen=True, kw_only=True)
+class SidecarSaved(LogEvent):
+    count: int  # ``saved N context checkpoints to sidecar``
+
+
+@dataclass(frozen=True, kw_only=True)
+class SidecarRestored(LogEvent):
+    count: int  # ``restored N context checkpoints from sidecar``
+
+
+@dataclass(frozen=True, kw_only=True)
+class SidecarWriteFailed(LogEvent):
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SidecarIgnored(LogEvent):
+    reason: str  # ``ignoring checkpoint sidecar: REASON (PATH)``
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SidecarMode(LogEvent):
+    mode: str  # ``checkpoint sidecars: v2|fork|port``
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptCacheUpdate(LogEvent):
+    ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release(LogEvent):
+    n_tokens: int  # ``stop processing: n_tokens = N``
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotSelected(LogEvent):
+    how: str  # after ``selected slot by``
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewPrompt(LogEvent):
+    n_ctx_slot: int
+    n_keep: int
+    n_tokens: int  # ``task.n_tokens``: the whole prompt
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotContext(LogEvent):
+    n_ctx: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Listening(LogEvent):
+    url: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BindFailed(LogEvent):
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelLoadFailed(LogEvent):
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgmlAssert(LogEvent):
+    assertion: str  # the ``GGML_ASSERT(...) failed`` / ``GGML_ABORT`` / ``terminate called`` text
+
+
+#: The class of each kind that carries figures; every other kind is a plain LogEvent.
+EVENT_CLASSES: dict[Kind, type[LogEvent]] = {
+    Kind.PROMPT_EVAL: PromptEval, Kind.EVAL: Eval, Kind.TOTAL: Total, Kind.PROMPT_PROGRESS: PromptProgress,
+    Kind.FULL_REPROCESS: FullReprocess, Kind.CHECKPOINT_RESTORED: CheckpointRestored,
+    Kind.CHECKPOINT_CREATED: CheckpointCreated, Kind.SIDECAR_SAVED: SidecarSaved,
+    Kind.SIDECAR_RESTORED: SidecarRestored, Kind.SIDECAR_WRITE_FAILED: SidecarWriteFailed,
+    Kind.SIDECAR_IGNORED: SidecarIgnored, Kind.SIDECAR_MODE: SidecarMode,
+    Kind.PROMPT_CACHE_UPDATE: PromptCacheUpdate, Kind.RELEASE: Release, Kind.SLOT_SELECTED: SlotSelected,
+    Kind.NEW_PROMPT: NewPrompt, Kind.SLOT_CONTEXT: SlotContext, Kind.LISTENING: Listening,
+    Kind.BIND_FAILED: BindFailed, Kind.MODEL_LOAD_FAILED: ModelLoadFailed, Kind.GGML_ASSERT: GgmlAssert,
+}
 
 
 _PREFIX = re.compile(
@@ -134,8 +278,8 @@ def parse_line(line: str) -> LogEvent:
 
     am = _ASSERT.search(line) if ("GGML" in line or "abort" in line or "terminate" in line) else None
     if am:
-        return LogEvent(Kind.GGML_ASSERT, am.group(0), line, level or "E", elapsed, component, func, slot, task,
-                        {"assert": am.group(0)})
+        return GgmlAssert(Kind.GGML_ASSERT, am.group(0), line, level or "E", elapsed, component, func, slot, task,
+                          assertion=am.group(0))
 
     for kind, rx in (_RULES if _ANY_RULE.search(text_body) else ()):
         r = rx.search(text_body)
@@ -147,7 +291,8 @@ def parse_line(line: str) -> LogEvent:
             continue
         if kind == Kind.BUILD_INFO and not (component == "cmn" or "common_params_print_info" in line):
             continue
-        return LogEvent(kind, text_body, line, level, elapsed, component, func, slot, task, fields)
+        return EVENT_CLASSES.get(kind, LogEvent)(kind, text_body, line, level, elapsed, component, func, slot, task,
+                                                 **fields)
     if level == "E":
         return LogEvent(Kind.ERROR, text_body, line, level, elapsed, component, func, slot, task)
     if not m and _looks_like_error(line):
@@ -156,6 +301,7 @@ def parse_line(line: str) -> LogEvent:
 
 
 def _fields(kind: Kind, r: re.Match, text: str) -> dict:
+    """The keyword arguments of the kind's class (EVENT_CLASSES) from the rule's match."""
     g = r.groups()
     if kind in (Kind.PROMPT_EVAL, Kind.EVAL, Kind.TOTAL):
         ms, n = float(g[0]), int(g[1])
@@ -165,9 +311,9 @@ def _fields(kind: Kind, r: re.Match, text: str) -> dict:
     if kind == Kind.FULL_REPROCESS:
         return {"reason": g[0]}
     if kind == Kind.CHECKPOINT_RESTORED:
-        return _kv(g[0])
+        return {"checkpoint": CheckpointFigures.from_pairs(_kv(g[0]))}
     if kind == Kind.CHECKPOINT_CREATED:
-        return {"index": int(g[0]), "max": int(g[1]), **_kv(g[2])}
+        return {"index": int(g[0]), "limit": int(g[1]), "checkpoint": CheckpointFigures.from_pairs(_kv(g[2]))}
     if kind in (Kind.SIDECAR_SAVED, Kind.SIDECAR_RESTORED):
         return {"count": int(g[0])}
     if kind == Kind.SIDECAR_WRITE_FAILED:

@@ -11,7 +11,7 @@ import signal as _signal
 import time
 from dataclasses import dataclass, field
 
-from app.server.logparse import Kind, parse_line
+from app.server.logparse import BindFailed, GgmlAssert, Kind, parse_line
 
 
 class Cause(str, enum.Enum):
@@ -68,12 +68,11 @@ def classify(returncode: int | None, last_lines: list[str], stopped_by_user: boo
 
     events = [parse_line(line) for line in lines]
     for ev in reversed(events):
-        if ev.kind == Kind.GGML_ASSERT:
-            return Outcome(code, sig, Cause.ASSERT, ev.fields.get("assert", ev.text), lines)
+        if isinstance(ev, GgmlAssert):
+            return Outcome(code, sig, Cause.ASSERT, ev.assertion, lines)
     for ev in reversed(events):
-        if ev.kind == Kind.BIND_FAILED:
-            return Outcome(code, sig, Cause.PORT_IN_USE,
-                           f"port {ev.fields['port']} on {ev.fields['host']} is already in use", lines)
+        if isinstance(ev, BindFailed):
+            return Outcome(code, sig, Cause.PORT_IN_USE, f"port {ev.port} on {ev.host} is already in use", lines)
     for ev in reversed(events):
         if ev.kind == Kind.OUT_OF_MEMORY:
             return Outcome(code, sig, Cause.OUT_OF_MEMORY, ev.text.strip(), lines)

@@ -34,11 +34,12 @@ llama-server imports the writers.
 
 from __future__ import annotations
 
-import enum
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from app.core.states import SidecarStatus
 
 PKCL_MAGIC = 0x4C434B50  # bytes b"PKCL" on disk
 PKCL_MAGIC_BYTES = struct.pack("<I", PKCL_MAGIC)
@@ -61,14 +62,6 @@ KIND_PKCL = "PKCL v1"
 KIND_PKCL2 = "PKCL v2"
 KIND_LSCKPT2 = "LSCKPT2"
 KIND_COMPANION = "companion"
-
-
-class SidecarStatus(enum.StrEnum):
-    PRESENT_VALID = "present"
-    PRESENT_UNVERIFIED = "present, unverified"  # PR #20819 companion: layout unknown
-    MISSING = "missing"
-    INVALID = "invalid"
-    NOT_NEEDED = "not needed"  # dense model: every position stays in the KV cache
 
 
 @dataclass(frozen=True)

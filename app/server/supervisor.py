@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import errno
 import json
 import logging
@@ -31,21 +30,13 @@ from typing import Callable
 
 import psutil
 
+from app.core.states import ServerState
 from app.server.client import LlamaClient
 from app.server.logfile import ServerLogFile
-from app.server.logparse import Kind, LogEvent, parse_line
+from app.server.logparse import Kind, LogEvent, SidecarMode, parse_line
 from app.server.outcome import Cause, Outcome, classify
 
 log = logging.getLogger(__name__)
-
-
-class ServerState(enum.StrEnum):
-    STOPPED = "Stopped"
-    STARTING = "Starting"
-    LOADING = "Loading"
-    READY = "Ready"
-    STOPPING = "Stopping"
-    CRASHED = "Crashed"
 
 
 #: The reader thread hands parsed lines to the event loop in batches of at most
@@ -233,6 +224,7 @@ class Supervisor:
         log_file: Path | None = None,
         log_file_bytes: int = 20 * 1024 * 1024,
         log_backups: int = 3,
+        client: LlamaClient | None = None,
     ):
         self.argv = list(argv)
         self.url = url
@@ -257,7 +249,9 @@ class Supervisor:
         self.proc: asyncio.subprocess.Process | None = None
         self.started_at: float | None = None
         self.restart_times: list[float] = []
-        self._client = LlamaClient(url, api_key)
+        # the server's one HTTP client, shared with whoever else talks to it (app.jobs.server_service)
+        self._owns_client = client is None
+        self._client = client if client is not None else LlamaClient(url, api_key)
         self._state_cbs: list[StateCallback] = []
         self._line_cbs: list[LineCallback] = []
         self._tasks: set[asyncio.Task] = set()
@@ -458,8 +452,8 @@ class Supervisor:
         for at, event in batch:
             item = self.log.append_event(event, at)
             self.lines_read += 1
-            if event.kind is Kind.SIDECAR_MODE:
-                self.sidecar_mode = event.fields.get("mode")  # KV Valet's build says it at start
+            if isinstance(event, SidecarMode):
+                self.sidecar_mode = event.mode  # KV Valet's build says it at start
             for cb in self._line_cbs:
                 try:
                     cb(item)
@@ -558,9 +552,10 @@ class Supervisor:
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # each failure was logged by _task_done
                 await t
-        await self._client.aclose()
+        if self._owns_client:
+            await self._client.aclose()
 
     async def wait_state(self, *states: ServerState, timeout: float = 60.0) -> ServerState:
         """Wait until the supervisor is in one of ``states`` (event-driven)."""

@@ -1,10 +1,10 @@
 """The cache of checkpoint-persisting llama-server builds: keys, options, pointers, build-info.
 
-Standard library only (this package sits below every app layer): the build job
+Standard library and :mod:`app.paths` only (this package sits below every app layer): the build job
 (``app.jobs.server_build``), the launcher's binary lookup, ``doctor`` and the
 test build script all read the cache through here.
 
-Layout, under ``${XDG_CACHE_HOME:-~/.cache}/kv-valet/sidecar-server/``::
+Layout, under ``<cache>/sidecar-server/`` (app.paths.cache_dir(): ``${XDG_CACHE_HOME:-~/.cache}/kv-valet``)::
 
     <key>/llama-server           the built server
     <key>/build-info.json        version, key, sha256s, CMake options, date, seconds
@@ -55,8 +55,9 @@ BACKENDS = ("cpu", "cuda")
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).absolute() / "kv-valet" / "sidecar-server"
+    from app import paths  # folders and files only, below every layer
+
+    return paths.cache_dir().absolute() / "sidecar-server"
 
 
 def sha256_file(path: Path) -> str:
@@ -168,9 +169,9 @@ def read_json(path: Path) -> dict | None:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    from app import paths
+
+    paths.write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_pointer(version: str, key: str, sdist_sha: str, patch_sha: str,

@@ -35,9 +35,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
+from app.core.states import MemoryKind, SidecarStatus
 from app.core.verdict import VerdictKind
-from app.server.gguf_info import MemoryKind
-from app.server.sidecar import SidecarStatus
 
 SCHEMA_VERSION = 4
 

@@ -2,17 +2,19 @@
 
 One file per profile: ``<config>/profiles/<name>.toml``. Only fields that
 differ from the defaults are written, so a file reads like the command line
-it stands for. Files are created readable by the user only (a profile may hold an API key).
+it stands for. A save edits the file that is there (tomlkit, app.paths.write_toml):
+the comments and key order of a file edited by hand survive it. Files are
+created readable by the user only (a profile may hold an API key).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 from pathlib import Path
 
 from app import paths
+from app.paths import default_model_path
 from app.core.profile import FieldError, LaunchProfile, ProfileError, field_names
 
 DEFAULT_PROFILE_NAME = "default"
@@ -23,34 +25,23 @@ def profile_path(name: str, folder: Path | None = None) -> Path:
     return (folder or paths.profiles_dir()) / f"{name}.toml"
 
 
-def to_toml(profile: LaunchProfile) -> str:
-    lines = [f"# KV Valet launch profile. Edit freely; unknown keys are refused.", f"name = {_q(profile.name)}"]
-    for f in dataclasses.fields(profile):
-        if f.name == "name":
-            continue
-        value = getattr(profile, f.name)
-        if value == _DEFAULTS[f.name]:
-            continue
-        if value is None:
-            continue
-        lines.append(f"{f.name} = {_toml_value(value)}")
-    return "\n".join(lines) + "\n"
+HEADER = "# KV Valet launch profile. Edit freely; unknown keys are refused."
+
+
+def _values(profile: LaunchProfile) -> dict:
+    return {f.name: getattr(profile, f.name) for f in dataclasses.fields(profile)}
+
+
+def to_toml(profile: LaunchProfile, existing: str | None = None) -> str:
+    """The text of ``profile``'s file: ``existing`` (the file's text, edited by hand perhaps)
+    with the values changed and its comments and key order kept, or a new file's text."""
+    return paths.edit_toml(existing, _values(profile), defaults=_DEFAULTS, header=HEADER, drop_unknown=True)
 
 
 def _q(s: str) -> str:
     out = s.replace("\\", "\\\\").replace('"', '\\"')
     out = "".join(c if (c >= " " or c == "\t") and c != "\x7f" else f"\\u{ord(c):04x}" for c in out)
     return f'"{out}"'
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, (tuple, list)):
-        return "[" + ", ".join(_q(str(x)) for x in v) + "]"
-    return _q(str(v))
 
 
 def from_toml(text: str, source: str = "") -> LaunchProfile:
@@ -145,10 +136,10 @@ class ProfileStore:
         if path.exists() and (not overwrite or renaming):
             raise ProfileError(FieldError("name", f"a profile named '{profile.name}' exists already"))
         paths.private_dir(self.folder)
-        tmp = path.with_suffix(".toml.tmp")
-        with paths.open_private(tmp, "w", encoding="utf-8") as f:  # 0600: a profile may hold a key
-            f.write(to_toml(profile))
-        os.replace(tmp, path)
+        # 0600 (a profile may hold a key); the file there (or the one renamed) is edited, so the
+        # user's comments and key order survive a save from the app
+        paths.write_toml(path, _values(profile), defaults=_DEFAULTS, header=HEADER, drop_unknown=True,
+                         base=profile_path(previous_name, self.folder) if renaming else None)
         if renaming:
             profile_path(previous_name, self.folder).unlink(missing_ok=True)
         return path
@@ -169,8 +160,6 @@ class ProfileStore:
 
 
 def default_profile() -> LaunchProfile:
-    from app.server.discovery import default_model_path
-
     return LaunchProfile(
         name=DEFAULT_PROFILE_NAME,
         model=str(default_model_path()),

@@ -44,7 +44,6 @@ def tune_runtime() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-PARK_ON_EXIT_TIMEOUT_S = 60.0
 
 
 def run_gui() -> int:
@@ -54,6 +53,14 @@ def run_gui() -> int:
     if not _has_display():
         print("kv-valet: no display found (DISPLAY/WAYLAND_DISPLAY unset). Run it on a desktop, or use the "
               "headless commands: kv-valet serve default, kv-valet status URL, kv-valet --help.", file=sys.stderr)
+        return 2
+    from app.ui import xcb_libs
+
+    # Qt's xcb plugin without its X libraries aborts with its own error (and a hint that names
+    # libxcb-cursor0 whatever is missing): say what is missing and how to install it instead.
+    missing = xcb_libs.check(os.environ, xcb_libs.library_loads)
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
     import qasync
     from PySide6.QtGui import QIcon
@@ -144,7 +151,10 @@ def run_until_closed(loop, window) -> None:
     except RuntimeError:  # "Event loop stopped before Future completed."
         if not getattr(window, "_closing", False):
             window._closing = True
-            loop.run_until_complete(window.park_then_shutdown(timeout=PARK_ON_EXIT_TIMEOUT_S))
+            from app.core.lifecycle import StopTrigger
+
+            # a session manager ending the desktop session: the one park-then-stop, its one timeout
+            loop.run_until_complete(window.park_then_shutdown(StopTrigger.SESSION_END))
 
 
 async def _until_closed(window) -> None:

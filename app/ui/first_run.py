@@ -21,7 +21,8 @@ from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLa
 
 from app.core.background import track
 from app.serverbuild.cache import BUILT_MARKER
-from app.server.supervisor import ServerState
+from app.core.states import ServerState
+from app.core.timings import Timings
 
 SAMPLE = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
           "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
@@ -139,9 +140,8 @@ class FirstRunGuide(QDialog):
 
     async def _fill(self) -> str:
         svc = await self._connected()
-        r = await svc.target.client.completion(SAMPLE, slot_id=0, n_predict=8)
-        return f"Slot 0 holds the chat: {r['timings']['prompt_n']:,} tokens prefilled in " \
-               f"{r['timings']['prompt_ms']:,.0f} ms."
+        t = Timings.of(await svc.target.client.completion(SAMPLE, slot_id=0, n_predict=8))
+        return f"Slot 0 holds the chat: {t.prompt_n or 0:,} tokens prefilled in {t.prompt_ms or 0.0:,.0f} ms."
 
     async def _press(self, button, label: str) -> str:
         panel = self.window.sessions_panel
@@ -185,7 +185,8 @@ class FirstRunGuide(QDialog):
         svc.on_verdict(lambda slot, session, v: fut.done() or slot != 0 or fut.set_result(v))
         r = await svc.target.client.completion(SAMPLE + " Where is the car?", slot_id=0, n_predict=8)
         v = await asyncio.wait_for(fut, 120)
-        self.prefill_ms[str(v.kind)] = float(r["timings"]["prompt_ms"])
+        if (prompt_ms := Timings.of(r).prompt_ms) is not None:
+            self.prefill_ms[str(v.kind)] = prompt_ms
         text = f"Verdict: {v.kind} — {v.reason}."
         if self.steps is BUILT_STEPS:
             return text + self._comparison()

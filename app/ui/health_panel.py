@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QMessageBox, QP
 
 from app.core.findings import Finding, Severity
 from app.jobs.cache_health import CacheHealth
-from app.server.supervisor import ServerState
+from app.core.states import ServerState
 from app.ui import theme
 from app.ui.questions import AsksQuestions
 from app.ui.tasks import RunsTasks

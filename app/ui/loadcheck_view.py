@@ -133,10 +133,11 @@ class LoadCheckDialog(QDialog):
     sig_failed = Signal(str)
 
     def __init__(self, url: str, api_key: str | None = None, parent=None, *, streams: int = 4,
-                 seconds: float = 10, stall_ms: float = 500):
+                 seconds: float = 10, stall_ms: float = 500, client=None):
         super().__init__(parent)
         self.url = url
         self.api_key = api_key
+        self.client = client  # the server's shared client (app.jobs.server_service), else one of its own
         self.report: LoadReport | None = None
         self._task: asyncio.Task | None = None
         self._cancel: asyncio.Event | None = None
@@ -260,9 +261,13 @@ class LoadCheckDialog(QDialog):
             self.progress.setFormat(f"%p% · {tokens:,} tokens")
 
         try:
-            async with LlamaClient(self.url, self.api_key) as client:
-                report = await run_load_check(client, streams=streams, seconds=seconds, stall_ms=stall_ms,
+            if self.client is not None:
+                report = await run_load_check(self.client, streams=streams, seconds=seconds, stall_ms=stall_ms,
                                               on_progress=on_progress, cancel=cancel)
+            else:
+                async with LlamaClient(self.url, self.api_key) as client:
+                    report = await run_load_check(client, streams=streams, seconds=seconds, stall_ms=stall_ms,
+                                                  on_progress=on_progress, cancel=cancel)
         except LoadCheckError as e:
             self._show_error(str(e))
             self.sig_failed.emit(str(e))

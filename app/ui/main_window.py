@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from PySide6.QtCore import Qt, Signal
@@ -11,17 +10,20 @@ from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QSystemTrayIcon, QLabe
                                QWidget)
 
 from app.core.background import track
+from app.core.lifecycle import StopTrigger
 from app.core.profile import LaunchProfile, ProfileError
+from app.core.states import ServerState
 from app.server.discovery import DiscoveryError, binary_info, find_server_binary
 from app.server.launcher import CACHE_EVENTS_VERBOSITY
 from app.server.outcome import Outcome
 from app.server.launcher import pid_record_path
-from app.server.supervisor import ServerState, find_leftover_server, terminate_leftover
+from app.server.supervisor import find_leftover_server, terminate_leftover
 from app.store.profiles import ProfileStore
 from app.ui import theme
 from app.ui.log_panel import LogPanel
 from app.ui.profile_panel import ProfilePanel
 from app.ui.server_controller import ServerController
+from app.ui.status_bar import MessageStatusBar
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,8 @@ SERVER_LIFETIME = (
 )
 
 STATE_ROLES = {  # app.ui.theme roles: light or dark as the system is
-    "Stopped": "muted", "Starting": "accent", "Loading": "accent", "Ready": "ok", "Stopping": "warn", "Crashed": "crit",
+    ServerState.STOPPED: "muted", ServerState.STARTING: "accent", ServerState.LOADING: "accent",
+    ServerState.READY: "ok", ServerState.STOPPING: "warn", ServerState.CRASHED: "crit",
 }
 
 
@@ -70,7 +73,8 @@ class MainWindow(QMainWindow):
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(220)
         self.progress.hide()
-        sb = QStatusBar()
+        # messages wrap inside the window's width (app.ui.status_bar), whoever shows them
+        sb = MessageStatusBar()
         sb.addWidget(self.state_label)
         sb.addWidget(self.url_label, 1)
         self.time_saved_label = QLabel("")
@@ -99,7 +103,6 @@ class MainWindow(QMainWindow):
         # the preferences (app.settings); the dialog and `kv-valet settings` change them
         self.prefs, problem = settings.load_or_defaults()
         self.keep_in_tray = self.prefs.keep_in_tray  # closing the window hides it while the tray shows KV Valet
-        self._park_interrupted = asyncio.Event()
         self._build_menu()
         self._restore_layout()
         self.reload_profiles()
@@ -234,15 +237,14 @@ class MainWindow(QMainWindow):
         s.sync()
 
     def _on_load_check(self) -> None:
-        from app.server.launcher import resolve_api_key
         from app.ui.loadcheck_view import LoadCheckDialog
 
         url = self.controller.url
         if not url or self.controller.state != ServerState.READY:
             self._message("Start or attach to a server first.")
             return
-        profile = None if self.controller.attached else self.controller.profile
-        self.loadcheck_dialog = LoadCheckDialog(url, resolve_api_key(profile), self)  # kept: it runs on
+        # the server's one client (its key, its keep-alive connections); kept: it runs on
+        self.loadcheck_dialog = LoadCheckDialog(url, None, self, client=self.controller.client)
         self.loadcheck_dialog.show()
 
     def _on_attach(self) -> None:
@@ -252,12 +254,9 @@ class MainWindow(QMainWindow):
 
     def check_leftover_servers(self, ask: bool = True) -> list:
         """Servers launched by an earlier KV Valet that is gone (pid + start time match)."""
-        found = []
-        for name in self.store.names():
-            rec = find_leftover_server(pid_record_path(name))
-            if rec is None:
-                continue
-            found.append(rec)
+        found = self.controller.service.leftovers(self.store.names())
+        for rec in found:
+            name = rec.profile
             if not ask:
                 continue
             box = QMessageBox(QMessageBox.Question, "Server still running",
@@ -270,7 +269,7 @@ class MainWindow(QMainWindow):
             if box.clickedButton() is attach:
                 track(self.controller.attach_async(rec.url, leftover=rec), f"attaching to {rec.url}")
             elif box.clickedButton() is stop:
-                track(asyncio.to_thread(terminate_leftover, rec), f"stopping the leftover server pid {rec.pid}")
+                track(self.controller.service.stop_leftover(rec), f"stopping the leftover server pid {rec.pid}")
         return found
 
     def add_panel(self, widget: QWidget, title: str) -> None:
@@ -421,11 +420,12 @@ class MainWindow(QMainWindow):
         self.quit_box = box
         box.open()
 
-    def _quit(self, park: bool) -> None:
+    def _quit(self, park: bool, trigger: StopTrigger = StopTrigger.QUIT) -> None:
         if getattr(self, "_closing", False):
             return
         self._closing = True
-        self._quit_task = task = asyncio.ensure_future(self.park_then_shutdown() if park else self.shutdown())
+        work = self.park_then_shutdown(trigger) if park else self.shutdown()
+        self._quit_task = task = track(work, f"quitting ({trigger})")
         task.add_done_callback(lambda t: self.close())
 
     def park_and_quit(self) -> None:
@@ -434,9 +434,9 @@ class MainWindow(QMainWindow):
             if getattr(self, "_session_ending", False):
                 self._session_ending = False  # the logout's own SIGTERM, after its commit-data request: same park
                 return
-            self._park_interrupted.set()
+            self.controller.service.interrupt_park()
             return
-        self._quit(park=True)
+        self._quit(park=True, trigger=StopTrigger.SIGNAL)
 
     def session_ending(self, manager=None) -> None:
         """The desktop session ends (Qt's commitDataRequest, before the logout goes on): park every
@@ -449,20 +449,16 @@ class MainWindow(QMainWindow):
         if getattr(self, "_closing", False):
             return
         self._session_ending = True
-        self._quit(park=True)
+        self._quit(park=True, trigger=StopTrigger.SESSION_END)
 
-    async def park_then_shutdown(self, timeout: float = 120.0) -> None:
-        """Park every slot that holds tokens (bounded by ``timeout`` and by a second signal),
-        write the resume plan, then stop the server and close the panels."""
-        sessions = getattr(self, "sessions_panel", None)
-        if sessions is not None and self.controller.owned and sessions.service is not None:
-            self._message("Parking every slot before quitting…")
-            park = asyncio.ensure_future(sessions.park_all_and_stop())
-            interrupt = asyncio.ensure_future(self._park_interrupted.wait())
-            await asyncio.wait({park, interrupt}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            for t in (park, interrupt):
-                t.cancel()
-            await asyncio.gather(park, interrupt, return_exceptions=True)
+    async def park_then_shutdown(self, trigger: StopTrigger = StopTrigger.QUIT) -> None:
+        """The server service's one park-then-stop (bounded by the preferences' park timeout and
+        by a second signal), then the panels close."""
+        if self.controller.owned:
+            report = await self.controller.park_then_stop(trigger)
+            if report is not None and (report.interrupted or report.error):
+                self._message(f"Parking before quitting was cut short by {report.interrupted}"
+                              if report.interrupted else f"Could not park before quitting: {report.error}")
         await self.shutdown()
 
     async def shutdown(self) -> None:

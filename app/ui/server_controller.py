@@ -1,7 +1,11 @@
-"""Qt face of one supervised server: signals for the window, asyncio inside.
+"""Qt face of the server service: its events as signals, for the server the window shows.
 
-The supervisor calls back from the asyncio loop (qasync runs it on the GUI
-thread), so re-emitting as Qt signals is safe without locks.
+Every decision (which server, launch, attach, adopt or stop a leftover, the one HTTP
+client, the session service, park-then-stop) is made in
+:class:`app.jobs.server_service.ServerService`; this class only follows the server the
+window currently shows (``target_id``) and re-emits that server's events as Qt signals.
+The service calls back on the asyncio loop (qasync runs it on the GUI thread), so
+emitting is safe without locks.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import logging
 
 from PySide6.QtCore import QObject, Signal
 
-from app.core.profile import LaunchProfile, ProfileError
-from app.server.attach import AttachedServer
-from app.server.launcher import LaunchPlan, make_supervisor, plan_launch
-from app.server.outcome import Outcome
-from app.server.supervisor import LaunchError, LogBuffer, ServerState, StartFailed, Supervisor
+from app.core.background import track
+from app.core.lifecycle import StopTrigger
+from app.core.profile import LaunchProfile
+from app.jobs.server_service import (LaunchPlanned, LaunchRefused, Notice, Parking, ParkStopReport, Progress,
+                                     ServerEvent, ServerHandle, ServerService, SessionsChanged, StateChanged,
+                                     profile_target_id)
+from app.server.supervisor import LogBuffer, ServerState
 
 log = logging.getLogger(__name__)
 
@@ -26,67 +32,97 @@ class ServerController(QObject):
     sig_error = Signal(str)  # refused before launch, with the reason
     sig_progress = Signal(str, int)  # what, percent (model assembly)
     sig_plan = Signal(object)  # LaunchPlan once a launch is planned
+    sig_sessions = Signal(object)  # the shown server's SessionService, or None when it went
+    sig_notice = Signal(str, bool)  # a message for the status line, ok
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, *, service: ServerService | None = None):
         super().__init__(parent)
-        self.supervisor: Supervisor | None = None
-        self.plan: LaunchPlan | None = None
-        self.profile: LaunchProfile | None = None
-        self.attached: AttachedServer | None = None
+        self.service = service if service is not None else ServerService()
+        self.service.on_event(self._on_event)
+        self.target_id: str | None = None
         self._task: asyncio.Task | None = None
         self._empty_log = LogBuffer(1)
 
+    # -- the shown server ------------------------------------------------------------
+    @property
+    def handle(self) -> ServerHandle | None:
+        return self.service.get(self.target_id)
+
+    @property
+    def supervisor(self):
+        h = self.handle
+        return h.supervisor if h is not None else None
+
+    @property
+    def plan(self):
+        h = self.handle
+        return h.plan if h is not None else None
+
+    @property
+    def profile(self) -> LaunchProfile | None:
+        h = self.handle
+        return h.profile if h is not None else None
+
+    @property
+    def attached(self):
+        h = self.handle
+        return h.attached if h is not None else None
+
+    @property
+    def sessions(self):
+        h = self.handle
+        return h.sessions if h is not None else None
+
+    @property
+    def client(self):
+        h = self.handle
+        return h.client if h is not None else None
+
     @property
     def log_buffer(self) -> LogBuffer:
-        return self.supervisor.log if self.supervisor else self._empty_log
+        h = self.handle
+        return h.log if h is not None and h.log is not None else self._empty_log
 
     @property
     def state(self) -> ServerState:
-        if self.attached:
-            return self.attached.state
-        return self.supervisor.state if self.supervisor else ServerState.STOPPED
+        h = self.handle
+        return h.state if h is not None else ServerState.STOPPED
 
     @property
     def url(self) -> str | None:
-        if self.attached:
-            return self.attached.url
-        return self.plan.url if self.plan else None
+        h = self.handle
+        return h.url if h is not None else None
 
     @property
     def pid(self) -> int | None:
-        if self.attached:
-            return self.attached.pid
-        return self.supervisor.pid if self.supervisor else None
+        h = self.handle
+        return h.pid if h is not None else None
 
     @property
     def owned(self) -> bool:
         """True when the app launched the server (and so may stop it)."""
-        return self.attached is None and self.supervisor is not None
+        h = self.handle
+        return h is not None and h.owned
 
+    # -- what the user does ------------------------------------------------------------
     async def attach_async(self, url: str, api_key: str | None = None, leftover=None) -> ServerState:
-        """Watch a server at ``url`` without owning it."""
-        await self.detach_async()
-        if self.supervisor and self.supervisor.running:
-            await self.supervisor.stop()
-        self.attached = AttachedServer(url, api_key, leftover=leftover)
-        self.attached.on_state(self._on_state)
-        self.sig_state.emit(ServerState.STARTING, f"attaching to {url}…")
-        return await self.attached.start()
+        """Watch a server at ``url`` without owning it (the server shown so far is let go)."""
+        await self._let_go()
+        self.target_id = self.service.attach_id(url, leftover)  # its events from the first one on
+        h = await self.service.attach(url, api_key, leftover=leftover)
+        return h.state
 
     async def detach_async(self) -> None:
-        if self.attached:
-            att, self.attached = self.attached, None
-            await att.aclose()
-            self.sig_state.emit(ServerState.STOPPED, "detached")
+        h = self.handle
+        if h is not None and h.attached is not None:
+            await self.service.remove(h.id)
 
     def start(self, profile: LaunchProfile) -> asyncio.Task:
-        self._task = asyncio.ensure_future(self.start_async(profile))
-        self._task.add_done_callback(_log_failure)
+        self._task = track(self.start_async(profile), f"starting the server of '{profile.name}'")
         return self._task
 
     def stop(self) -> asyncio.Task:
-        self._task = asyncio.ensure_future(self.stop_async())
-        self._task.add_done_callback(_log_failure)
+        self._task = track(self.stop_async(), "stopping the server")
         return self._task
 
     def restart(self, profile: LaunchProfile) -> asyncio.Task:
@@ -94,78 +130,54 @@ class ServerController(QObject):
             await self.stop_async()
             await self.start_async(profile)
 
-        self._task = asyncio.ensure_future(_restart())
-        self._task.add_done_callback(_log_failure)
+        self._task = track(_restart(), f"restarting the server of '{profile.name}'")
         return self._task
 
     async def start_async(self, profile: LaunchProfile) -> bool:
-        await self.detach_async()
-        if self.supervisor and self.supervisor.running:
-            if self.profile == profile:
-                await self.supervisor.start()
-                return True
-            await self.stop_async()
-        self.profile = profile
-        self.sig_state.emit(ServerState.STARTING, "checking the profile…")
-
-        def progress(done: int, total: int) -> None:
-            pct = int(done * 100 / max(total, 1))
-            loop.call_soon_threadsafe(self.sig_progress.emit, "Assembling the default model", pct)
-
-        loop = asyncio.get_running_loop()
-        try:
-            plan = await asyncio.to_thread(plan_launch, profile, on_model_progress=progress)
-        except ProfileError as e:
-            self.sig_error.emit("\n".join(str(x) for x in e.errors))
-            self.sig_state.emit(ServerState.STOPPED, "refused")
-            return False
-        except Exception as e:
-            self.sig_error.emit(str(e))
-            self.sig_state.emit(ServerState.STOPPED, "refused")
-            return False
-        if self.supervisor:
-            await self.supervisor.aclose()
-        self.plan = plan
-        self.supervisor = make_supervisor(plan)
-        self.supervisor.on_state(self._on_state)
-        self.sig_plan.emit(plan)
-        try:
-            await self.supervisor.start()
-        except LaunchError as e:
-            self.sig_error.emit(str(e))
-            self.sig_state.emit(ServerState.STOPPED, "refused")
-            return False
-        except StartFailed:
-            return False  # reported through the state callback (Crashed + outcome)
-        return True
+        tid = profile_target_id(profile.name)
+        if self.target_id != tid:
+            await self._let_go()
+        self.target_id = tid
+        return await self.service.launch(profile) is not None
 
     async def stop_async(self) -> None:
-        if self.attached:
-            if self.attached.leftover is not None:
-                await self.attached.stop_server()
-            await self.detach_async()
-            return
-        if self.supervisor:
-            await self.supervisor.stop()
+        h = self.handle
+        if h is not None:
+            await self.service.stop(h.id)
+
+    async def park_then_stop(self, trigger: StopTrigger) -> ParkStopReport | None:
+        """The service's one park-then-stop, for the server shown (None: there is none)."""
+        h = self.handle
+        if h is None:
+            return None
+        return await self.service.park_then_stop(h.id, trigger)
+
+    async def _let_go(self) -> None:
+        """Before showing another server: an attached one is detached, one launched here stops."""
+        h = self.handle
+        if h is not None:
+            await self.service.remove(h.id)
 
     async def aclose(self) -> None:
         if self._task and not self._task.done():
             self._task.cancel()
-        await self.detach_async()
-        if self.supervisor:
-            await self.supervisor.aclose()
+        await self.service.aclose()
 
-    def _on_state(self, state: ServerState, outcome: Outcome | None) -> None:
-        detail = ""
-        if state == ServerState.CRASHED and outcome is not None:
-            detail = outcome.summary()
-        elif state == ServerState.READY and self.url:
-            detail = self.url + (" (attached)" if self.attached else "")
-        self.sig_state.emit(state, detail)
-        if state == ServerState.CRASHED and outcome is not None:
-            self.sig_crashed.emit(outcome)
-
-
-def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("server task failed", exc_info=task.exception())
+    # -- the service's events ----------------------------------------------------------
+    def _on_event(self, ev: ServerEvent) -> None:
+        if ev.target_id != self.target_id:
+            return
+        if isinstance(ev, StateChanged):
+            self.sig_state.emit(ev.state, ev.detail)
+            if ev.state == ServerState.CRASHED and ev.outcome is not None:
+                self.sig_crashed.emit(ev.outcome)
+        elif isinstance(ev, LaunchPlanned):
+            self.sig_plan.emit(ev.plan)
+        elif isinstance(ev, LaunchRefused):
+            self.sig_error.emit(ev.message)
+        elif isinstance(ev, Progress):
+            self.sig_progress.emit(ev.what, ev.percent)
+        elif isinstance(ev, SessionsChanged):
+            self.sig_sessions.emit(ev.sessions)
+        elif isinstance(ev, (Parking, Notice)):
+            self.sig_notice.emit(ev.message, getattr(ev, "ok", True))

@@ -17,6 +17,8 @@ import os
 from PySide6.QtCore import SLOT, QObject, Signal, Slot
 from PySide6.QtDBus import QDBusConnection, QDBusMessage
 
+from app.core.states import PowerEvent
+
 log = logging.getLogger(__name__)
 
 LOGIN1 = "org.freedesktop.login1"
@@ -34,7 +36,7 @@ def logind_bus() -> QDBusConnection:
 
 
 class ShutdownGuard(QObject):
-    sig_prepare = Signal(str, bool)  # "shutdown" or "sleep", True when it is about to happen
+    sig_prepare = Signal(object, bool)  # PowerEvent.SHUTDOWN or .SLEEP, True when it is about to happen
 
     def __init__(self, bus: QDBusConnection | None = None, parent=None):
         super().__init__(parent)
@@ -75,8 +77,8 @@ class ShutdownGuard(QObject):
 
     @Slot(bool)
     def _on_shutdown(self, start: bool) -> None:
-        self.sig_prepare.emit("shutdown", start)
+        self.sig_prepare.emit(PowerEvent.SHUTDOWN, start)
 
     @Slot(bool)
     def _on_sleep(self, start: bool) -> None:
-        self.sig_prepare.emit("sleep", start)
+        self.sig_prepare.emit(PowerEvent.SLEEP, start)

@@ -10,7 +10,8 @@ from app.ui.sessions_panel import SessionsPanel
 
 def attach_panels(window) -> None:
     prefs = window.prefs
-    sessions = _attached(SessionsPanel(store=window.store), window.controller)
+    sessions = _attached(SessionsPanel(store=window.store, catalog=window.controller.service.catalog),
+                         window.controller)
     monitor = _attached(MonitorPanel(interval=prefs.monitor_interval_s, busy_interval=prefs.monitor_busy_interval_s),
                         window.controller)
     health = HealthPanel(store=window.store)
@@ -82,14 +83,12 @@ def _attached(panel, controller):
     return panel
 
 
-PREPARE_PARK_TIMEOUT_S = 30.0  # logind waits at most InhibitDelayMaxSec (5 s by default) anyway
-
-
 def _guard_shutdown(window, sessions) -> None:
     """Hold logind's delay lock while a server KV Valet started runs; on a shutdown or a
-    suspend park every filled slot (and stop the server before a shutdown), then let go."""
-    import asyncio
-
+    suspend the server service's one park-then-stop (which keeps the server before a
+    suspend), then let go."""
+    from app.core.lifecycle import StopTrigger
+    from app.core.states import PowerEvent
     from app.server.supervisor import ServerState
     from app.ui.shutdown_guard import ShutdownGuard
 
@@ -103,28 +102,23 @@ def _guard_shutdown(window, sessions) -> None:
         elif state in (ServerState.STOPPED, ServerState.CRASHED):
             guard.release()
 
-    async def park_then_release(what: str) -> None:
+    async def park_then_release(what: PowerEvent) -> None:
         try:
-            if sessions.service is not None and window.controller.owned:
-                window._message(f"The computer is about to {'shut down' if what == 'shutdown' else 'sleep'}: "
-                                "parking every slot…")
-                work = sessions.park_all_and_stop() if what == "shutdown" else sessions.park_all(remember=True)
-                await asyncio.wait_for(work, PREPARE_PARK_TIMEOUT_S)
-        except Exception:  # whatever happens, the lock goes: logind must not wait for us forever
-            import logging
-
-            logging.getLogger(__name__).exception("parking before %s failed", what)
+            if window.controller.owned:
+                await window.controller.park_then_stop(
+                    StopTrigger.SHUTDOWN if what is PowerEvent.SHUTDOWN else StopTrigger.SLEEP)
         finally:
-            guard.release()
+            guard.release()  # whatever happens, the lock goes: logind must not wait for us forever
 
-    def on_prepare(what: str, start: bool) -> None:
+    def on_prepare(what, start: bool) -> None:
+        what = PowerEvent(what)
         if start:
             task = track(park_then_release(what), f"parking before {what}")
             window.prepare_tasks.add(task)
             task.add_done_callback(window.prepare_tasks.discard)
         elif window.controller.state == ServerState.READY and window.controller.owned:
             guard.take()  # awake again: hold the lock for the next time
-            if what == "sleep":  # did the chats survive? if not, offer what was parked before
+            if what is PowerEvent.SLEEP:  # did the chats survive? if not, offer what was parked before
                 task = track(sessions.after_wake(), "checking the slots after a wake")
                 window.prepare_tasks.add(task)
                 task.add_done_callback(window.prepare_tasks.discard)

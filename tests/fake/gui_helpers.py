@@ -6,17 +6,7 @@ from app.core.profile import LaunchProfile
 from app.store.profiles import ProfileStore
 from app.ui.main_window import MainWindow
 from app.ui.wiring import attach_panels
-from tests.conftest import free_port
-from tests.fake.test_supervisor_fake import FAKE
-
-
-def fake_profile(tmp_path, **fields) -> LaunchProfile:
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF")
-    profile = LaunchProfile(name="fake", model=str(model), server_binary=FAKE, port=free_port(), ctx_size=4096,
-                            parallel=2, **fields)
-    ProfileStore().save(profile)
-    return profile
+from tests.fake.profiles import fake_profile  # noqa: F401  (the GUI tests take it from here too)
 
 
 def make_window(qtbot, tmp_path, *, show: bool = True, **profile_fields) -> tuple[MainWindow, LaunchProfile]:

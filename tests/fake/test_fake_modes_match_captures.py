@@ -14,6 +14,7 @@ with the app's FNV-1a (the fake has its own code for both).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
@@ -22,7 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.server.logparse import Kind, parse_line
+from app.server.logparse import (CheckpointCreated, CheckpointRestored, Kind, NewPrompt, Release, SidecarIgnored,
+                                 SidecarMode, SidecarRestored, SidecarSaved, parse_line)
 from app.server.sidecar import fnv1a64_file, read_facts
 from tests.fake.conftest import run_fake_server
 from tests.fake.test_fake_matches_captures import text_prompt
@@ -46,6 +48,22 @@ KEEP = {Kind.SIDECAR_MODE, Kind.SIDECAR_SAVED, Kind.SIDECAR_RESTORED, Kind.SIDEC
 FIGURES = ("index", "max", "pos_min", "pos_max", "n_tokens", "n_past", "n_swa", "pos_next", "count", "mode")
 
 
+def event_figures(ev) -> dict:
+    """The key figures of a kept event by name: counts, positions, n_tokens, n_past, the mode."""
+    if isinstance(ev, SidecarIgnored):
+        return {"reason": ev.reason, "file": os.path.basename(ev.path)}
+    if isinstance(ev, (CheckpointCreated, CheckpointRestored)):
+        out = {k: v for k, v in dataclasses.asdict(ev.checkpoint).items() if k in FIGURES and v is not None}
+        return out | ({"index": ev.index, "max": ev.limit} if isinstance(ev, CheckpointCreated) else {})
+    if isinstance(ev, (SidecarSaved, SidecarRestored)):
+        return {"count": ev.count}
+    if isinstance(ev, SidecarMode):
+        return {"mode": ev.mode}
+    if isinstance(ev, (NewPrompt, Release)):
+        return {"n_tokens": ev.n_tokens}
+    return {}  # a full re-processing, a failed sidecar write: the kind alone
+
+
 def events(log: str) -> list[tuple]:
     """The sidecar and checkpoint events of a log, as comparable tuples."""
     out = []
@@ -55,12 +73,7 @@ def events(log: str) -> list[tuple]:
         ev = parse_line(line)
         key: tuple
         if ev.kind in KEEP:
-            fields = {k: v for k, v in ev.fields.items() if k in FIGURES}
-            if ev.kind == Kind.SIDECAR_IGNORED:
-                fields = {"reason": ev.fields["reason"], "file": os.path.basename(ev.fields["path"])}
-            elif ev.kind == Kind.NEW_PROMPT:
-                fields = {"n_tokens": ev.fields["n_tokens"]}
-            key = (ev.kind.value, tuple(sorted(fields.items())))
+            key = (ev.kind.value, tuple(sorted(event_figures(ev).items())))
         elif m := CHECKING.search(ev.text):
             key = ("checking_checkpoint", tuple(map(int, m.groups())))
         elif m := ERASED.search(ev.text):
@@ -376,7 +389,7 @@ def test_mode_line_only_on_the_sidecar_build_and_unknown_modes_run_v2(tmp_path):
     log = fill_save(tmp_path, "bogus")
     assert re.search(r" W srv    load_model: checkpoint sidecars: v2 \(KVV_SIDECAR_MODE 'bogus' is not one of "
                      r"v2, fork, port\)$", log, re.M)
-    assert parse_line(next(line for line in log.splitlines() if "checkpoint sidecars" in line)).fields == {"mode": "v2"}
+    assert parse_line(next(line for line in log.splitlines() if "checkpoint sidecars" in line)).mode == "v2"
     assert read_facts(tmp_path / "slots" / "a.bin").version == 2
     with run_fake_server(tmp_path, FAKE_SIDECAR=1) as (url, proc):  # unset: v2, the real binary's default
         pass

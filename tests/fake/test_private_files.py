@@ -22,6 +22,7 @@ from app import paths
 from app import settings as settings_mod
 from app.core.profile import LaunchProfile
 from app.jobs.park import ParkError, park_slot
+from app.cli.sessions import connect  # the one resolver, as `kv-valet park` reaches a profile
 from app.jobs.service import ServiceError, SessionService
 from app.jobs.sessions import delete_session, list_sessions
 from app.server.launcher import make_supervisor, plan_launch
@@ -83,7 +84,7 @@ async def _park_everything(fake_profile):
     await sup.start()
     try:
         with Catalog(paths.catalog_path()) as cat:
-            svc = await SessionService.for_profile(cat, fake_profile)
+            svc = await connect(cat, fake_profile.name)
             try:
                 await fill(fake_profile, 0)
                 await fill(fake_profile, 1)

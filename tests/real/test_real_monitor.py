@@ -28,8 +28,13 @@ def make_controller(plan, sup):
     class Controller(QObject):
         sig_state = Signal(str, str)
 
+        @property
+        def pid(self):
+            return sup.pid
+
     c = Controller()
     c.plan, c.supervisor, c.url = plan, sup, plan.url
+    c.client = sup._client  # the server's one client, as the server service shares it
     sup.on_state(lambda state, outcome: c.sig_state.emit(state.value, ""))
     return c
 

@@ -64,5 +64,5 @@ def test_real_park_restart_resume(real_profile):
     assert stored.last_n_restored == rec.n_tokens
     # Stock build, SWA model: the checkpoints were not persisted, so the first
     # query re-prefills everything (fixtures/README.md) and the app records it.
-    assert fu["cache_n"] == 0 and fu["prompt_n"] >= rec.n_tokens - 8
+    assert fu.cache_n == 0 and fu.prompt_n >= rec.n_tokens - 8
     assert rate is not None and rate > 0

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cli.sessions import connect  # the one resolver, as `kv-valet park` reaches a profile
 from app.jobs.service import SessionService
 from app.server.launcher import make_supervisor, plan_launch, pid_record_path
 from app.store.catalog import Catalog
@@ -47,7 +48,7 @@ def test_a_key_typed_into_extra_arguments_stays_out_of_argv_logs_and_records(rea
 
             # the key works (the server demands it) and the service finds it in the profile
             with Catalog(paths.catalog_path()) as cat:
-                svc = await SessionService.for_profile(cat, ProfileStore().load("keyed"))
+                svc = await connect(cat, "keyed")
                 rows = await svc.slot_rows()
                 assert len(rows) == 2
                 await svc.aclose()

@@ -18,8 +18,7 @@ import pytest
 from app import paths
 from app.core.verdict import VerdictKind
 from app.jobs.check import ARM_BASELINE, ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT
-from app.jobs.service import SessionService
-from app.server.launcher import make_supervisor, plan_launch
+from app.jobs.server_service import ServerService
 from app.server.sidecar import SidecarStatus, inspect_sidecar
 from app.server.statefile import read_state_tokens
 from app.store.catalog import Catalog
@@ -46,18 +45,17 @@ class Running:
         self.profile = profile
 
     async def __aenter__(self):
-        self.plan = await asyncio.to_thread(plan_launch, self.profile)
-        self.sup = make_supervisor(self.plan)
-        await self.sup.start()
+        # the server service launches it and connects the one session service, as the window does
         self.catalog = Catalog(paths.catalog_path())
-        self.svc = await SessionService.connect(self.catalog, url=self.plan.url, profile=self.profile,
-                                                log_buffer=self.sup.log, build=self.plan.build,
-                                                supervisor=self.sup, stopper=self.sup.stop)
+        self.servers = ServerService(self.catalog)
+        handle = await self.servers.launch(self.profile)
+        assert handle is not None
+        self.plan, self.sup = handle.plan, handle.supervisor
+        self.svc = await self.servers.sessions(handle.id)
         return self
 
     async def __aexit__(self, *exc):
-        await self.svc.aclose()
-        await self.sup.aclose()
+        await self.servers.aclose()
         self.catalog.close()
 
     async def fill(self, slot: int, prompt=LONG) -> dict:

@@ -121,6 +121,49 @@ def test_layer_check_sees_an_indirect_import():
                              "app.monitor.m -> app.server.s"]
 
 
+def reaches(g: dict[str, set[str]], start: str, package: str) -> list[str]:
+    """The import chains from ``start`` to any module of ``package`` (``app.server``, not ``app.serverbuild``)."""
+    out, seen, stack = [], {start: [start]}, [start]
+    while stack:
+        mod = stack.pop()
+        for dep in sorted(g.get(mod, ())):
+            if dep in seen:
+                continue
+            seen[dep] = seen[mod] + [dep]
+            if dep == package or dep.startswith(package + "."):
+                out.append(" -> ".join(seen[dep]))
+            else:
+                stack.append(dep)
+    return sorted(out)
+
+
+def test_the_store_never_imports_the_server_layer():
+    """app.store (the catalog, the profiles) needs nothing of app.server, directly or through any
+    chain of imports: the enums it stores live in app.core.states, the default model's path in app.paths."""
+    g = graph()
+    store = [m for m in g if m == "app.store" or m.startswith("app.store.")]
+    assert "app.store.catalog" in store
+    assert [chain for m in store for chain in reaches(g, m, "app.server")] == []
+
+
+def test_store_rule_sees_an_indirect_import():
+    g = {"app.store.c": {"app.core.x"}, "app.core.x": {"app.server.y"}, "app.server.y": set(),
+         "app.store.d": {"app.serverbuild.cache"}, "app.serverbuild.cache": set()}
+    assert reaches(g, "app.store.c", "app.server") == ["app.store.c -> app.core.x -> app.server.y"]
+    assert reaches(g, "app.store.d", "app.server") == []
+
+
+def test_the_catalog_loads_without_the_server_layer():
+    """At run time too: importing the catalog leaves app.server unloaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, app.store.catalog, app.store.profiles; "
+            "print(sorted(m for m in sys.modules if m == 'app.server' or m.startswith('app.server.')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=APP.parent, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
 def test_cli_commands_run_without_pyside6():
     """Every command but the window and PNG export (app/cli/gui.py) runs without Qt."""
     import subprocess
@@ -168,3 +211,43 @@ def test_track_logs_a_failure_with_its_context(caplog):
     asyncio.run(go())
     [rec] = [r for r in caplog.records if "background work failed" in r.getMessage()]
     assert "parking slot 3" in rec.getMessage() and "disk gone" in str(rec.exc_info[1])
+
+
+# -- widget modules stay small -------------------------------------------------
+#
+# A module of app/ui holds one thing: a panel's layout and glue, a table model, its
+# delegates, a dialog, a chart. Past about 400 lines it mixes several: split it (the
+# Sessions and Monitor tabs show how: models, delegates, dialogs and workflows in their
+# own modules, the panel keeping the layout and the glue).
+
+UI_MAX_LINES = 400
+#: module -> why it may be longer for now. An entry goes as soon as its module is split
+#: (the test says so when one is no longer needed).
+UI_LONG_FOR_NOW: dict[str, str] = {
+    "main_window.py": "the window's server-connection and quit flow are being reworked (issue #17); split after",
+}
+
+
+def physical_lines(path: Path) -> int:
+    data = path.read_bytes()
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def long_ui_modules(limit: int = UI_MAX_LINES) -> dict[str, int]:
+    ui = APP / "ui"
+    return {str(p.relative_to(ui)): n for p in sorted(ui.rglob("*.py")) if (n := physical_lines(p)) > limit}
+
+
+def test_no_ui_module_over_400_lines():
+    found = long_ui_modules()
+    offenders = {m: n for m, n in found.items() if m not in UI_LONG_FOR_NOW}
+    assert not offenders, (f"app/ui modules over {UI_MAX_LINES} lines (split them): "
+                           + ", ".join(f"{m} ({n} lines)" for m, n in offenders.items()))
+    stale = sorted(set(UI_LONG_FOR_NOW) - set(found))
+    assert not stale, f"no longer over {UI_MAX_LINES} lines: remove {', '.join(stale)} from UI_LONG_FOR_NOW"
+
+
+def test_line_count_is_physical_lines(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n\n# c\n")
+    (tmp_path / "b.py").write_text("x = 1\ny = 2")
+    assert physical_lines(tmp_path / "a.py") == 3 and physical_lines(tmp_path / "b.py") == 2

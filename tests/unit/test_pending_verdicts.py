@@ -163,6 +163,32 @@ async def test_a_rename_while_it_waits_keeps_the_note(db):
         assert cat.get("p", "after").last_verdict is VerdictKind.HIT and cat.get("p", "before") is None
 
 
+async def test_a_rename_in_the_resuming_process_while_it_waits_lands_the_verdict_on_the_renamed_session(db):
+    """The window resumes and reads the log itself; the user renames the session before the next
+    query: the note (keyed by the session's id) survives the rename, and the verdict, the time saved
+    and the name the front ends are told are the renamed session's."""
+    with Catalog(db) as cat:
+        rec = add_session(cat, "before")
+        cat.record_prefill("p", 1000, 1000.0)
+        sup = FakeSupervisor(started_at=time.time())
+        window = service(cat, sup)
+        seen = []
+        window.on_verdict(lambda slot, name, v: seen.append((slot, name, v.kind)))
+        note = resumed(window, rec)
+        assert note is not None and note.session_id == rec.id
+        renamed = window.rename("before", "after")
+        assert renamed.id == rec.id
+        assert [(n.id, n.session_id) for n in cat.pending_verdicts("p")] == [(note.id, rec.id)]  # still waiting
+        for line in QUERY:
+            sup.emit(line)
+        await window.aclose()
+        assert seen == [(1, "after", VerdictKind.HIT)]
+        stored = cat.get_by_id(rec.id)
+        assert stored.name == "after" and stored.last_verdict is VerdictKind.HIT and "2,729" in stored.last_verdict_reason
+        assert stored.last_time_saved_s == pytest.approx(2.729)
+        assert cat.get("p", "before") is None and cat.pending_verdicts("p") == []
+
+
 async def test_two_watchers_of_one_restore_write_the_verdict_once(db):
     with Catalog(db) as cat1, Catalog(db) as cat2:
         rec = add_session(cat1)

@@ -89,3 +89,45 @@ def test_cli_settings_show_set_reset(capsys):
     assert tomllib.loads(paths.settings_path().read_text()) == {"monitor_interval_s": 0.5}
     assert main(["settings", "reset"]) == 0
     assert tomllib.loads(paths.settings_path().read_text()) == {}
+
+
+def test_a_users_comments_and_a_newer_versions_table_survive_save_and_update(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_text('# my preferences, kept by hand\n'
+                    'log_backups = 5  # five, for the long weekends\n'
+                    'theme = "solarized"\n'
+                    '\n'
+                    '# written by a newer KV Valet\n'
+                    '[future]\n'
+                    'colour = "blue"  # not known here\n'
+                    'sizes = [1, 2]\n')
+    settings.update(path, log_backups=2, keep_in_tray=True)
+    text = path.read_text()
+    assert tomllib.loads(text) == {"log_backups": 2, "keep_in_tray": True, "theme": "solarized",
+                                   "future": {"colour": "blue", "sizes": [1, 2]}}
+    for kept in ("# my preferences, kept by hand", "# five, for the long weekends", "# written by a newer KV Valet",
+                 "[future]", '# not known here'):
+        assert kept in text
+    assert text.index("log_backups") < text.index("theme") < text.index("[future]")  # the user's order
+    assert text.index("keep_in_tray") < text.index("[future]")  # a new key is a top-level key, not the table's
+    assert settings.load(path) == Settings(log_backups=2, keep_in_tray=True)
+
+    settings.save(Settings(), path)  # every value back to its default: those keys go, the rest stays
+    text = path.read_text()
+    assert tomllib.loads(text) == {"theme": "solarized", "future": {"colour": "blue", "sizes": [1, 2]}}
+    assert "# my preferences, kept by hand" in text and "# not known here" in text
+
+
+def test_a_default_written_out_by_hand_stays_with_its_comment(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_text("log_backups = 3  # the default, on purpose\nkeep_in_tray = true\n")
+    settings.update(path, keep_in_tray=False)
+    assert path.read_text() == "log_backups = 3  # the default, on purpose\n"
+
+
+def test_a_broken_file_is_replaced_by_a_good_one_on_save(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_text("this is [not toml\n")
+    settings.save(Settings(log_backups=4), path)
+    assert tomllib.loads(path.read_text()) == {"log_backups": 4}
+    assert path.read_text().startswith("# KV Valet settings")

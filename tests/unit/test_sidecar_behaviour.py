@@ -13,7 +13,7 @@ from app.core.sidecar_behaviour import (MISSING, SIDELESS_COSTS, Behaviour, Evid
                                         predict_load, sideless_warning)
 from app.core.verdict import VerdictKind, judge
 from app.server.cpu import REPACK_ENV, amx_under_hypervisor, repack_env
-from app.server.logparse import Kind, parse_line
+from app.server.logparse import Kind, SidecarMode, parse_line
 from app.server.sidecar import Checkpoint, fnv1a64_file, read_facts, write_pkcl
 
 BLOB = b"\x01" * 64
@@ -134,11 +134,11 @@ def test_identify_from_the_evidence():
 
 def test_log_lines_of_the_modes():
     ev = parse_line("0.01.022.945 I srv    load_model: checkpoint sidecars: fork")
-    assert ev.kind is Kind.SIDECAR_MODE and ev.fields == {"mode": "fork"}
+    assert ev.kind is Kind.SIDECAR_MODE and isinstance(ev, SidecarMode) and ev.mode == "fork"
     ev = parse_line("0.04.040.237 W slot process_sing: id  0 | task -1 | ignoring checkpoint sidecar: state hash "
                     "mismatch (the sidecar belongs to another save) (/home/user/slots/a.bin.ckpt)")
-    assert ev.kind is Kind.SIDECAR_IGNORED and ev.fields["path"] == "/home/user/slots/a.bin.ckpt"
-    assert ev.fields["reason"].startswith("state hash mismatch")
+    assert ev.kind is Kind.SIDECAR_IGNORED and ev.path == "/home/user/slots/a.bin.ckpt"
+    assert ev.reason.startswith("state hash mismatch")
     ev = parse_line("0.04.867.946 W slot process_sing: id  0 | task -1 | failed to write checkpoint sidecar /x.ckpt")
     assert ev.kind is Kind.SIDECAR_WRITE_FAILED
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.core.checkpoints import CheckpointFigures
 from app.core.verdict import VerdictKind, judge, worst
 from app.jobs.watch import ResumeWatcher, judge_from_completion
 from app.server.logparse import parse_line
@@ -15,7 +16,7 @@ from tests.conftest import B11434, SIDECAR_BUILD
 
 def test_hit_small_rollback_with_checkpoint():
     v = judge(2892, 2885, 2880, 5, sidecar_status="present", sidecar_loaded_count=4,
-              checkpoint_restored={"n_past": 2880, "pos_max": 2880}, prompt_ms=78.4)
+              checkpoint_restored=CheckpointFigures(n_past=2880, pos_max=2880), prompt_ms=78.4)
     assert v.kind is VerdictKind.HIT
     assert v.rollback_tokens == 12 and v.checkpoints_loaded == 4
     assert "5 of 2,885" in v.reason and "2,880 of 2,892" in v.reason

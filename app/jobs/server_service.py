@@ -1,0 +1,591 @@
+"""The server service: every server KV Valet runs, watches or reaches, in one place.
+
+The window (through :class:`app.ui.server_controller.ServerController`, which only
+re-emits its events as Qt signals) and every ``kv-valet`` command are faces of this
+Qt-free class. Each server-lifecycle decision is made here, once:
+
+* **which server** a profile name or a URL means (:func:`resolve_target`): the
+  profile's own server, or the one an earlier KV Valet left running (its pid
+  record), with which API key, which ``--slot-save-path`` and which log file;
+* **launch, attach, adopt or stop** a leftover server, stop, detach;
+* **one HTTP client per server**, shared by the health watch, the Monitor's
+  sampling, the session service, the load check and the verdicts;
+* **one session service per server**, connected when it is Ready and closed when
+  it goes (kept through a restart the session service asked for itself);
+* **the one bounded park-then-stop** (:meth:`ServerService.park_then_stop`) that
+  every trigger ends in (:class:`app.core.lifecycle.StopTrigger`), with the one
+  timeout of the preferences, and what it names each park
+  (:func:`app.jobs.park.choose_parks`).
+
+It holds several servers at once: everything it returns carries the server's
+target id (``profile:NAME`` or ``url:URL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Union
+
+from app.core.background import track
+from app.core.lifecycle import DEFAULT_PARK_TIMEOUT_S, POLICY, StopTrigger, TargetKind
+from app.core.profile import LaunchProfile, ProfileError
+from app.jobs.park import ParkResult
+from app.jobs.resume_plan import PlanEntry
+from app.jobs.service import ServiceError, SessionService
+from app.server.attach import AttachedServer
+from app.server.client import LlamaClient
+from app.server.launcher import (LaunchPlan, make_supervisor, pid_record_path, plan_launch, resolve_api_key,
+                                 slot_save_path_for)
+from app.server.outcome import Outcome
+from app.server.supervisor import (LaunchError, LogBuffer, PidRecord, ServerState, StartFailed, Supervisor,
+                                   find_leftover_server, terminate_leftover)
+from app.store.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+#: States in which a server has nothing left to park.
+GONE = (ServerState.STOPPED, ServerState.CRASHED, ServerState.STOPPING)
+
+
+# -- which server ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A server as the user named it, resolved: where it is and how to talk to it."""
+
+    id: str  # "profile:NAME" or "url:URL": the key of everything this service returns
+    kind: TargetKind
+    url: str
+    profile: LaunchProfile | None = None
+    api_key: str | None = field(default=None, repr=False)  # never in a log line or a traceback
+    save_dir: Path | None = None  # the server's --slot-save-path, when known
+    log_path: Path | None = None  # the log file KV Valet writes for it, when there is one
+    leftover: PidRecord | None = None  # a server an earlier KV Valet launched (stoppable by pid + start time)
+
+    @property
+    def name(self) -> str:
+        return self.profile.name if self.profile is not None else self.url
+
+
+def profile_target_id(name: str) -> str:
+    return f"profile:{name}"
+
+
+def url_target_id(url: str) -> str:
+    return f"url:{url.rstrip('/')}"
+
+
+def load_profile(name: str, store=None) -> LaunchProfile:
+    """A profile by name ("default" is written first when missing). Raises ProfileError."""
+    from app.store.profiles import ProfileStore
+
+    store = store or ProfileStore()
+    return store.ensure_default() if name == "default" else store.load(name)
+
+
+def resolve_target(arg: str | LaunchProfile, *, store=None, save_dir: str | Path | None = None,
+                   api_key: str | None = None, log_file: str | Path | None = None) -> TargetSpec:
+    """The one resolver: a server URL, a profile name or a profile. For a profile, the server an
+    earlier KV Valet launched and left running (pid + start time) is the one meant; the key is the
+    given one, else the profile's (key, key file), else ``$LLAMA_API_KEY``; the log file is the one
+    KV Valet writes for the profile's server, when it exists. Raises ProfileError."""
+    if isinstance(arg, str) and "://" in arg:
+        url = arg.rstrip("/")
+        return TargetSpec(url_target_id(url), TargetKind.URL, url, None,
+                          api_key if api_key is not None else resolve_api_key(None),
+                          Path(save_dir) if save_dir else None, Path(log_file) if log_file else None)
+    profile = arg if isinstance(arg, LaunchProfile) else load_profile(arg, store)
+    from app import paths
+
+    rec = find_leftover_server(pid_record_path(profile.name))
+    log_path = Path(log_file) if log_file else paths.server_log_path(profile.name)
+    return TargetSpec(profile_target_id(profile.name), TargetKind.LEFTOVER if rec else TargetKind.PROFILE,
+                      rec.url if rec else profile.url, profile,
+                      api_key if api_key is not None else resolve_api_key(profile),
+                      Path(save_dir or slot_save_path_for(profile)),
+                      log_path if log_file or log_path.is_file() else None, rec)
+
+
+def listening_pid(url: str) -> int | None:
+    """The pid of the process listening on ``url``'s port on this machine, when it can be seen."""
+    from urllib.parse import urlparse
+
+    import psutil
+
+    port = urlparse(url).port
+    if not port:
+        return None
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return c.pid
+    except (psutil.Error, OSError):  # not allowed to see other users' sockets: unknown
+        return None
+    return None
+
+
+# -- events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    target_id: str
+    state: ServerState
+    detail: str = ""  # the URL when Ready, the outcome's summary when Crashed
+    outcome: Outcome | None = None
+
+
+@dataclass(frozen=True)
+class LaunchPlanned:
+    target_id: str
+    plan: LaunchPlan
+
+
+@dataclass(frozen=True)
+class LaunchRefused:
+    target_id: str
+    message: str  # nothing was started; the reason, for the user
+
+
+@dataclass(frozen=True)
+class Progress:
+    target_id: str
+    what: str
+    percent: int
+
+
+@dataclass(frozen=True)
+class SessionsChanged:
+    target_id: str
+    sessions: SessionService | None  # connected (the server is Ready), or None (it went)
+
+
+@dataclass(frozen=True)
+class Notice:
+    target_id: str
+    message: str  # for the status line
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class Parking:
+    target_id: str
+    trigger: StopTrigger
+    message: str
+
+
+ServerEvent = Union[StateChanged, LaunchPlanned, LaunchRefused, Progress, SessionsChanged, Parking, Notice]
+
+
+@dataclass
+class ParkStopReport:
+    """What one park-then-stop did."""
+
+    trigger: StopTrigger
+    target_id: str
+    results: list[ParkResult] = field(default_factory=list)
+    plan: list[PlanEntry] = field(default_factory=list)
+    stopped: bool = False
+    interrupted: str | None = None  # "a second signal" / "the 120 s limit": the parks were cut short
+    error: str | None = None  # the parks could not run (the server stopped answering …)
+
+    @property
+    def failed(self) -> list[ParkResult]:
+        return [r for r in self.results if not r.ok]
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed and self.interrupted is None and self.error is None
+
+
+# -- one server --------------------------------------------------------------------------
+
+
+class ServerHandle:
+    """One server: launched here (a supervisor), watched (attached), or only reached (the CLI)."""
+
+    def __init__(self, spec: TargetSpec, client: LlamaClient, *, supervisor: Supervisor | None = None,
+                 attached: AttachedServer | None = None, plan: LaunchPlan | None = None):
+        self.spec = spec
+        self.client = client  # the one HTTP client of this server
+        self.supervisor = supervisor
+        self.attached = attached
+        self.plan = plan
+        self.sessions: SessionService | None = None
+        self._connecting: asyncio.Task | None = None
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def profile(self) -> LaunchProfile | None:
+        return self.plan.profile if self.plan is not None else self.spec.profile
+
+    @property
+    def url(self) -> str:
+        return self.plan.url if self.plan is not None else self.spec.url
+
+    @property
+    def owned(self) -> bool:
+        """KV Valet launched it in this process (and stops it when it quits)."""
+        return self.supervisor is not None
+
+    @property
+    def leftover(self) -> PidRecord | None:
+        return self.spec.leftover
+
+    @property
+    def stoppable(self) -> bool:
+        """KV Valet may stop it: launched here, or by an earlier KV Valet (pid + start time)."""
+        return self.owned or self.spec.leftover is not None
+
+    @property
+    def state(self) -> ServerState:
+        if self.supervisor is not None:
+            return self.supervisor.state
+        if self.attached is not None:
+            return self.attached.state
+        return ServerState.READY  # only reached (a CLI command): its requests say whether it answers
+
+    @property
+    def pid(self) -> int | None:
+        if self.supervisor is not None:
+            return self.supervisor.pid
+        rec = self.spec.leftover
+        return rec.pid if rec is not None and rec.is_alive() else None
+
+    @property
+    def started_at(self) -> float | None:
+        """When the server process started: parks and restores recorded since describe its slots."""
+        if self.supervisor is not None:
+            return self.supervisor.started_at
+        if self.spec.leftover is not None:
+            return self.spec.leftover.create_time
+        return None
+
+    @property
+    def log(self) -> LogBuffer | None:
+        return self.supervisor.log if self.supervisor is not None else None
+
+    @property
+    def save_dir(self) -> Path | None:
+        if self.plan is not None:
+            return Path(self.plan.slot_save_path)
+        return self.spec.save_dir
+
+    async def stop(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+        elif self.spec.leftover is not None:
+            await asyncio.to_thread(terminate_leftover, self.spec.leftover)
+            if self.attached is not None:
+                await self.attached.aclose()
+        else:
+            raise ServiceError("only a server that KV Valet launched can be stopped from here")
+
+
+# -- the service ---------------------------------------------------------------------------
+
+
+class ServerService:
+    def __init__(self, catalog: Catalog | None = None, *, store=None, park_timeout_s: float | None = None,
+                 connect_sessions: bool = True):
+        """``catalog``: the session catalog (default: the data folder's); ``park_timeout_s``:
+        how long a park-then-stop may take (default: the preferences' ``park_timeout_s``);
+        ``connect_sessions``: connect a session service to every server once it is Ready."""
+        if catalog is None:
+            from app import paths
+
+            catalog = Catalog(paths.catalog_path())
+            self._owns_catalog = True
+        else:
+            self._owns_catalog = False
+        self.catalog = catalog
+        self._store = store
+        if park_timeout_s is None:
+            from app.settings import load_or_defaults
+
+            park_timeout_s = load_or_defaults()[0].park_timeout_s
+        self.park_timeout_s = float(park_timeout_s or DEFAULT_PARK_TIMEOUT_S)
+        self.connect_sessions = connect_sessions
+        self.servers: dict[str, ServerHandle] = {}
+        self._cbs: list[Callable[[ServerEvent], None]] = []
+        self._interrupt = asyncio.Event()
+        self._parking: dict[str, asyncio.Task] = {}
+        self._closed = False
+
+    @property
+    def store(self):
+        if self._store is None:
+            from app.store.profiles import ProfileStore
+
+            self._store = ProfileStore()
+        return self._store
+
+    # -- events ----------------------------------------------------------------------
+    def on_event(self, cb: Callable[[ServerEvent], None]) -> None:
+        self._cbs.append(cb)
+
+    def _emit(self, event: ServerEvent) -> None:
+        for cb in list(self._cbs):
+            try:
+                cb(event)
+            except Exception:  # report: an observer must not break a server's lifecycle
+                log.exception("server event observer failed on %s", type(event).__name__)
+
+    def get(self, target_id: str | None) -> ServerHandle | None:
+        return self.servers.get(target_id) if target_id else None
+
+    # -- launch ------------------------------------------------------------------------
+    async def launch(self, profile: LaunchProfile) -> ServerHandle | None:
+        """Start ``profile``'s server and return once it is Ready (None: refused or it did not
+        start; the reason went out as LaunchRefused / StateChanged(Crashed))."""
+        tid = profile_target_id(profile.name)
+        old = self.servers.get(tid)
+        if old is not None and old.supervisor is not None and old.supervisor.running and old.profile == profile:
+            await old.supervisor.start()
+            return old
+        if old is not None:
+            await self.remove(tid)
+        self._emit(StateChanged(tid, ServerState.STARTING, "checking the profile…"))
+        loop = asyncio.get_running_loop()
+
+        def progress(done: int, total: int) -> None:
+            pct = int(done * 100 / max(total, 1))
+            loop.call_soon_threadsafe(self._emit, Progress(tid, "Assembling the default model", pct))
+
+        try:
+            plan = await asyncio.to_thread(plan_launch, profile, on_model_progress=progress)
+        except ProfileError as e:
+            return self._refused(tid, "\n".join(str(x) for x in e.errors))
+        except Exception as e:  # report: a launch that cannot be planned (disk, model assembly) is said, not raised
+            log.exception("planning the launch of '%s' failed", profile.name)
+            return self._refused(tid, str(e))
+        client = LlamaClient(plan.url, resolve_api_key(plan.profile, environ={}))
+        sup = make_supervisor(plan, client=client)
+        spec = TargetSpec(tid, TargetKind.PROFILE, plan.url, plan.profile, resolve_api_key(plan.profile, environ={}),
+                          Path(plan.slot_save_path), sup.log_file_path)
+        handle = ServerHandle(spec, client, supervisor=sup, plan=plan)
+        self.servers[tid] = handle
+        sup.on_state(lambda state, outcome: self._on_state(handle, state, outcome))
+        self._emit(LaunchPlanned(tid, plan))
+        try:
+            await sup.start()
+        except LaunchError as e:
+            return self._refused(tid, str(e))
+        except StartFailed:
+            return None  # said through the state callback (Crashed + its outcome)
+        return handle
+
+    def _refused(self, tid: str, message: str) -> None:
+        self._emit(LaunchRefused(tid, message))
+        self._emit(StateChanged(tid, ServerState.STOPPED, "refused"))
+        return None
+
+    # -- attach, leftovers ----------------------------------------------------------------
+    async def attach(self, url: str, api_key: str | None = None, *, leftover: PidRecord | None = None) -> ServerHandle:
+        """Watch a server at ``url`` without owning it; ``leftover``: one an earlier KV Valet
+        launched (its profile says where it parks, and it may be stopped)."""
+        profile = self._leftover_profile(leftover)
+        url = url.rstrip("/")
+        key = api_key if api_key is not None else resolve_api_key(profile)
+        tid = self.attach_id(url, leftover)
+        if tid in self.servers:
+            await self.remove(tid)
+        spec = TargetSpec(tid, TargetKind.LEFTOVER if leftover else TargetKind.URL, url, profile, key,
+                          Path(slot_save_path_for(profile)) if profile is not None else None, None, leftover)
+        client = LlamaClient(url, key)
+        attached = AttachedServer(url, key, leftover=leftover, client=client)
+        handle = ServerHandle(spec, client, attached=attached)
+        self.servers[tid] = handle
+        attached.on_state(lambda state, outcome: self._on_state(handle, state, outcome))
+        self._emit(StateChanged(tid, ServerState.STARTING, f"attaching to {url}…"))
+        await attached.start()
+        return handle
+
+    def _leftover_profile(self, leftover: PidRecord | None) -> LaunchProfile | None:
+        if leftover is None:
+            return None
+        try:
+            return self.store.load(leftover.profile)
+        except ProfileError:
+            return None  # its profile was deleted since: attach mode
+
+    def attach_id(self, url: str, leftover: PidRecord | None = None) -> str:
+        """The target id :meth:`attach` gives: the profile's for a leftover server, else the URL's."""
+        profile = self._leftover_profile(leftover)
+        return profile_target_id(profile.name) if profile is not None else url_target_id(url)
+
+    def leftovers(self, names=None) -> list[PidRecord]:
+        """Servers launched by an earlier KV Valet that is gone (pid + start time match)."""
+        names = self.store.names() if names is None else names
+        return [rec for rec in (find_leftover_server(pid_record_path(n)) for n in names) if rec is not None]
+
+    async def stop_leftover(self, rec: PidRecord) -> None:
+        await asyncio.to_thread(terminate_leftover, rec)
+
+    # -- reach (the CLI) ------------------------------------------------------------------
+    def reach(self, arg: str | LaunchProfile, *, save_dir=None, api_key: str | None = None,
+              log_file=None) -> ServerHandle:
+        """A server as a command names it, without watching it: its handle (and client)."""
+        spec = resolve_target(arg, store=self._store, save_dir=save_dir, api_key=api_key, log_file=log_file)
+        old = self.servers.get(spec.id)
+        if old is not None:
+            return old
+        handle = ServerHandle(spec, LlamaClient(spec.url, spec.api_key))
+        self.servers[spec.id] = handle
+        return handle
+
+    # -- sessions --------------------------------------------------------------------------
+    async def sessions(self, target_id: str, *, recover: bool = True, log_buffer=None) -> SessionService:
+        """The server's session service (connected once, shared by every face). Raises ServiceError."""
+        h = self.servers.get(target_id)
+        if h is None:
+            raise ServiceError(f"no server {target_id}")
+        if h.sessions is not None:
+            return h.sessions
+        if h._connecting is not None and not h._connecting.done() and h._connecting is not asyncio.current_task():
+            await asyncio.wait({h._connecting})  # the connection the server's Ready started
+            if h.sessions is not None:
+                return h.sessions
+        sup = h.supervisor
+        svc = await SessionService.connect(
+            self.catalog, url=h.url, profile=h.profile, save_dir=h.save_dir, log_buffer=log_buffer or h.log,
+            build=h.plan.build if h.plan is not None else None, supervisor=sup,
+            stopper=h.stop if h.stoppable else None, recover=recover, client=h.client)
+        svc.target.started_at = h.started_at
+        svc.park_then_stop = lambda prefix=None: self.park_then_stop(target_id, StopTrigger.USER, prefix=prefix)
+        if self.servers.get(target_id) is not h or self._closed:
+            await svc.aclose()
+            raise ServiceError(f"the server {h.url} went away while connecting")
+        h.sessions = svc
+        self._emit(SessionsChanged(target_id, svc))
+        return svc
+
+    def _on_state(self, h: ServerHandle, state: ServerState, outcome: Outcome | None) -> None:
+        if self.servers.get(h.id) is not h:
+            return
+        detail = ""
+        if state == ServerState.CRASHED and outcome is not None:
+            detail = outcome.summary()
+        elif state == ServerState.READY:
+            detail = h.url + (" (attached)" if h.attached is not None else "")
+        self._emit(StateChanged(h.id, state, detail, outcome))
+        svc = h.sessions
+        if svc is not None and svc.restarting:
+            return  # the A/B restarts the server between probes: the session service goes on through it
+        if state == ServerState.READY and self.connect_sessions and svc is None:
+            h._connecting = track(self._connect_quietly(h), f"connecting the sessions of {h.url}")
+        elif state in GONE and svc is not None:
+            h.sessions = None
+            self._emit(SessionsChanged(h.id, None))
+            track(svc.aclose(), f"closing the sessions of {h.url}")
+
+    async def _connect_quietly(self, h: ServerHandle) -> None:
+        try:
+            await self.sessions(h.id)
+        except ServiceError as e:  # report: the window and serve say it; the server itself is fine
+            log.warning("cannot connect the sessions of %s: %s", h.url, e)
+            self._emit(Notice(h.id, f"Cannot connect the Sessions tab: {e}", ok=False))
+
+    # -- park, then stop --------------------------------------------------------------------
+    def interrupt_park(self) -> None:
+        """A second signal: the park-then-stop running now stops waiting for its parks."""
+        self._interrupt.set()
+
+    @property
+    def parking(self) -> bool:
+        return any(not t.done() for t in self._parking.values())
+
+    async def park_then_stop(self, target_id: str, trigger: StopTrigger, *, prefix: str | None = None) -> ParkStopReport:
+        """The one bounded park-then-stop, whatever asked for it: park every slot that holds
+        tokens (:func:`app.jobs.park.choose_parks` names them), write the resume plan, then stop
+        the server as the trigger's policy says (:data:`app.core.lifecycle.POLICY`). The parks
+        take at most ``park_timeout_s`` and end at :meth:`interrupt_park`."""
+        policy = POLICY[trigger]
+        report = ParkStopReport(trigger, target_id)
+        h = self.servers.get(target_id)
+        if h is None:
+            return report
+        if trigger is StopTrigger.USER and not h.stoppable:
+            raise ServiceError("only a server that KV Valet launched can be stopped from here")
+        if h.state not in GONE:
+            self._emit(Parking(target_id, trigger, policy.doing + "…"))
+            self._interrupt = asyncio.Event()
+            work = asyncio.get_running_loop().create_task(self._park_every_slot(h, prefix, report))
+            self._parking[target_id] = work
+            interrupt = asyncio.get_running_loop().create_task(self._interrupt.wait())
+            try:
+                done, _ = await asyncio.wait({work, interrupt}, timeout=self.park_timeout_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (work, interrupt):
+                    t.cancel()
+                await asyncio.gather(work, interrupt, return_exceptions=True)
+                self._parking.pop(target_id, None)
+            if work not in done:
+                report.interrupted = "a second signal" if interrupt in done else f"the {self.park_timeout_s:g} s limit"
+            elif not work.cancelled() and work.exception() is not None:
+                e = work.exception()
+                report.error = str(e) if isinstance(e, ServiceError) else repr(e)
+                if not isinstance(e, ServiceError):
+                    log.error("parking before the stop (%s) of %s failed", trigger, h.url, exc_info=e)
+        if policy.stop and h.stoppable and (report.complete or policy.stop_if_failed):
+            await h.stop()
+            report.stopped = True
+        return report
+
+    async def _park_every_slot(self, h: ServerHandle, prefix: str | None, report: ParkStopReport) -> None:
+        from app.jobs.resume_plan import load_resume_plan
+
+        svc = await self.sessions(h.id, recover=False)
+        report.results = await svc.park_all(prefix, remember=True)
+        report.plan = load_resume_plan(svc.profile_name)
+
+    # -- stop, detach, close ---------------------------------------------------------------
+    async def stop(self, target_id: str) -> None:
+        """Stop a server KV Valet launched (or an earlier one did); detach from any other."""
+        h = self.servers.get(target_id)
+        if h is None:
+            return
+        if h.stoppable:
+            await h.stop()
+        if h.attached is not None:
+            await self.remove(target_id)
+
+    async def remove(self, target_id: str) -> None:
+        """Forget a server: its session service and client close; a server launched here stops."""
+        h = self.servers.pop(target_id, None)
+        if h is None:
+            return
+        if h._connecting is not None and not h._connecting.done():
+            h._connecting.cancel()
+            await asyncio.gather(h._connecting, return_exceptions=True)
+        if h.sessions is not None:
+            svc, h.sessions = h.sessions, None
+            await svc.aclose()
+            self._emit(SessionsChanged(target_id, None))
+        if h.supervisor is not None:
+            await h.supervisor.aclose()
+        if h.attached is not None:
+            await h.attached.aclose()
+            self._emit(StateChanged(target_id, ServerState.STOPPED, "detached"))
+        await h.client.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for tid in list(self.servers):
+            await self.remove(tid)
+        if self._owns_catalog:
+            self.catalog.close()
+
+
+def park_name_prefix(now: float | None = None) -> str:
+    """The one prefix of the sessions a park of every slot writes: the date and time."""
+    return time.strftime("%Y-%m-%d %H-%M", time.localtime(now))
