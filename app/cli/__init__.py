@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         error(str(e), e.details)
         return e.exit
-    except Exception as e:  # a clear message, not a traceback
+    except Exception as e:  # report: a clear message on stderr, not a traceback (-v raises it)
         from app.core.profile import ProfileError
         from app.jobs.service import ServiceError
         from app.store.catalog import CatalogError

@@ -94,17 +94,16 @@ class _Progress:
 
 async def cmd_loadcheck(args) -> int:
     from app.jobs.loadcheck import LoadCheckError, check_loopback, run_load_check, to_dict, to_markdown
-    from app.server.client import LlamaClient
+    from app.jobs.server_service import client_for
 
-    url, api_key = resolve_target(args.target)
-    api_key = key_from_args(args) or api_key
+    url, _key = resolve_target(args.target)
     try:
         check_loopback(url)
     except LoadCheckError as e:
         raise CliError(str(e)) from None
     progress = _Progress()
     try:
-        async with LlamaClient(url, api_key) as client:
+        async with client_for(args.target, api_key=key_from_args(args)) as client:
             report = await run_load_check(client, streams=args.streams, seconds=args.seconds,
                                           stall_ms=args.stall_ms, prompt=args.prompt, n_predict=args.n_predict,
                                           on_progress=progress)

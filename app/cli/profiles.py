@@ -26,8 +26,7 @@ def cmd_profiles(args) -> int:
     from app.core.argv import parse_command_line, preview
     from app.core.hazards import hazard_prefix, hazards
     from app.core.profile import check
-    from app.server.discovery import DiscoveryError, binary_info, find_server_binary
-    from app.server.launcher import slot_save_path_for
+    from app.jobs.server_service import DiscoveryError, binary_info, find_server_binary, slot_save_path_for
     from app.store.profiles import ProfileStore
 
     store = ProfileStore()

@@ -23,11 +23,10 @@ async def cmd_status(args) -> int:
     from app.monitor.gpu import GpuMonitor
     from app.monitor.process import ProcessMonitor
     from app.monitor.snapshot import format_snapshot, snapshot_to_dict, take_snapshot
-    from app.server.client import LlamaClient
+    from app.jobs.server_service import client_for
 
     url, api_key, cache_ram, pid = _resolve_target(args.url)
-    api_key = key_from_args(args) or api_key
-    async with LlamaClient(url, api_key) as client:
+    async with client_for(args.url, api_key=key_from_args(args)) as client:
         async def fetch_health():
             return await client.health()
 

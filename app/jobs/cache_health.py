@@ -21,6 +21,7 @@ applied by :func:`app.jobs.remedy.apply_remedy`.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import Counter, defaultdict, deque
@@ -29,6 +30,8 @@ from typing import Callable
 
 from app.core.findings import Finding, Remedy, Severity
 from app.server.logparse import Kind, LogEvent, PromptCacheUpdate, SidecarRestored, SlotSelected, parse_line
+
+log = logging.getLogger(__name__)
 
 #: An idle-slot save this long stalls every stream noticeably (seed 004: 0.7-0.9 s per save).
 STALL_MS = 200.0
@@ -119,8 +122,8 @@ class CacheHealth:
         for cb in list(self._listeners):
             try:
                 cb(finding)
-            except Exception:  # an observer must never break log handling
-                pass
+            except Exception:  # report: an observer must never break log handling
+                log.exception("cache health: a listener failed on finding %s (slot %s)", finding.rule_id, finding.slot)
 
     # -- feeding ------------------------------------------------------------------
     def feed_lines(self, lines) -> None:

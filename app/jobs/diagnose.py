@@ -37,22 +37,22 @@ def gather_facts(profile: LaunchProfile, catalog: Catalog | None = None) -> Fact
     try:
         binary, keys = _binary_facts(profile)
         facts = replace(facts, **binary)
-    except Exception as e:  # a fact we cannot learn is a fact left unknown
-        log.debug("doctor: binary facts: %s", e)
+    except Exception as e:  # why: every fact is optional: one not learnt stays unknown (debug log)
+        log.debug("doctor: binary facts of profile %s: %s", profile.name, e, exc_info=True)
     for step in (_model_facts, _save_dir_facts):
         try:
             facts = replace(facts, **step(profile))
-        except Exception as e:
-            log.debug("doctor: %s: %s", step.__name__, e)
+        except Exception as e:  # why: every fact is optional: one not learnt stays unknown (debug log)
+            log.debug("doctor: %s of profile %s: %s", step.__name__, profile.name, e, exc_info=True)
     try:
         facts = replace(facts, **_catalog_facts(profile, keys, catalog))
-    except Exception as e:
-        log.debug("doctor: catalog facts: %s", e)
+    except Exception as e:  # why: every fact is optional: one not learnt stays unknown (debug log)
+        log.debug("doctor: catalog facts of profile %s: %s", profile.name, e, exc_info=True)
     if facts.sidecar_behaviour is None:  # no catalog yet: the server's own log can still tell
         try:
             facts = replace(facts, **_behaviour_facts(profile, keys, None))
-        except Exception as e:
-            log.debug("doctor: sidecar behaviour: %s", e)
+        except Exception as e:  # why: every fact is optional: one not learnt stays unknown (debug log)
+            log.debug("doctor: sidecar behaviour of profile %s: %s", profile.name, e, exc_info=True)
     return facts
 
 
@@ -100,8 +100,8 @@ def _model_facts(profile: LaunchProfile) -> dict[str, Any]:
                            "n_swa": info.n_swa, "n_ctx_train": info.context_length}
     try:
         out.update(gguf_kv_numbers(Path(profile.model).expanduser(), info.architecture))
-    except Exception as e:
-        log.debug("doctor: GGUF numbers of %s: %s", profile.model, e)
+    except Exception as e:  # why: every fact is optional: one not learnt stays unknown (debug log)
+        log.debug("doctor: GGUF numbers of %s: %s", profile.model, e, exc_info=True)
     return out
 
 
@@ -137,8 +137,8 @@ def gguf_kv_numbers(path: Path, arch: str) -> dict[str, Any]:
         if mmap_obj is not None:
             try:
                 mmap_obj.close()
-            except Exception:
-                pass
+            except Exception as e:  # why: best-effort close in a finally: must not mask the read (debug log)
+                log.debug("doctor: closing the mapping of %s: %s", path, e)
 
 
 def _as_int(v) -> int | None:

@@ -16,12 +16,15 @@ in another one (a CLI park while the window is open).
 from __future__ import annotations
 
 import enum
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.store.catalog import Catalog
+
+log = logging.getLogger(__name__)
 
 
 class JournalKind(enum.StrEnum):
@@ -45,7 +48,8 @@ class Owner:
             import psutil
 
             return cls(os.getpid(), psutil.Process().create_time())
-        except Exception:
+        except Exception:  # report: start time unknown (0.0): another process could take this owner for dead
+            log.warning("journal: cannot read the start time of this process (pid %d)", os.getpid(), exc_info=True)
             return cls(os.getpid(), 0.0)
 
     def is_me(self) -> bool:
@@ -62,7 +66,7 @@ class Owner:
             # A zombie is dead: SIGKILLed, not yet reaped by its parent (a window that ran a CLI,
             # a test); its flocks are gone already, so another process may be at its journal now.
             return abs(proc.create_time() - self.started) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
-        except Exception:
+        except Exception:  # why: no such process, or one psutil cannot read: not a live owner of the journal
             return False
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import secrets
@@ -45,6 +46,8 @@ from app.server.client import ServerError, ServerUnreachable
 from app.server.sidecar import SidecarReport
 from app.server.statefile import StateFileError, read_state_header
 from app.store.catalog import Catalog, SessionRecord
+
+log = logging.getLogger(__name__)
 
 TMP_PREFIX = "kvv-tmp-"
 #: Sidecar conventions stored next to the state file: turboquant #206 / upstream
@@ -179,14 +182,15 @@ async def model_identity(model_path: str, *, full: bool = False, kind: bool = Tr
 
     try:
         size, quick_id, digest = await asyncio.to_thread(quick)
-    except Exception:  # unreadable: identity unknown, not an error
+    except Exception:  # report: unreadable: identity unknown, not an error for the park (logged)
+        log.warning("cannot identify the model file %s: its identity stays unknown", model_path, exc_info=True)
         return ModelIdentity()
     memory_kind = "unknown"
     if kind:
         try:
             memory_kind = await asyncio.to_thread(_cached_memory_kind, model_path)
-        except Exception:
-            pass
+        except Exception:  # report: the memory kind stays "unknown", not an error for the park (logged)
+            log.warning("cannot read the memory kind of the model %s: it stays unknown", model_path, exc_info=True)
     return ModelIdentity(size, quick_id, digest, memory_kind)
 
 
@@ -361,8 +365,10 @@ def _why_save_failed(save_dir: Path, n_tokens: int, catalog: Catalog, profile: s
 
 def _say(cb: ProgressFn | None, text: str) -> None:
     if cb is not None:
-        with contextlib.suppress(Exception):
+        try:
             cb(text)
+        except Exception:  # report: a broken progress display must not break the park
+            log.exception("park: the progress callback failed on %r", text)
 
 
 def _verify(tmp: Path, resp: dict) -> int:
@@ -471,8 +477,10 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
     except BaseException as exc:
         with contextlib.suppress(OSError):
             _rollback(entry)
-        with contextlib.suppress(Exception):
+        try:
             journal.end(jid)
+        except Exception:  # report: the park's own error goes on below; this one must not replace it
+            log.exception("park of %r in %s: cannot end journal entry %s while undoing it", name, save_dir, jid)
         if isinstance(exc, OSError):
             raise ParkError(f"could not write the parked files in {save_dir}: {exc.strerror or exc}") from None
         raise

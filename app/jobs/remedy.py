@@ -12,6 +12,7 @@ on disk).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -19,6 +20,8 @@ from app.core.findings import Remedy
 from app.core.profile import LaunchProfile
 from app.jobs.park import ParkResult
 from app.server.launcher import slot_save_path_for
+
+log = logging.getLogger(__name__)
 
 #: restart(profile) stops the running server, starts ``profile`` and returns the
 #: SessionService connected to it (the window and the CLI each know how).
@@ -83,6 +86,7 @@ async def apply_remedy(profile: LaunchProfile, remedy: Remedy, rule_id: str, *, 
         try:
             res = await new_service.resume(name, target, force=True)
             out.resumed.append(Resumed(name, res.slot_id, True, f"{res.n_restored:,} tokens"))
-        except Exception as e:  # one session that does not come back must not stop the others
+        except Exception as e:  # report: one session that does not come back must not stop the others
+            log.exception("remedy %s: resuming session %r into slot %s of '%s' failed", rule_id, name, target, new.name)
             out.resumed.append(Resumed(name, target, False, str(e)))
     return out

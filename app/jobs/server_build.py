@@ -137,7 +137,7 @@ def cuda_architectures(nvml=None) -> str:
             return ""
     try:
         nvml.nvmlInit()
-    except Exception as e:  # no driver, no library: no GPU to build for
+    except Exception as e:  # why: no driver, no library: no GPU to build for (said in the build's reason; debug log)
         log.debug("NVML: %s", e)
         return ""
     try:
@@ -146,15 +146,17 @@ def cuda_architectures(nvml=None) -> str:
             try:
                 major, minor = nvml.nvmlDeviceGetCudaComputeCapability(nvml.nvmlDeviceGetHandleByIndex(i))
                 archs.add(int(major) * 10 + int(minor))
-            except Exception as e:
-                log.debug("NVML: GPU %d: %s", i, e)
+            except Exception as e:  # report: the other GPUs still count; this one is left out of the build (logged)
+                log.warning("NVML: cannot read the compute capability of GPU %d: not built for", i, exc_info=e)
         return ";".join(str(a) for a in sorted(archs))
-    except Exception as e:
-        log.debug("NVML: %s", e)
+    except Exception as e:  # report: no architectures: the build goes on for the CPU (said in its reason; logged)
+        log.warning("NVML: cannot list the GPUs to build for", exc_info=e)
         return ""
     finally:
-        with contextlib.suppress(Exception):
+        try:
             nvml.nvmlShutdown()
+        except Exception as e:  # why: NVML was only read here; a failed shutdown changes nothing (debug log)
+            log.debug("NVML: shutdown after reading the compute capabilities: %s", e)
 
 
 def detect_options(extra: tuple[str, ...] | list[str] = (), *, backend: str = "auto", nvml=None,
@@ -327,9 +329,11 @@ async def _version_of(path: Path) -> tuple[int, str]:
         return -1, str(e)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    except BaseException:  # timeout or cancelled: the process goes too
+    except BaseException as e:  # timeout or cancelled: the process goes too
         _kill_group(proc)
         await proc.wait()
+        if not isinstance(e, asyncio.TimeoutError):
+            raise  # a cancel (or anything else) goes on: it is not a timeout
         return -1, "timed out"
     return proc.returncode or 0, out.decode(errors="replace")
 
@@ -500,8 +504,10 @@ async def _run(argv: list[str], step: str, emit: _Emitter, tail, *, cwd: Path | 
         rc = await proc.wait()
     except BaseException:
         _kill_group(proc)
-        with contextlib.suppress(Exception):
+        try:
             await proc.wait()
+        except Exception:  # report: the step's own error goes on (raise below); this one is logged
+            log.exception("build step %s: waiting for the killed %s to exit", step, argv[0])
         raise
     _kill_group(proc)  # anything it left in its group
     return rc

@@ -38,14 +38,21 @@ from app.jobs.resume_plan import PlanEntry
 from app.jobs.service import ServiceError, SessionService
 from app.server.attach import AttachedServer
 from app.server.client import LlamaClient
-from app.server.launcher import (LaunchPlan, make_supervisor, pid_record_path, plan_launch, resolve_api_key,
-                                 slot_save_path_for)
+from app.server.discovery import DiscoveryError, binary_info, default_model_path, find_server_binary  # noqa: F401
+from app.server.launcher import (CACHE_EVENTS_VERBOSITY, LaunchPlan, make_supervisor,  # noqa: F401
+                                 pid_record_path, plan_launch, resolve_api_key, slot_save_path_for)
 from app.server.outcome import Outcome
 from app.server.supervisor import (LaunchError, LogBuffer, PidRecord, ServerState, StartFailed, Supervisor,
                                    find_leftover_server, terminate_leftover)
 from app.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
+
+#: What the window and the commands may ask of the server layer, through this service only:
+#: which binary serves a profile (and what it can do), where a profile's sessions are saved.
+__all__ = ["ServerService", "ServerHandle", "TargetSpec", "resolve_target", "load_profile", "listening_pid",
+           "DiscoveryError", "binary_info", "default_model_path", "find_server_binary", "slot_save_path_for",
+           "CACHE_EVENTS_VERBOSITY", "client_for"]
 
 #: States in which a server has nothing left to park.
 GONE = (ServerState.STOPPED, ServerState.CRASHED, ServerState.STOPPING)
@@ -299,26 +306,33 @@ class ServerService:
         """``catalog``: the session catalog (default: the data folder's); ``park_timeout_s``:
         how long a park-then-stop may take (default: the preferences' ``park_timeout_s``);
         ``connect_sessions``: connect a session service to every server once it is Ready."""
-        if catalog is None:
-            from app import paths
-
-            catalog = Catalog(paths.catalog_path())
-            self._owns_catalog = True
-        else:
-            self._owns_catalog = False
-        self.catalog = catalog
+        self._catalog = catalog
+        self._owns_catalog = catalog is None  # opened on first use, closed with the service
         self._store = store
-        if park_timeout_s is None:
-            from app.settings import load_or_defaults
-
-            park_timeout_s = load_or_defaults()[0].park_timeout_s
-        self.park_timeout_s = float(park_timeout_s or DEFAULT_PARK_TIMEOUT_S)
+        self._park_timeout_s = park_timeout_s  # None: the preferences', read at each park
         self.connect_sessions = connect_sessions
         self.servers: dict[str, ServerHandle] = {}
         self._cbs: list[Callable[[ServerEvent], None]] = []
         self._interrupt = asyncio.Event()
         self._parking: dict[str, asyncio.Task] = {}
         self._closed = False
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            from app import paths
+
+            self._catalog = Catalog(paths.catalog_path())
+        return self._catalog
+
+    @property
+    def park_timeout_s(self) -> float:
+        """How long a park-then-stop's parks may take: the one timeout setting (``park_timeout_s``)."""
+        if self._park_timeout_s is not None:
+            return float(self._park_timeout_s)
+        from app.settings import load_or_defaults
+
+        return float(load_or_defaults()[0].park_timeout_s or DEFAULT_PARK_TIMEOUT_S)
 
     @property
     def store(self):
@@ -518,11 +532,12 @@ class ServerService:
         if h.state not in GONE:
             self._emit(Parking(target_id, trigger, policy.doing + "…"))
             self._interrupt = asyncio.Event()
+            timeout = self.park_timeout_s
             work = asyncio.get_running_loop().create_task(self._park_every_slot(h, prefix, report))
             self._parking[target_id] = work
             interrupt = asyncio.get_running_loop().create_task(self._interrupt.wait())
             try:
-                done, _ = await asyncio.wait({work, interrupt}, timeout=self.park_timeout_s,
+                done, _ = await asyncio.wait({work, interrupt}, timeout=timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for t in (work, interrupt):
@@ -530,7 +545,7 @@ class ServerService:
                 await asyncio.gather(work, interrupt, return_exceptions=True)
                 self._parking.pop(target_id, None)
             if work not in done:
-                report.interrupted = "a second signal" if interrupt in done else f"the {self.park_timeout_s:g} s limit"
+                report.interrupted = "a second signal" if interrupt in done else f"the {timeout:g} s limit"
             elif not work.cancelled() and work.exception() is not None:
                 e = work.exception()
                 report.error = str(e) if isinstance(e, ServiceError) else repr(e)
@@ -582,8 +597,15 @@ class ServerService:
         self._closed = True
         for tid in list(self.servers):
             await self.remove(tid)
-        if self._owns_catalog:
-            self.catalog.close()
+        if self._owns_catalog and self._catalog is not None:
+            self._catalog.close()
+
+
+def client_for(arg: str | LaunchProfile, *, api_key: str | None = None) -> LlamaClient:
+    """A client of its own for a server the caller reaches once, without a service (a command,
+    a dialog opened without the window's service): resolved by :func:`resolve_target`."""
+    spec = resolve_target(arg, api_key=api_key)
+    return LlamaClient(spec.url, spec.api_key)
 
 
 def park_name_prefix(now: float | None = None) -> str:

@@ -21,7 +21,6 @@ Front ends subscribe to :meth:`on_change`, :meth:`on_restored` and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -551,5 +550,8 @@ def record_prefill_sample(catalog: Catalog, profile: str, ev) -> None:
     if isinstance(ev, PromptEval):
         n, ms = ev.n_tokens, ev.ms
         if n >= 32 and ms > 0:
-            with contextlib.suppress(Exception):
+            try:
                 catalog.record_prefill(profile, n, ms)
+            except Exception:  # report: a sample not kept must not break log handling (logged)
+                log.warning("cannot keep a prefill sample of profile %s (%d tokens, %.0f ms)", profile, n, ms,
+                            exc_info=True)

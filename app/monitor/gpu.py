@@ -167,14 +167,14 @@ class GpuMonitor:
                 import pynvml  # nvidia-ml-py
 
                 self._nvml = pynvml
-            except Exception as exc:
+            except Exception as exc:  # report: the reason is the snapshot's message, shown where the GPUs would be
                 self._init_message = (
                     f"{NO_GPU_PREFIX}: the pynvml module (nvidia-ml-py) cannot be imported ({exc})"
                 )
                 return False
         try:
             self._nvml.nvmlInit()
-        except Exception as exc:
+        except Exception as exc:  # report: the reason is the snapshot's message (shown), and logged at info below
             value = _error_value(exc)
             if value in (
                 self._const("NVML_ERROR_LIBRARY_NOT_FOUND", _LIBRARY_NOT_FOUND),
@@ -330,7 +330,7 @@ def _server_mem(procs: Any, pids: frozenset[int]) -> int | None:
                 if used is None:
                     return None
                 total += int(used)
-    except Exception:
+    except Exception:  # why: a malformed NVML process entry makes the sum unknown (None), shown as unknown
         return None
     return total
 

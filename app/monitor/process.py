@@ -83,7 +83,9 @@ class ProcessMonitor:
             if not self._gone:
                 self._proc = proc
                 proc.cpu_percent(None)  # prime: the first call returns 0.0
-        except Exception:
+        except Exception as e:  # report: a psutil.Error (no such process, access denied) means gone; others logged
+            if not isinstance(e, psutil.Error):
+                log.exception("process monitor: cannot open pid %d; taken as gone", self.pid)
             self._gone = True
 
     @property
@@ -102,7 +104,9 @@ class ProcessMonitor:
     def _is_ours(self, proc: psutil.Process) -> bool:
         try:
             ct = psutil.Process(proc.pid).create_time()
-        except Exception:
+        except Exception as e:  # report: a psutil.Error (no such process, access denied) means not ours; others logged
+            if not isinstance(e, psutil.Error):
+                log.exception("process monitor of pid %d: cannot read pid %d; taken as not ours", self.pid, proc.pid)
             return False
         return self._create_time is None or abs(ct - self._create_time) <= _CREATE_TIME_TOLERANCE_S
 
@@ -158,7 +162,7 @@ class ProcessMonitor:
             current = proc.children(recursive=True)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return {}
-        except Exception:
+        except Exception:  # why: children we may not list (access denied) are left out of the tick (debug log)
             log.debug("cannot list children of %s", self.pid, exc_info=True)
             return {}
         result: dict[int, tuple[Any, Any, Any]] = {}

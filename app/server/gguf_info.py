@@ -60,7 +60,7 @@ def _value(reader, key: str):
         return None
     try:
         value = field.contents()
-    except Exception:  # malformed field: treat as absent
+    except Exception:  # why: a malformed field reads as absent: the model's info says unknown for it
         return None
     if hasattr(value, "item"):
         value = value.item()
@@ -140,7 +140,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     try:
         reader = _MetadataReader(path, "r")
     except Exception as exc:
-        raise ModelFileError(f"cannot parse GGUF file {path}: {exc}") from None
+        raise ModelFileError(f"cannot parse GGUF file {path}: {exc}") from exc
     try:
         arch = _value(reader, "general.architecture")
         if not isinstance(arch, str) or not arch:
@@ -165,7 +165,7 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         if mmap_obj is not None:
             try:
                 mmap_obj.close()
-            except Exception:
+            except Exception:  # why: best-effort close in a finally: must not mask the read's result or its error
                 pass
 
 

@@ -552,8 +552,10 @@ class Supervisor:
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # each failure was logged by _task_done
+            try:
                 await t
+            except (asyncio.CancelledError, Exception):  # why: cancelled, or failed and already logged by _task_done
+                pass
         if self._owns_client:
             await self._client.aclose()
 

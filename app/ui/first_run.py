@@ -15,6 +15,7 @@ a HIT shown next to the DISCARDED run with the measured speed-up.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
@@ -23,6 +24,8 @@ from app.core.background import track
 from app.serverbuild.cache import BUILT_MARKER
 from app.core.states import ServerState
 from app.core.timings import Timings
+
+log = logging.getLogger(__name__)
 
 SAMPLE = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
           "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
@@ -115,7 +118,8 @@ class FirstRunGuide(QDialog):
             self.result_label.setText(text)
             self.step += 1
             self.sig_step_done.emit(index, text)
-        except Exception as e:  # say it; the user may retry the step
+        except Exception as e:  # report: say it; the user may retry the step
+            log.exception("first-run step %d failed", index + 1)
             self.result_label.setText(f"That did not work: {e}")
         finally:
             self.next_button.setEnabled(True)

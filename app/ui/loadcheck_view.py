@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
@@ -25,6 +26,8 @@ from app.jobs.loadcheck import (MAX_SECONDS, MAX_STREAMS, MIN_SECONDS, LoadCheck
 from app.ui import theme
 from app.ui.check_view import Chart
 from app.ui.theme import colour, stream_colour
+
+log = logging.getLogger(__name__)
 
 COLUMNS = ["stream", "requests", "tokens", "gap p50 ms", "gap p99 ms", "gap max ms", "stalls"]
 
@@ -254,7 +257,7 @@ class LoadCheckDialog(QDialog):
         super().reject()
 
     async def _run(self, streams: int, seconds: float, stall_ms: float, cancel: asyncio.Event) -> None:
-        from app.server.client import LlamaClient  # Qt-free; kept local like the monitor panel
+        from app.jobs.server_service import client_for  # the window passes its server's own client
 
         def on_progress(fraction: float, tokens: int) -> None:
             self.progress.setValue(int(fraction * 1000))
@@ -265,7 +268,7 @@ class LoadCheckDialog(QDialog):
                 report = await run_load_check(self.client, streams=streams, seconds=seconds, stall_ms=stall_ms,
                                               on_progress=on_progress, cancel=cancel)
             else:
-                async with LlamaClient(self.url, self.api_key) as client:
+                async with client_for(self.url, api_key=self.api_key) as client:
                     report = await run_load_check(client, streams=streams, seconds=seconds, stall_ms=stall_ms,
                                                   on_progress=on_progress, cancel=cancel)
         except LoadCheckError as e:
@@ -275,7 +278,8 @@ class LoadCheckDialog(QDialog):
         except asyncio.CancelledError:
             self.status_label.setText("cancelled")
             raise
-        except Exception as e:  # a clear message in the dialog, not a traceback on stderr
+        except Exception as e:  # report: a clear message in the dialog; the traceback goes to the log, not stderr
+            log.exception("load check of %s (%d streams, %g s) failed", self.url, streams, seconds)
             self._show_error(f"the load check failed: {e}")
             self.sig_failed.emit(str(e))
             return

@@ -13,11 +13,8 @@ from app.core.background import track
 from app.core.lifecycle import StopTrigger
 from app.core.profile import LaunchProfile, ProfileError
 from app.core.states import ServerState
-from app.server.discovery import DiscoveryError, binary_info, find_server_binary
-from app.server.launcher import CACHE_EVENTS_VERBOSITY
+from app.jobs.server_service import CACHE_EVENTS_VERBOSITY, DiscoveryError, binary_info, find_server_binary
 from app.server.outcome import Outcome
-from app.server.launcher import pid_record_path
-from app.server.supervisor import find_leftover_server, terminate_leftover
 from app.store.profiles import ProfileStore
 from app.ui import theme
 from app.ui.log_panel import LogPanel
@@ -95,6 +92,7 @@ class MainWindow(QMainWindow):
         self.controller.sig_crashed.connect(self._on_crashed)
         self.controller.sig_progress.connect(self._on_progress)
         self.controller.sig_plan.connect(self._on_plan)
+        self.controller.sig_notice.connect(lambda text, _ok: self._message(text))  # "Parking every slot…"
         self.last_message = ""
         self.quit_box: QMessageBox | None = None
         self.tray = None  # app.ui.tray.Tray, set by the wiring

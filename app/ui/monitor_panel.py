@@ -373,7 +373,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         for t in list(self._tasks):
             try:
                 await t
-            except BaseException:  # noqa: BLE001 - cancelled or already logged
+            except BaseException:  # why: cancelled, or failed and logged by _on_task_done  # noqa: BLE001
                 pass
         async with self._get_lock():
             await self._stop_sampler_locked()

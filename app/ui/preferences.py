@@ -73,10 +73,14 @@ class PreferencesDialog(QDialog):
         logs.addStretch(1)
         form.addRow("Server log:", _wrap(logs))
 
+        self.park_timeout = _seconds(1.0, 3600.0, 5.0)
+        form.addRow("Park before a stop, at most:", self.park_timeout)
+
         for key, widget in (("data_folder", self.data_folder), ("monitor_interval_s", self.interval),
                             ("monitor_busy_interval_s", self.busy_interval), ("auto_resume", self.auto_resume),
                             ("keep_in_tray", self.keep_in_tray), ("notifications", self.notifications),
-                            ("log_file_mib", self.log_file_mib), ("log_backups", self.log_backups)):
+                            ("log_file_mib", self.log_file_mib), ("log_backups", self.log_backups),
+                            ("park_timeout_s", self.park_timeout)):
             widget.setToolTip(settings.describe(key))
 
         self.errors = QLabel()
@@ -107,6 +111,7 @@ class PreferencesDialog(QDialog):
         self.notifications.setChecked(s.notifications)
         self.log_file_mib.setValue(s.log_file_mib)
         self.log_backups.setValue(s.log_backups)
+        self.park_timeout.setValue(s.park_timeout_s)
         self.errors.clear()
         self._show_data_status()
 
@@ -115,7 +120,8 @@ class PreferencesDialog(QDialog):
                         monitor_busy_interval_s=self.busy_interval.value(),
                         auto_resume=AutoResume(self.auto_resume.currentData()),
                         keep_in_tray=self.keep_in_tray.isChecked(), notifications=self.notifications.isChecked(),
-                        log_file_mib=self.log_file_mib.value(), log_backups=self.log_backups.value())
+                        log_file_mib=self.log_file_mib.value(), log_backups=self.log_backups.value(),
+                        park_timeout_s=self.park_timeout.value())
 
     def _show_data_status(self) -> None:
         s = dataclasses.replace(settings.DEFAULTS, data_folder=self.data_folder.text().strip())

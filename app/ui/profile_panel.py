@@ -14,8 +14,7 @@ from app.core.argv import CommandLineError, absorb_extra_args, parse_command_lin
 from app.core.hazards import hazard_prefix, hazards
 from app.core.profile import (FLASH_ATTN_VALUES, KNOWN_CACHE_TYPES, SPLIT_MODES, LaunchProfile, exposure_warning,
                               is_loopback, validate)
-from app.server.discovery import default_model_path
-from app.server.launcher import slot_save_path_for
+from app.jobs.server_service import default_model_path, slot_save_path_for
 from app.ui import theme
 
 UNSET = "(server default)"

@@ -21,7 +21,8 @@ from app.core.profile import LaunchProfile
 from app.jobs.server_service import (LaunchPlanned, LaunchRefused, Notice, Parking, ParkStopReport, Progress,
                                      ServerEvent, ServerHandle, ServerService, SessionsChanged, StateChanged,
                                      profile_target_id)
-from app.server.supervisor import LogBuffer, ServerState
+from app.core.states import ServerState
+from app.server.supervisor import LogBuffer
 
 log = logging.getLogger(__name__)
 

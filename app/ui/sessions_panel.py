@@ -253,7 +253,8 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self._reading_slots = True
         try:
             rows = await self.service.slot_rows()
-        except Exception as e:
+        except Exception as e:  # report: said on the hint line; the slot chooser stays empty
+            log.warning("sessions tab: reading the server's slots failed", exc_info=e)
             self.hint.setText(f"Slots unavailable: {e}")
             rows = []
         finally:

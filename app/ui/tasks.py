@@ -36,7 +36,7 @@ class RunsTasks:
         for t in list(self._tasks):
             try:
                 await t
-            except BaseException:  # cancelled, or failed: either way it is over
+            except BaseException:  # why: cancelled, or failed and already logged (and said) by _task_done
                 pass
 
     def _task_failed(self, exc: BaseException) -> None:

@@ -89,7 +89,7 @@ def _guard_shutdown(window, sessions) -> None:
     suspend), then let go."""
     from app.core.lifecycle import StopTrigger
     from app.core.states import PowerEvent
-    from app.server.supervisor import ServerState
+    from app.core.states import ServerState
     from app.ui.shutdown_guard import ShutdownGuard
 
     guard = ShutdownGuard(parent=window)

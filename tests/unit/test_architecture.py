@@ -251,3 +251,44 @@ def test_line_count_is_physical_lines(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n\n# c\n")
     (tmp_path / "b.py").write_text("x = 1\ny = 2")
     assert physical_lines(tmp_path / "a.py") == 3 and physical_lines(tmp_path / "b.py") == 2
+
+
+# -- the faces reach the server layer through the services ---------------------------------------
+#
+# app/ui and app/cli decide nothing about servers: they go through app.jobs.server_service and
+# app.jobs.service. From app/server they may take value types only (log events and the log
+# buffer they read, a crash's outcome, the client's errors).
+
+SERVER_VALUES = {
+    "app.server.logparse": {"Kind", "LogEvent"},
+    "app.server.supervisor": {"LogBuffer", "LogLine"},
+    "app.server.outcome": {"Outcome", "Cause"},
+    "app.server.client": {"ServerError", "ServerUnreachable", "Health"},
+}
+
+
+def server_imports(path: Path) -> list[str]:
+    """``module.name`` of every app.server import in ``path`` that is not a value type."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name == "app.server" or a.name.startswith("app.server.")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                (node.module == "app.server" or node.module.startswith("app.server.")):
+            allowed = SERVER_VALUES.get(node.module, set())
+            out += [f"{node.module}.{a.name}" for a in node.names if a.name not in allowed]
+    return out
+
+
+def test_the_faces_reach_the_server_layer_only_through_the_services():
+    offenders = {str(p.relative_to(APP)): server_imports(p) for face in ("ui", "cli")
+                 for p in (APP / face).rglob("*.py")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_server_import_check_sees_a_decision_taken_in_a_face(tmp_path):
+    f = tmp_path / "panel.py"
+    f.write_text("from app.server.supervisor import LogBuffer, find_leftover_server\n"
+                 "from app.server.outcome import Outcome\nimport app.server.launcher\n")
+    assert server_imports(f) == ["app.server.supervisor.find_leftover_server", "app.server.launcher"]
+
