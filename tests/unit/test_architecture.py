@@ -292,3 +292,113 @@ def test_the_server_import_check_sees_a_decision_taken_in_a_face(tmp_path):
                  "from app.server.outcome import Outcome\nimport app.server.launcher\n")
     assert server_imports(f) == ["app.server.supervisor.find_leftover_server", "app.server.launcher"]
 
+
+
+# -- no error vanishes (issue #17) ---------------------------------------------
+#
+# A handler that catches everything (``except Exception``, ``except BaseException``, a bare
+# ``except:``, or a tuple holding one of them) re-raises, reports (a logging call: the
+# traceback goes to the log with what was being done), or says on its ``except`` line why
+# catching broadly is right there (``# report: …`` or ``# why: …``).
+# ``contextlib.suppress(Exception)`` hides everything: name what may be ignored instead.
+
+BROAD = {"Exception", "BaseException"}
+REPORTING_CALLS = {"exception", "error", "warning", "critical"}  # log.*, and the CLI's error()
+
+
+def _is_broad(node: ast.expr | None) -> bool:
+    if node is None:  # bare except:
+        return True
+    if isinstance(node, ast.Tuple):
+        return any(_is_broad(e) for e in node.elts)
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+    return name in BROAD
+
+
+def _call_name(call: ast.Call) -> str | None:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+
+
+def unexplained_broad_handlers(source: str) -> list[int]:
+    """Line numbers of the broad handlers that neither raise, nor report, nor say why."""
+    lines = source.splitlines()
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ExceptHandler) or not _is_broad(node.type):
+            continue
+        inner = [n for stmt in node.body for n in ast.walk(stmt)]
+        if any(isinstance(n, ast.Raise) for n in inner):
+            continue
+        if any(isinstance(n, ast.Call) and _call_name(n) in REPORTING_CALLS for n in inner):
+            continue
+        line = lines[node.lineno - 1]
+        if "# report:" in line or "# why:" in line:
+            continue
+        out.append(node.lineno)
+    return sorted(out)
+
+
+def broad_suppressions(source: str) -> list[int]:
+    """Line numbers of ``suppress(...)`` calls that name Exception or BaseException."""
+    return sorted(n.lineno for n in ast.walk(ast.parse(source))
+                  if isinstance(n, ast.Call) and _call_name(n) == "suppress" and any(_is_broad(a) for a in n.args))
+
+
+def test_no_broad_handler_swallows_an_error():
+    offenders = [f"app/{p.relative_to(APP)}:{n}" for p in sorted(APP.rglob("*.py"))
+                 for n in unexplained_broad_handlers(p.read_text())]
+    assert offenders == [], ("broad except handlers that neither raise, nor log, nor say why "
+                             "(# report: / # why: on the except line):\n" + "\n".join(offenders))
+
+
+def test_no_suppress_of_every_exception():
+    offenders = [f"app/{p.relative_to(APP)}:{n}" for p in sorted(APP.rglob("*.py"))
+                 for n in broad_suppressions(p.read_text())]
+    assert offenders == [], "contextlib.suppress(Exception) hides every error: name the ones to ignore\n" + \
+        "\n".join(offenders)
+    for p in APP.rglob("*.py"):
+        text = p.read_text()
+        assert "suppress(Exception)" not in text and "suppress(BaseException)" not in text, p
+
+
+def test_broad_handler_check_sees_a_swallowed_error():
+    src = '''
+try:
+    a()
+except Exception:
+    pass
+try:
+    a()
+except:
+    x = 1
+try:
+    a()
+except (OSError, BaseException):
+    log.debug("quiet")
+try:
+    a()
+except Exception:  # why: said elsewhere
+    pass
+try:
+    a()
+except Exception as e:
+    log.exception("doing a for b")
+try:
+    a()
+except BaseException:
+    cleanup()
+    raise
+try:
+    a()
+except OSError:
+    pass
+with contextlib.suppress(Exception):
+    a()
+with suppress(OSError, BaseException):
+    a()
+with suppress(OSError):
+    a()
+'''
+    assert unexplained_broad_handlers(src) == [4, 8, 12]
+    assert broad_suppressions(src) == [31, 33]
