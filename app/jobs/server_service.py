@@ -33,6 +33,7 @@ from typing import Callable, Union
 from app.core.background import track
 from app.core.lifecycle import DEFAULT_PARK_TIMEOUT_S, POLICY, StopTrigger, TargetKind
 from app.core.profile import LaunchProfile, ProfileError
+from app.core.states import ServerState
 from app.jobs.park import ParkResult
 from app.jobs.resume_plan import PlanEntry
 from app.jobs.service import ServiceError, SessionService
@@ -42,7 +43,7 @@ from app.server.discovery import DiscoveryError, binary_info, default_model_path
 from app.server.launcher import (CACHE_EVENTS_VERBOSITY, LaunchPlan, make_supervisor,  # noqa: F401
                                  pid_record_path, plan_launch, resolve_api_key, slot_save_path_for)
 from app.server.outcome import Outcome
-from app.server.supervisor import (LaunchError, LogBuffer, PidRecord, ServerState, StartFailed, Supervisor,
+from app.server.supervisor import (LaunchError, LogBuffer, PidRecord, StartFailed, Supervisor,
                                    find_leftover_server, terminate_leftover)
 from app.store.catalog import Catalog
 

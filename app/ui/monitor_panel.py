@@ -27,6 +27,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea,
                                QSizePolicy, QTableView, QVBoxLayout, QWidget)
 
+from app.core.background import track
+from app.core.states import ServerState
 from app.monitor.gpu import GpuHistory, GpuMonitor, GpuSnapshot
 from app.monitor.process import ProcessMonitor
 from app.monitor.sampler import Sampler
@@ -60,8 +62,8 @@ class MonitorPanel(PausesWhenHidden, QWidget):
     sig_snapshot = Signal(object)  # every Snapshot applied to the view
     sig_sampling = Signal(bool)  # True: a sampler started for a Ready server; False: sampling stopped
 
-    SAMPLE_STATES = ("Ready",)
-    STOP_STATES = ("Stopping", "Stopped", "Crashed")
+    SAMPLE_STATES = (ServerState.READY,)
+    STOP_STATES = (ServerState.STOPPING, ServerState.STOPPED, ServerState.CRASHED)
 
     def __init__(self, parent: QWidget | None = None, *, gpu_monitor: GpuMonitor | None = None,
                  interval: float = 1.0, busy_interval: float = 0.25, history_window_s: float = 600.0) -> None:
@@ -253,7 +255,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         self._controller = controller
         controller.sig_state.connect(self._on_server_state)
 
-    def _on_server_state(self, state: str, detail: str) -> None:
+    def _on_server_state(self, state: ServerState, detail: str) -> None:
         if self._closed:
             return  # after aclose (the window stops the server after closing its panels)
         if state in self.SAMPLE_STATES:
@@ -262,14 +264,9 @@ class MonitorPanel(PausesWhenHidden, QWidget):
             self._spawn(self._stop_sampling(state))
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+        task = track(coro, f"the Monitor: {getattr(coro, '__qualname__', coro)}")  # logged with it if it fails
         self._tasks.add(task)
-        task.add_done_callback(self._on_task_done)
-
-    def _on_task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("monitor panel task failed", exc_info=task.exception())
+        task.add_done_callback(self._tasks.discard)
 
     def _get_lock(self) -> asyncio.Lock:
         if self._lock is None:
@@ -319,7 +316,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
             self.sampler.interval, self.sampler.busy_interval = self.interval, self.busy_interval
             self.request_tick()
 
-    async def _stop_sampling(self, state: str = "Stopped") -> None:
+    async def _stop_sampling(self, state: ServerState = ServerState.STOPPED) -> None:
         async with self._get_lock():
             was_sampling = self.sampler is not None
             await self._stop_sampler_locked()

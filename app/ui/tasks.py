@@ -11,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from app.core.background import track
+
 log = logging.getLogger(__name__)
 
 
 class RunsTasks:
     _tasks: set
 
-    def spawn(self, coro) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
+    def spawn(self, coro, what: str = "") -> asyncio.Task:
+        """Start ``coro``: the app's one way (:func:`app.core.background.track` logs a failure with
+        ``what``); the panel keeps it to cancel at its close and says a failure to the user."""
+        task = track(coro, what or f"{type(self).__name__}: {getattr(coro, '__qualname__', coro)}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
@@ -26,8 +30,7 @@ class RunsTasks:
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("%s task failed", type(self).__name__, exc_info=task.exception())
-            self._task_failed(task.exception())
+            self._task_failed(task.exception())  # logged with its context by track
 
     async def end_tasks(self) -> None:
         """Cancel what is still running and wait until it has stopped (a panel's ``aclose``)."""
