@@ -36,6 +36,10 @@ class SessionActions:
         text = (f"Parked slot {result.slot_id} as '{rec.name}': {rec.n_tokens:,} tokens, "
                 f"{_size(rec.state_size + rec.sidecar_size)} in {rec.save_ms:,.0f} ms. "
                 f"Sidecar: {result.sidecar.reason if result.sidecar else '-'}")
+        return await self._done(result, text, label)
+
+    async def _done(self, result, text: str, label: str):
+        """Say a park's or resume's result with its warnings, then show the slots as they are now."""
         if result.warnings:
             text += "\n⚠ " + "\n⚠ ".join(result.warnings)
         self._say(text, ok=True, label=label)
@@ -102,11 +106,7 @@ class SessionActions:
             return None
         text = (f"Resumed '{result.record.name}' into slot {result.slot_id}: {result.n_restored:,} tokens in "
                 f"{result.restore_ms:,.0f} ms. The verdict comes with the next query on that slot.")
-        if result.warnings:
-            text += "\n⚠ " + "\n⚠ ".join(result.warnings)
-        self._say(text, ok=True, label=label)
-        await self._read_slots()
-        return result
+        return await self._done(result, text, label)
 
     async def resume_planned(self):
         if self.service is None:
