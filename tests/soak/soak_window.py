@@ -114,13 +114,22 @@ def sample(window, phase: str, i: int) -> Sample:
     from PySide6.QtWidgets import QApplication
 
     gc.collect()
+    from PySide6.QtCore import QAbstractAnimation
+
+    # a style's busy-bar animation lives while a progress bar moves and goes when it stops: not a leak
+    objects = [o for o in window.findChildren(QObject) if not isinstance(o, QAbstractAnimation)]
+    if os.environ.get("KVV_SOAK_DEBUG"):  # which objects: their class, name and parent's class
+        import collections
+
+        c = collections.Counter(f"{type(o).__name__}:{o.objectName()}:{type(o.parent()).__name__}" for o in objects)
+        print("QOBJ", phase, i, sorted(c.items()), flush=True)
     proc = psutil.Process()
     tops = QApplication.topLevelWidgets()
     timers = [t for w in tops for t in w.findChildren(QTimer)] + QApplication.instance().findChildren(QTimer)
     return Sample(phase, i, time.time(), round(proc.memory_info().rss / 1e6, 1), proc.num_fds(), proc.num_threads(),
                   len([t for t in asyncio.all_tasks() if not t.done()]),
                   sum(1 for t in timers if t.isActive() and t.objectName() != "qt_scrollarea_timer"), len(timers),
-                  len(window.findChildren(QObject)))
+                  len(objects))
 
 
 def judge(phase: str, samples: list[Sample], *, judge_rss: bool) -> PhaseReport:
