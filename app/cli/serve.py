@@ -24,6 +24,10 @@ def add_commands(sub) -> None:
                          "for at most this long (default: the park_timeout_s setting, 120 s unless changed); "
                          "a second signal stops at once")
     sv.add_argument("--no-park", action="store_true", help="stop without parking the slots")
+    sv.add_argument("--proxy", action="store_true",
+                    help="put the conversation proxy on the profile's host and port (the server moves to a "
+                         "private loopback port): every request pinned to a slot, conversations parked and "
+                         "restored by themselves, each request judged (also: proxy = true in the profile)")
     sv.set_defaults(run=lambda args: asyncio.run(cmd_serve(args)))
 
 
@@ -44,6 +48,8 @@ async def cmd_serve(args) -> int:
                                          SessionsChanged, StateChanged, load_profile, profile_target_id)
 
     profile = load_profile(args.profile)
+    if getattr(args, "proxy", False):
+        profile = profile.replace(proxy=True)
     service = ServerService(park_timeout_s=args.park_timeout)
     tid = profile_target_id(profile.name)
     # The Cache health detectors, as in the window: findings with the known issue and the remedy.
@@ -101,14 +107,19 @@ async def cmd_serve(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal)
     try:
-        handle = await service.launch(profile)
+        from app.proxy.service import launch_with_proxy
+
+        handle, proxy = await launch_with_proxy(service, profile)
         if handle is None:
             h = service.get(tid)
             outcome = h.supervisor.outcome if h is not None and h.supervisor is not None else None
             why = refused[0] if refused else (outcome.summary() if outcome is not None else "refused")
             print(f"error: server did not start: {why}", file=sys.stderr)
             return EXIT_FAIL
-        _say(f"ready at {handle.url}; Ctrl-C parks the slots and stops the server")
+        if proxy is not None:
+            proxy.on_record(_print_request)
+            _say(f"conversation proxy at {proxy.http.url} (the server listens on {handle.url}, loopback only)")
+        _say(f"ready at {proxy.http.url if proxy else handle.url}; Ctrl-C parks the slots and stops the server")
         waiters = [loop.create_task(stop.wait()), loop.create_task(ended.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:
@@ -124,6 +135,8 @@ async def cmd_serve(args) -> int:
                 _say(f"{POLICY[trigger].doing} (a second signal stops at once)")
                 _report_parks(await service.park_then_stop(tid, trigger), profile.name)
         outcome, final_state = sup.outcome, sup.state
+        if proxy is not None:
+            await proxy.stop()
     finally:
         await service.aclose()
     if ended.is_set() and outcome and final_state == ServerState.CRASHED:
@@ -134,6 +147,14 @@ async def cmd_serve(args) -> int:
         return EXIT_OK
     _say("server stopped")
     return EXIT_OK
+
+
+def _print_request(rec) -> None:
+    figures = f"cache_n {rec.cache_n:,}, prompt_n {rec.prompt_n:,}" if rec.cache_n is not None and \
+        rec.prompt_n is not None else "no timings"
+    why = f": {rec.explanation.cause.value} ({rec.explanation.detail})" if rec.explanation is not None else ""
+    restored = f", restored from '{rec.restored_from}'" if rec.restored_from else ""
+    _say(f"request {rec.verdict.value} conversation {rec.conversation} slot {rec.slot} ({figures}{restored}){why}")
 
 
 def _print_verdict(slot_id: int, session: str | None, verdict) -> None:

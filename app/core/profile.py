@@ -78,6 +78,7 @@ class LaunchProfile:
     # App behaviour, not server flags.
     auto_restart: bool = False
     resume_on_start: bool = False
+    proxy: bool = False  # the conversation proxy on host:port, the server behind it on a private port
     expose_acknowledged: bool = False  # user accepted a non-loopback host without API key
 
     def replace(self, **changes) -> "LaunchProfile":

@@ -28,7 +28,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Union
+from typing import Awaitable, Callable, Union
 
 from app.core.background import track
 from app.core.lifecycle import DEFAULT_PARK_TIMEOUT_S, POLICY, StopTrigger, TargetKind
@@ -181,13 +181,20 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class ProxyChanged:
+    target_id: str
+    proxy: object | None  # the conversation proxy in front of the server (app.proxy.service), or None
+
+
+@dataclass(frozen=True)
 class Parking:
     target_id: str
     trigger: StopTrigger
     message: str
 
 
-ServerEvent = Union[StateChanged, LaunchPlanned, LaunchRefused, Progress, SessionsChanged, Parking, Notice]
+ServerEvent = Union[StateChanged, LaunchPlanned, LaunchRefused, Progress, SessionsChanged, Parking, Notice,
+                    ProxyChanged]
 
 
 @dataclass
@@ -226,6 +233,10 @@ class ServerHandle:
         self.plan = plan
         self.sessions: SessionService | None = None
         self._connecting: asyncio.Task | None = None
+        # run first by park_then_stop, inside its one timeout: the proxy saves its conversations
+        # under their own names, after which the parks find those slots already parked
+        self.before_park: list[Callable[[], Awaitable[None]]] = []
+        self.proxy = None  # the conversation proxy in front of it (app.proxy.service), when there is one
 
     @property
     def id(self) -> str:
@@ -561,6 +572,8 @@ class ServerService:
         from app.jobs.resume_plan import load_resume_plan
 
         svc = await self.sessions(h.id, recover=False)
+        for hook in list(h.before_park):
+            await hook()
         report.results = await svc.park_all(prefix, remember=True)
         report.plan = load_resume_plan(svc.profile_name)
 
@@ -580,6 +593,10 @@ class ServerService:
         h = self.servers.pop(target_id, None)
         if h is None:
             return
+        if h.proxy is not None:
+            proxy, h.proxy = h.proxy, None
+            await proxy.stop()
+            self._emit(ProxyChanged(target_id, None))
         if h._connecting is not None and not h._connecting.done():
             h._connecting.cancel()
             await asyncio.gather(h._connecting, return_exceptions=True)
@@ -600,6 +617,15 @@ class ServerService:
             await self.remove(tid)
         if self._owns_catalog and self._catalog is not None:
             self._catalog.close()
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the server behind the proxy listens there)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def client_for(arg: str | LaunchProfile, *, api_key: str | None = None) -> LlamaClient:

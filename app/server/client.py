@@ -8,8 +8,10 @@ answered with an error body) or ``ServerUnreachable`` (no answer at all).
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from json import loads as _json_loads
 from typing import Any
@@ -19,6 +21,16 @@ import httpx
 DEFAULT_TIMEOUT = 10.0
 SLOT_ACTION_TIMEOUT = 30 * 60.0  # 100K-token states: minutes, not seconds
 COMPLETION_TIMEOUT = 60 * 60.0  # a full re-prefill of 100K tokens took 12 min in the seeds
+# forward(): a connection is quick to make, but a prefill sends nothing for minutes
+FORWARD_TIMEOUT = httpx.Timeout(COMPLETION_TIMEOUT, connect=DEFAULT_TIMEOUT)
+STALE_RETRIES = 2  # forward(): a pooled connection the server had closed is retried on another
+#: request headers forward() never passes on: hop-by-hop (RFC 9110 7.6.1) and what httpx sets
+#: itself (host, content-length); authorization and x-api-key are the proxy client's, never
+#: the server's (the client's own key replaces them), accept-encoding is asked as identity.
+NOT_FORWARDED = frozenset({
+    "connection", "keep-alive", "transfer-encoding", "te", "trailer", "trailers", "upgrade", "host",
+    "content-length", "expect", "authorization", "x-api-key", "accept-encoding",
+})
 
 
 class ServerError(Exception):
@@ -86,6 +98,61 @@ class LlamaClient:
     async def _json(self, method: str, path: str, **kw) -> Any:
         r = await self._request(method, path, **kw)
         return _decode(r, path)
+
+    @contextlib.asynccontextmanager
+    async def forward(self, method: str, path: str, *, headers: Mapping[str, str], content: bytes | None,
+                      params: Mapping[str, str] | None = None,
+                      timeout: float | None = None) -> AsyncIterator[httpx.Response]:
+        """Send a request as a proxy passes it on, and yield the response unread (streaming): the
+        caller reads ``status_code``, ``headers`` and ``aiter_raw()`` chunks as they come.
+
+        ``path`` is the raw path and query (``/slots/0?action=save``), sent to this server whatever
+        it holds (never another host). Hop-by-hop headers, ``host`` and ``content-length`` are not
+        passed on; the caller's ``authorization`` (and ``x-api-key``) is replaced by this client's
+        own key, if it has one; the body is asked for uncompressed, so the raw bytes are the
+        server's text. ``timeout``: seconds between bytes (default an hour: a long prefill sends
+        nothing); connecting gives up after ``DEFAULT_TIMEOUT``.
+
+        Connections: from (and back to) this client's keep-alive pool. Leaving the block before
+        the body is read closes the connection, which makes llama-server stop generating. After an
+        event stream llama-server (b11434) closes the connection although it announced keep-alive,
+        so that connection is shut here rather than pooled (the next request would race the close);
+        a request that meets a pooled connection the server closed before answering is sent again
+        on another, at most ``STALE_RETRIES`` times.
+
+        Errors: ``ServerUnreachable`` when the server cannot be reached or the connection breaks
+        (also while the caller reads the body); ``ValueError`` for a path that is not a path."""
+        if not path.startswith("/"):
+            raise ValueError(f"not a path: {path[:80]!r}")
+        listed = {t.strip().lower() for k, v in headers.items() if k.lower() == "connection" for t in v.split(",")}
+        out = [(k, v) for k, v in headers.items()
+               if (low := k.lower()) not in NOT_FORWARDED and low not in listed and not low.startswith("proxy-")]
+        out.append(("accept-encoding", "identity"))
+        base = self._client.base_url
+        url = base.copy_with(raw_path=base.raw_path.rstrip(b"/") + path.encode("ascii", "strict"))
+        t = FORWARD_TIMEOUT if timeout is None else httpx.Timeout(timeout, connect=DEFAULT_TIMEOUT)
+        request = self._client.build_request(method, url, headers=out, content=content, params=params, timeout=t)
+        for attempt in range(STALE_RETRIES + 1):
+            try:
+                r = await self._client.send(request, stream=True)
+                break
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                if attempt == STALE_RETRIES:  # not a stale connection: the server breaks them
+                    raise ServerUnreachable(self.base_url, _transport_reason(e)) from None
+            except httpx.TimeoutException as e:
+                raise ServerUnreachable(self.base_url, f"timed out ({type(e).__name__})") from None
+            except httpx.TransportError as e:
+                raise ServerUnreachable(self.base_url, _transport_reason(e)) from None
+        try:
+            yield r
+        except httpx.TimeoutException as e:
+            raise ServerUnreachable(self.base_url, f"timed out ({type(e).__name__})") from None
+        except httpx.TransportError as e:
+            raise ServerUnreachable(self.base_url, _transport_reason(e)) from None
+        finally:
+            if r.headers.get("content-type", "").startswith("text/event-stream"):
+                _shut_connection(r)
+            await r.aclose()
 
     # -- endpoints -----------------------------------------------------
     async def health(self, timeout: float = 2.0) -> Health:
@@ -219,6 +286,18 @@ def _error_message(r: httpx.Response) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return str(body["error"].get("message", ""))
     return r.text[:200]
+
+
+def _shut_connection(r: httpx.Response) -> None:
+    """Shut the response's socket: the pool then sees the connection closed (readable at EOF) and
+    drops it instead of handing it to the next request."""
+    stream = r.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
 
 
 def _transport_reason(e: Exception) -> str:

@@ -67,6 +67,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "resume_on_start": ("Resume parked slots on start", "After 'Park all & stop', resume those sessions into the "
                                                         "same slots as soon as this profile's server is Ready, "
                                                         "without asking."),
+    "proxy": ("Conversation proxy", "Clients talk to a proxy on this host and port; the server moves to a "
+                                    "private loopback port. Every request is pinned to a slot, conversations "
+                                    "are parked and restored by themselves, and each request is judged."),
 }
 
 
@@ -177,7 +180,7 @@ class ProfilePanel(QWidget):
             box.addItems([UNSET, *items])
             box.currentTextChanged.connect(self._changed)
             return box
-        if name in ("swa_full", "metrics", "auto_restart", "resume_on_start"):
+        if name in ("swa_full", "metrics", "auto_restart", "resume_on_start", "proxy"):
             cb = QCheckBox()
             cb.toggled.connect(self._changed)
             return cb

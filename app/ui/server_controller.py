@@ -19,6 +19,7 @@ from app.core.background import track
 from app.core.lifecycle import StopTrigger
 from app.core.profile import LaunchProfile
 from app.jobs.server_service import (LaunchPlanned, LaunchRefused, Notice, Parking, ParkStopReport, Progress,
+                                     ProxyChanged,
                                      ServerEvent, ServerHandle, ServerService, SessionsChanged, StateChanged,
                                      profile_target_id)
 from app.core.states import ServerState
@@ -35,6 +36,7 @@ class ServerController(QObject):
     sig_plan = Signal(object)  # LaunchPlan once a launch is planned
     sig_sessions = Signal(object)  # the shown server's SessionService, or None when it went
     sig_notice = Signal(str, bool)  # a message for the status line, ok
+    sig_proxy = Signal(object)  # the conversation proxy in front of the shown server (app.proxy.service), or None
 
     def __init__(self, parent=None, *, service: ServerService | None = None):
         super().__init__(parent)
@@ -139,7 +141,10 @@ class ServerController(QObject):
         if self.target_id != tid:
             await self._let_go()
         self.target_id = tid
-        return await self.service.launch(profile) is not None
+        from app.proxy.service import launch_with_proxy  # the proxy in front when the profile says so
+
+        handle, _proxy = await launch_with_proxy(self.service, profile)
+        return handle is not None
 
     async def stop_async(self) -> None:
         h = self.handle
@@ -180,5 +185,7 @@ class ServerController(QObject):
             self.sig_progress.emit(ev.what, ev.percent)
         elif isinstance(ev, SessionsChanged):
             self.sig_sessions.emit(ev.sessions)
+        elif isinstance(ev, ProxyChanged):
+            self.sig_proxy.emit(ev.proxy)
         elif isinstance(ev, (Parking, Notice)):
             self.sig_notice.emit(ev.message, getattr(ev, "ok", True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.core.background import track
+from app.ui.conversations_panel import ConversationsPanel
 from app.ui.health_panel import HealthPanel
 from app.ui.monitor_panel import MonitorPanel
 from app.ui.sessions_panel import SessionsPanel
@@ -19,6 +20,9 @@ def attach_panels(window) -> None:
     window.add_panel(sessions, "Sessions")
     window.add_panel(monitor, "Monitor")
     window.add_panel(health, "Cache health")
+    conversations = _attached(ConversationsPanel(), window.controller)
+    window.add_panel(conversations, "Conversations")
+    window.conversations_panel = conversations
 
     # A finding of the runtime detectors: a badge on the Monitor tab and a count on the tab.
     def on_findings(count: int, worst) -> None:

@@ -29,6 +29,12 @@ What it models, from llama.cpp build 11434 tools/server/server-context.cpp:
   recurrent-hybrid model keeps only its last position, a dense model keeps all;
 * slot selection, the RAM prompt cache and idle-slot saves (get_available_slot,
   process_single_task), /slots as server_slot::to_json, slot save/restore/erase;
+* streaming (``"stream": true``) as server-sent events, one HTTP chunk each, in the shapes the
+  real build sends (captured from it): /completion's token events and its final event with
+  ``timings``; /v1/chat/completions and /v1/completions (also not streamed) wrapped as OpenAI
+  objects with ``timings``, then ``data: [DONE]``; GET /v1/models. A client that goes away
+  mid-stream cancels the task (``srv stop: cancel task``) at the next token written; the
+  connection is closed after a stream although keep-alive was announced (as the real one does);
 * FAKE_SIDECAR=1: KV Valet's sidecar build (build 11434 + app/serverbuild/kvv-sidecar.patch),
   checkpoints saved to and loaded from ``<state>.ckpt``, in the behaviour KVV_SIDECAR_MODE
   picks like the real binary: ``v2`` (unset or unknown: PKCL v2 with the state file's FNV-1a,
@@ -42,8 +48,9 @@ Environment knobs:
   FAKE_N_SWA (512)                 sliding window of the fake model
   FAKE_PREFILL_TPS (280)           reported prompt tokens per second
   FAKE_GEN_TPS (40)                reported generated tokens per second
-  FAKE_COMPLETION_DELAY (0)        seconds a completion really keeps its slot busy (SIGUSR2 ends
-                                   the delays at once, and every later one)
+  FAKE_COMPLETION_DELAY (0)        seconds a completion really keeps its slot busy, a streamed one
+                                   right after its first token (SIGUSR2 ends the delays at once, and
+                                   every later one)
   FAKE_SIDECAR (0)                 1: the sidecar build: write/read <state>.ckpt sidecars
   KVV_SIDECAR_MODE (v2)            with FAKE_SIDECAR=1: v2 | fork | port, as the real sidecar build
   FAKE_STATE_BYTES_PER_TOKEN (64)  size of the fake sequence state per token
@@ -67,8 +74,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import signal
+import string
 import struct
 import sys
 import threading
@@ -611,6 +620,20 @@ def valid_filename(name: str) -> bool:
     return not any(ord(c) < 0x20 or ord(c) == 0x7F or c in '/\\:*?"<>|' for c in name)
 
 
+def sampled(prompt: list[int], n_predict: int) -> list[int]:
+    """The tokens a completion "generates": deterministic from the prompt's tail (16 by default)."""
+    n_gen = n_predict if n_predict >= 0 else 16
+    seed = zlib.crc32(repr(prompt[-8:]).encode())
+    return [token_id(" ") if i % 2 == 0 else token_id(WORDS[(seed + i) % len(WORDS)]) for i in range(n_gen)]
+
+
+def hold_completion() -> None:
+    """FAKE_COMPLETION_DELAY: keep the slot busy (a streamed completion: after its first token)."""
+    delay = env_float("FAKE_COMPLETION_DELAY", 0)
+    if delay > 0:
+        END_COMPLETION_DELAY.wait(delay)
+
+
 # ---------------------------------------------------------------- server state
 
 @dataclass
@@ -916,8 +939,12 @@ class FakeServer:
             srv_log("I", "get_availabl", f"prompt cache update took {(time.perf_counter() - t0) * 1000:.2f} ms", TRACE)
         return ret
 
-    def completion(self, body: dict) -> dict:
-        if body.get("stream"):
+    def completion(self, body: dict, on_token=None) -> dict:
+        """``POST /completion``: the final result. Streamed (``"stream": true``), ``on_token(i, token)``
+        is called for each generated token as it is "sampled", with the slot still processing; an
+        ``OSError`` from it (the client went away) cancels the task like llama-server does."""
+        stream = bool(body.get("stream"))
+        if stream and on_token is None:
             raise HttpError(501, "fake llama-server: streaming is not supported", "not_supported_error")
         prompt = body.get("prompt", "")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -956,10 +983,32 @@ class FakeServer:
                 self.cancel_after_error(task)
                 self.cv.notify_all()
                 raise
+        if stream:
+            generated = sampled(tokens, n_predict)
+            sent = 0
+            try:
+                for i, tok in enumerate(generated):
+                    on_token(i, tok)
+                    sent = slot.n_gen = i + 1
+                    if i == 0:  # the slot stays busy after the first token while the delay lasts
+                        hold_completion()
+                if not generated:
+                    hold_completion()
+            except OSError:  # the connection closed: llama-server cancels the task
+                with self.cv:
+                    srv_log("W", "stop", f"cancel task, id_task = {task}")
+                    p0 = len(slot.tokens)
+                    slot.tokens.extend(generated[:sent])
+                    self.mem_decode(slot, p0, len(slot.tokens))
+                    self._release(slot)
+                    self.cv.notify_all()
+                raise
+            with self.cv:
+                result = self._finish(slot, tokens, n_predict, cache_n, prompt_n, n_batches, stream=True)
+                self.cv.notify_all()
+            return result
         try:
-            delay = env_float("FAKE_COMPLETION_DELAY", 0)
-            if delay > 0:
-                END_COMPLETION_DELAY.wait(delay)
+            hold_completion()
         finally:
             with self.cv:
                 result = self._finish(slot, tokens, n_predict, cache_n, prompt_n, n_batches)
@@ -1139,11 +1188,9 @@ class FakeServer:
         return n_past, slot.n_prompt_processed, n_batches
 
     def _finish(self, slot: Slot, prompt: list[int], n_predict: int, cache_n: int, prompt_n: int,
-                n_batches: int) -> dict:
+                n_batches: int, stream: bool = False) -> dict:
         tid = slot.task_id()
-        n_gen = n_predict if n_predict >= 0 else 16
-        seed = zlib.crc32(repr(prompt[-8:]).encode())
-        generated = [token_id(" ") if i % 2 == 0 else token_id(WORDS[(seed + i) % len(WORDS)]) for i in range(n_gen)]
+        generated = sampled(prompt, n_predict)
         # every sampled token but the last is decoded into the slot's memory
         p0 = len(slot.tokens)
         slot.tokens.extend(generated[:-1])
@@ -1182,7 +1229,8 @@ class FakeServer:
         m["predicted_seconds"] += predicted_ms / 1000
         m["n_decode"] += n_batches + max(0, len(generated) - 1)
         m["n_tokens_max"] = max(m["n_tokens_max"], len(slot.tokens))
-        settings = dict(self.fixtures["generation_settings"], n_predict=n_predict, max_tokens=n_predict)
+        settings = dict(self.fixtures["generation_settings"], n_predict=n_predict, max_tokens=n_predict,
+                        stream=stream)
         result = {
             "index": 0,
             "content": content,
@@ -1472,6 +1520,129 @@ class FakeServer:
         return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- OpenAI-compatible shapes
+#
+# As build 11434 answers them (captured from the real server with Gemma 3 270M): the chat
+# template renders the messages (the props fixture's chatml template), the completion runs as
+# /completion does, and the answer is wrapped in the OpenAI objects, "timings" appended.
+
+def render_chat(messages: list) -> str:
+    """The props fixture's chat template: ``<|im_start|>ROLE\nCONTENT<|im_end|>\n`` per message,
+    then the generation prompt."""
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise HttpError(400, "messages must be an array of objects")
+        content = m.get("content")
+        if isinstance(content, list):  # typed parts: the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        out.append(f"<|im_start|>{m.get('role', 'user')}\n{content or ''}<|im_end|>\n")
+    return "".join(out) + "<|im_start|>assistant\n"
+
+
+def oai_completion_body(body: dict, chat: bool) -> dict:
+    """The /completion body an OpenAI-compatible request runs as."""
+    out = {k: v for k, v in body.items() if k not in ("messages", "max_tokens", "max_completion_tokens")}
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise HttpError(400, "'messages' is required")
+        out["prompt"] = render_chat(messages)
+    n = body.get("max_completion_tokens", body.get("max_tokens", body.get("n_predict", -1)))
+    out["n_predict"] = -1 if n is None else int(n)
+    return out
+
+
+def oai_id() -> str:
+    return "chatcmpl-" + "".join(random.choice(string.ascii_letters + string.digits) for _ in range(32))
+
+
+def oai_usage(result: dict) -> dict:
+    t = result["timings"]
+    return {"completion_tokens": t["predicted_n"], "prompt_tokens": result["tokens_evaluated"],
+            "total_tokens": t["predicted_n"] + result["tokens_evaluated"],
+            "prompt_tokens_details": {"cached_tokens": t["cache_n"]}}
+
+
+def oai_finish_reason(result: dict) -> str:
+    return "length" if result["stop_type"] == "limit" else "stop"
+
+
+def oai_chat_response(result: dict) -> dict:
+    return {"choices": [{"finish_reason": oai_finish_reason(result), "index": 0,
+                         "message": {"role": "assistant", "content": result["content"]}}],
+            "created": int(time.time()), "model": result["model"],
+            "system_fingerprint": os.environ.get("FAKE_BUILD_INFO", "b11434-fake"), "object": "chat.completion",
+            "usage": oai_usage(result), "id": oai_id(), "timings": result["timings"]}
+
+
+def oai_text_response(result: dict) -> dict:
+    return {"choices": [{"text": result["content"], "index": 0, "logprobs": None,
+                         "finish_reason": oai_finish_reason(result)}],
+            "created": int(time.time()), "model": result["model"],
+            "system_fingerprint": os.environ.get("FAKE_BUILD_INFO", "b11434-fake"), "object": "text_completion",
+            "usage": oai_usage(result), "id": oai_id(), "timings": result["timings"]}
+
+
+class OaiStream:
+    """The events of a streamed /v1/chat/completions or /v1/completions, in the real order: (chat)
+    a role chunk with the first token, one chunk per token, the finish chunk with "timings" (with
+    ``stream_options.include_usage``: the finish chunk, then an empty-choices chunk with "usage" and
+    "timings"; /v1/completions always carries "usage"), then ``[DONE]``."""
+
+    def __init__(self, chat: bool, body: dict, model: str):
+        self.chat, self.model = chat, model
+        self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.id, self.created = oai_id(), int(time.time())
+        self.fp = os.environ.get("FAKE_BUILD_INFO", "b11434-fake")
+
+    def _chat_chunk(self, choices: list, **extra) -> dict:
+        return {"choices": choices, "created": self.created, "id": self.id, "model": self.model,
+                "system_fingerprint": self.fp, "object": "chat.completion.chunk", **extra}
+
+    def _text_chunk(self, text: str, finish_reason: str | None, **extra) -> dict:
+        return {"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+                "created": self.created, "model": self.model, "system_fingerprint": self.fp,
+                "object": "text_completion", **extra, "id": self.id}
+
+    def token(self, i: int, piece: str) -> list[dict]:
+        if not self.chat:
+            return [self._text_chunk(piece, None)]
+        out = []
+        if i == 0:
+            out.append(self._chat_chunk([{"finish_reason": None, "index": 0,
+                                          "delta": {"role": "assistant", "content": None}}]))
+        out.append(self._chat_chunk([{"finish_reason": None, "index": 0, "delta": {"content": piece}}]))
+        return out
+
+    def final(self, result: dict) -> list[dict]:
+        reason = oai_finish_reason(result)
+        if not self.chat:
+            text = self._text_chunk("", reason, usage=oai_usage(result))
+            return [dict(text, timings=result["timings"])]
+        if self.include_usage:
+            return [self._chat_chunk([{"finish_reason": reason, "index": 0, "delta": {}}]),
+                    self._chat_chunk([], usage=oai_usage(result), timings=result["timings"])]
+        return [self._chat_chunk([{"finish_reason": reason, "index": 0, "delta": {}}], timings=result["timings"])]
+
+
+def models_json() -> dict:
+    """GET /v1/models (and /models): the Ollama-style list and the OpenAI one, as build 11434."""
+    s = SERVER
+    return {"models": [{"name": s.alias, "model": s.alias, "modified_at": "", "size": "", "digest": "",
+                        "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+                        "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
+                                                      "families": [""], "parameter_size": "",
+                                                      "quantization_level": ""}}],
+            "object": "list",
+            "data": [{"id": s.alias, "aliases": [s.alias], "tags": [], "object": "model",
+                      "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                      "created": int(time.time()), "owned_by": "llamacpp",
+                      "meta": {"vocab_type": 1, "n_vocab": N_VOCAB, "n_ctx": s.n_ctx_slot, "n_ctx_train": N_CTX_TRAIN,
+                               "n_embd": 640, "n_params": 268098176, "size": 246587904,
+                               "ftype": "Q4_K - Medium"}}]}
+
+
 # ---------------------------------------------------------------- HTTP
 
 SERVER: FakeServer
@@ -1496,6 +1667,48 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _sse(self, events: list[dict], done: bool = False) -> None:
+        """Server-sent events (``data: JSON``, a blank line), each its own HTTP chunk; the headers
+        go out with the first event, so an error before it is still a plain JSON answer."""
+        if not self._sse_started:
+            self._sse_started = True
+            self.send_response(200)
+            self.send_header("Access-Control-Allow-Origin", "*")
+            self.send_header("X-Accel-Buffering", "no")
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+        lines = [b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n" for e in events]
+        if done:
+            lines.append(b"data: [DONE]\n\n")
+        for data in lines:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _stream_completion(self, body: dict, oai: OaiStream | None) -> None:
+        # build 11434 closes the connection after an event stream, although its headers announced
+        # keep-alive: a client that pools it meets a closed connection on its next request
+        self.close_connection = True
+
+        def on_token(i: int, tok: int) -> None:
+            piece = detokenize([tok])
+            if oai is not None:
+                return self._sse(oai.token(i, piece))
+            self._sse([{"index": 0, "content": piece, "tokens": [tok], "stop": False, "id_slot": -1,
+                        "tokens_predicted": i + 1, "tokens_evaluated": n_eval}])
+
+        n_eval = 0
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, str):
+            n_eval = len(tokenize(prompt, add_bos=True))
+        elif isinstance(prompt, list):
+            n_eval = len(prompt)
+        result = SERVER.completion(body, on_token)
+        if oai is not None:
+            self._sse(oai.final(result), done=True)
+        else:
+            self._sse([dict(result, content="", tokens=[])])
+        self.wfile.write(b"0\r\n\r\n")
+
     def _body(self) -> dict:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
@@ -1512,6 +1725,7 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         url = urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
+        self._sse_started = False
         try:
             body = self._body() if method == "POST" else {}
             if SERVER.loading:
@@ -1522,13 +1736,19 @@ class Handler(BaseHTTPRequestHandler):
                     raise HttpError(401, "Invalid API Key", "authentication_error")
             self._route(method, path, parse_qs(url.query), body)
         except HttpError as exc:
-            self._send(exc.code, error_body(exc.code, exc.message, exc.etype, **exc.extra))
+            if self._sse_started:  # no error after the first event (the fake's errors come before it)
+                self.close_connection = True
+            else:
+                self._send(exc.code, error_body(exc.code, exc.message, exc.etype, **exc.extra))
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            self.close_connection = True
         except Exception as exc:  # like llama-server's ex_wrapper: an exception becomes a 500
             body = error_body(500, str(exc), "server_error")
             srv_log("W", "operator()", f"got exception: {json.dumps(body, separators=(',', ':'))}")
-            self._send(500, body)
+            if self._sse_started:
+                self.close_connection = True
+            else:
+                self._send(500, body)
 
     def _route(self, method: str, path: str, query: dict, body: dict) -> None:
         if method == "GET" and path in ("/health", "/v1/health"):
@@ -1549,7 +1769,18 @@ class Handler(BaseHTTPRequestHandler):
             action = (query.get("action") or [""])[0]
             return self._send(200, SERVER.slot_action(path[len("/slots/"):], action, body))
         if method == "POST" and path in ("/completion", "/completions"):
+            if body.get("stream"):
+                return self._stream_completion(body, None)
             return self._send(200, SERVER.completion(body))
+        if method == "POST" and path in ("/v1/completions", "/v1/chat/completions", "/chat/completions"):
+            chat = path != "/v1/completions"
+            cbody = oai_completion_body(body, chat)
+            if body.get("stream"):
+                return self._stream_completion(cbody, OaiStream(chat, body, SERVER.alias))
+            result = SERVER.completion(cbody)
+            return self._send(200, oai_chat_response(result) if chat else oai_text_response(result))
+        if method == "GET" and path in ("/models", "/v1/models"):
+            return self._send(200, models_json())
         if method == "POST" and path == "/tokenize":
             content = body.get("content", "")
             tokens = tokenize(content, add_bos=bool(body.get("add_special", False)))
@@ -1585,6 +1816,20 @@ def flood_log(rate: float, stop: threading.Event) -> None:
                 sys.stderr.write("\n".join(chunk) + "\n")
                 sys.stderr.flush()
         stop.wait(0.01)  # pacing of the flood, not synchronisation
+
+
+SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+
+def start_thread(target, *args) -> None:
+    """A daemon thread that never takes the signals: the kernel may hand a process's signal to any
+    thread that does not block it, and Python runs the handler only when the main thread next runs
+    bytecode; the main thread, blocked in a wait, would not notice it (a SIGUSR2 lost for good)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        threading.Thread(target=target, args=args, daemon=True).start()  # inherits the mask
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
 def main(argv: list[str]) -> int:
@@ -1624,7 +1869,7 @@ def main(argv: list[str]) -> int:
     if not SERVER.api_keys:
         srv_log("W", "llama_server", "security: no API key is set and CORS allows all origins "
                 "(see https://github.com/ggml-org/llama.cpp/pull/25655)")
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    start_thread(httpd.serve_forever)
     srv_log("I", "load_model", f"loading model '{SERVER.model_path}'")
     srv_log("I", "load_model", f"local path '{SERVER.model_path}'", TRACE)
     if not os.path.isfile(SERVER.model_path):
@@ -1674,7 +1919,7 @@ def main(argv: list[str]) -> int:
     srv_log("I", "llama_server", f"listening on http://{host}:{port}")
     srv_log("I", "update_slots", "all slots are idle", TRACE)
     if env_float("FAKE_LOG_FLOOD", 0) > 0:
-        threading.Thread(target=flood_log, args=(env_float("FAKE_LOG_FLOOD", 0), stop), daemon=True).start()
+        start_thread(flood_log, env_float("FAKE_LOG_FLOOD", 0), stop)
     stop.wait()
     srv_log("I", "operator()", "operator(): cleaning up before exit...")
     return 0

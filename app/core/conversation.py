@@ -1,0 +1,95 @@
+"""The proxy's values: what a request was judged, and why it re-processed what it did.
+
+Shared by the identity (app.proxy.identity), the explanation (app.proxy.explain), the slot
+leases (app.proxy.leases), the HTTP layer (app.proxy.http) and the faces.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["RequestVerdict", "Cause", "Message", "Explanation", "RequestRecord", "Conversation"]
+
+
+class RequestVerdict(enum.StrEnum):
+    HIT = "HIT"  # the server reused what the slot could have reused (a few tokens of re-tokenised tail aside)
+    PARTIAL = "PARTIAL"  # it reused some, re-processed more than it had to
+    MISS = "MISS"  # it reused (almost) nothing it could have reused
+    NEW = "NEW"  # nothing to reuse: a conversation's first request
+
+
+class Cause(enum.StrEnum):
+    """Why a request re-processed more than it had to (None when it did not)."""
+
+    SYSTEM_PROMPT_CHANGED = "the system prompt changed"
+    EARLIER_MESSAGE_EDITED = "an earlier message was edited"
+    REASONING_STRIPPED = "the client sent the reply back without its reasoning"
+    TOOL_RESULT_CHANGED = "a tool result changed"
+    CLIENT_TRUNCATION = "the client dropped old turns"
+    TEMPLATE_CHANGED = "the chat template renders the same messages differently"
+    SLOT_TAKEN = "another conversation used the slot meanwhile"
+    IDLE_SLOT_CLEARED = "the server cleared the idle slot (idle-slot caching)"
+    SERVER_RESTARTED = "the server restarted"
+    SERVER_SLEPT = "the server slept (its context was destroyed)"
+    RESTORE_WITHOUT_CHECKPOINTS = "the restore brought no context checkpoints back (no usable sidecar)"
+    RESTORE_FAILED = "the restore failed: the slot was emptied"
+    UNKNOWN = "not known"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message as the proxy compares it: its role and its text (reasoning kept apart)."""
+
+    role: str
+    content: str
+    reasoning: str = ""  # "reasoning_content", or <think>…</think> taken out of an assistant message
+    name: str = ""  # a tool's name / a tool_call_id: part of a tool result's identity
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a request re-processed: the cause, where the prompt first differed, and a sentence."""
+
+    cause: Cause
+    detail: str  # for the user: "message 3 (user) differs from what the slot held, at character 120"
+    first_divergent_message: int | None = None  # index into the request's messages
+    first_divergent_token: int | None = None  # when the server's /tokenize was asked
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request through the proxy, judged."""
+
+    at: float
+    conversation: str | None  # the conversation id, None for a request that has none (a raw /completion)
+    slot: int | None
+    path: str
+    stream: bool
+    cache_n: int | None
+    prompt_n: int | None
+    prompt_ms: float | None
+    predicted_n: int | None
+    expected_reuse: int  # tokens the slot held that this request could have reused
+    verdict: RequestVerdict
+    explanation: Explanation | None = None
+    restored_from: str | None = None  # the parked session a restore brought back first
+    wasted_ms: float | None = None  # prompt time spent on tokens it could have reused (learned rate)
+
+
+@dataclass
+class Conversation:
+    """What the proxy knows of one conversation."""
+
+    id: str
+    setup: str  # the serving setup's fingerprint (app.proxy.identity.setup_fingerprint)
+    chain: list[str] = field(default_factory=list)  # hash chain of its messages, up to its last reply
+    messages: list[Message] = field(default_factory=list)  # the last request's messages (for explanations)
+    hint: str | None = None  # the client's own id (X-Session-Id, or the body's "user")
+    slot: int | None = None  # the slot holding it now, or None
+    n_tokens: int = 0  # tokens it holds in that slot after its last reply
+    parked_as: str | None = None  # the session it is parked as, when it is parked
+    last_used: float = 0.0
+    last_verdict: RequestVerdict | None = None
+    requests: int = 0
+    time_saved_s: float = 0.0

@@ -1,0 +1,235 @@
+"""How well a request reused the slot, and why it re-processed more than it had to (pure: no I/O).
+
+:func:`judge` turns the server's ``timings`` (``cache_n``: prompt tokens reused from the slot,
+``prompt_n``: prompt tokens processed) and what the slot held that the request could have
+reused into a :class:`RequestVerdict`. A reuse is never exact: the server always processes at
+least one prompt token, and a chat client's re-rendered tail, re-tokenised, moves BPE
+boundaries by a few tokens, so ``slack`` tokens short of the expected reuse is still a HIT.
+
+:func:`explain` says why a PARTIAL or MISS happened: first what the proxy saw happen to the slot
+(a failed restore, a restart, sleep, another conversation, the idle-slot cache, a restore
+without checkpoints), then what changed in the messages (:func:`explain_messages`), else the
+server re-processed unchanged messages by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.proxy.model import Cause, Explanation, Message, RequestVerdict
+
+#: tokens short of the expected reuse still judged a HIT (re-tokenised tail + the one token)
+SLACK = 16
+
+
+def judge(cache_n: int | None, prompt_n: int | None, expected_reuse: int, *, new: bool = False,
+          slack: int = SLACK) -> RequestVerdict:
+    """The verdict on one request.
+
+    * NEW: ``new`` (a conversation's first request), or nothing to reuse (``expected_reuse <= 0``).
+    * With ``cache_n`` known:
+      HIT when ``cache_n >= expected_reuse - slack``;
+      MISS when ``cache_n <= slack`` and ``expected_reuse > 2 * slack`` (nothing useful reused of
+      a reuse worth having);
+      PARTIAL otherwise.
+    * With ``cache_n`` unknown (an older server, a failed request):
+      HIT when ``prompt_n <= slack`` (at most ``slack`` tokens processed: the rest was reused);
+      MISS when ``prompt_n >= expected_reuse - slack`` and ``expected_reuse > 2 * slack`` (it
+      processed at least as much as it could have reused: most likely all of it again);
+      PARTIAL otherwise, and when neither figure is known.
+    """
+    if new or expected_reuse <= 0:
+        return RequestVerdict.NEW
+    if cache_n is not None:
+        if cache_n >= expected_reuse - slack:
+            return RequestVerdict.HIT
+        if cache_n <= slack and expected_reuse > 2 * slack:
+            return RequestVerdict.MISS
+        return RequestVerdict.PARTIAL
+    if prompt_n is not None:
+        if prompt_n <= slack:
+            return RequestVerdict.HIT
+        if prompt_n >= expected_reuse - slack and expected_reuse > 2 * slack:
+            return RequestVerdict.MISS
+    return RequestVerdict.PARTIAL
+
+
+# -- the messages --------------------------------------------------------------
+
+
+def _key(m: Message) -> tuple[str, str, str]:
+    """What the chain hashes of a message (reasoning left out)."""
+    return (m.role, m.name, m.content)
+
+
+def _first_char(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _stripped_reasoning(p: Message, c: Message) -> bool:
+    return p.role == "assistant" and bool(p.reasoning) and not c.reasoning
+
+
+def _truncation(previous: list[Message], current: list[Message], i: int) -> int:
+    """k >= 1 when ``current`` is ``previous`` with k messages dropped at ``i`` (messages
+    before i equal), all of them non-system but a leading system prompt (not that alone), and
+    at least one message after them kept; 0 when not."""
+    for k in range(1, len(previous) - i):
+        dropped = previous[i:i + k]
+        if any(m.role == "system" and not (i == 0 and j == 0) for j, m in enumerate(dropped)):
+            break  # a client that drops a system prompt mid-way is not truncating old turns
+        if all(m.role == "system" for m in dropped):
+            continue  # the system prompt alone dropped: it changed (SYSTEM_PROMPT_CHANGED)
+        n = min(len(current) - i, len(previous) - i - k)
+        if all(_key(current[i + j]) == _key(previous[i + k + j]) for j in range(n)):
+            return k
+    return 0
+
+
+def _role(role: str) -> str:
+    return role if role.isprintable() and role.strip() == role and role else repr(role)
+
+
+def _where(i: int, p: Message, c: Message) -> str:
+    """Where message i first differs, in words."""
+    if p.role != c.role:
+        return f"message {i} was {_role(p.role)}, now {_role(c.role)}"
+    if p.name != c.name:
+        return f"message {i} ({_role(c.role)}) names {c.name or 'nothing'!r} where the slot held {p.name or 'nothing'!r}"
+    at = _first_char(p.content, c.content)
+    return f"message {i} ({_role(c.role)}) differs from what the slot held at character {at}"
+
+
+def explain_messages(previous: list[Message], current: list[Message]) -> Explanation | None:
+    """Why ``current`` could not reuse what the slot held after ``previous`` (previous and its
+    reply). None when one extends the other, compared as the chain compares them (role, name,
+    content; reasoning left out) and no reply lost its reasoning: then re-processing was not
+    the messages' doing.
+
+    Else the first message that differs (in order) is classified:
+
+    * CLIENT_TRUNCATION: from there ``current`` is ``previous`` with k >= 1 old non-system
+      messages dropped (the system prompt kept, or dropped with them);
+    * SYSTEM_PROMPT_CHANGED: it is a system message (added, removed or edited), or the
+      first message;
+    * REASONING_STRIPPED: an assistant message equal but for its reasoning, which the slot
+      held and the client did not send back. The chain is the same, but the server renders
+      what the client sends, so the prompt is not (a template that keeps past reasoning);
+    * TOOL_RESULT_CHANGED: a tool message;
+    * EARLIER_MESSAGE_EDITED: anything else.
+    """
+    for i in range(min(len(previous), len(current))):
+        p, c = previous[i], current[i]
+        if _key(p) == _key(c):
+            if _stripped_reasoning(p, c):
+                return Explanation(
+                    Cause.REASONING_STRIPPED,
+                    f"Message {i} (assistant) came back without its reasoning ({len(p.reasoning):,} "
+                    f"characters), so the prompt differs from what the slot held from there.",
+                    first_divergent_message=i)
+            continue
+        k = _truncation(previous, current, i)
+        if k:
+            return Explanation(
+                Cause.CLIENT_TRUNCATION,
+                f"The client dropped {k} old message{'s' if k != 1 else ''} at message {i}: "
+                f"message {i} ({_role(c.role)}) is what the slot held as message {i + k}, so everything "
+                f"after message {i - 1 if i else 0} was processed again." if i else
+                f"The client dropped the first {k} message{'s' if k != 1 else ''}: message 0 "
+                f"({_role(c.role)}) is what the slot held as message {k}, so the whole prompt was processed again.",
+                first_divergent_message=i)
+        where = _where(i, p, c)
+        if "system" in (p.role, c.role) or i == 0:
+            cause = Cause.SYSTEM_PROMPT_CHANGED
+            text = f"The system prompt changed: {where}."
+        elif "tool" in (p.role, c.role):
+            cause = Cause.TOOL_RESULT_CHANGED
+            text = f"A tool result changed: {where}."
+        else:
+            cause = Cause.EARLIER_MESSAGE_EDITED
+            text = f"An earlier message was edited: {where}."
+        return Explanation(cause, text, first_divergent_message=i)
+    return None
+
+
+def first_divergent_token(a: list[int], b: list[int]) -> int:
+    """Index of the first token where ``a`` and ``b`` differ (the shorter's length when one is
+    a prefix of the other)."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+# -- the slot ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlotContext:
+    """What the proxy knows happened to the slot between this conversation's last request and
+    this one."""
+
+    taken_by: str | None = None  # another conversation's id, when it used the slot meanwhile
+    idle_cleared: bool = False  # the server's idle-slot cache saved and cleared it
+    restarted: bool = False  # the server restarted
+    slept: bool = False  # the server slept (its context destroyed)
+    restored_from: str | None = None  # the parked session a restore brought back first
+    restore_had_checkpoints: bool | None = None  # whether that restore brought checkpoints (None: not known)
+    restore_failed: bool = False  # the restore failed, which empties the slot
+
+
+def _server_side(ctx: SlotContext) -> Explanation | None:
+    if ctx.restore_failed:
+        what = f" of {ctx.restored_from!r}" if ctx.restored_from else ""
+        return Explanation(Cause.RESTORE_FAILED,
+                           f"The restore{what} failed, which empties the slot, so the whole prompt was processed again.")
+    if ctx.restarted:
+        return Explanation(Cause.SERVER_RESTARTED,
+                           "The server restarted since this conversation's last request, so its slot held nothing of it.")
+    if ctx.slept:
+        return Explanation(Cause.SERVER_SLEPT,
+                           "The server slept since this conversation's last request and destroyed its context, "
+                           "so the slot held nothing of it.")
+    if ctx.taken_by:
+        return Explanation(Cause.SLOT_TAKEN,
+                           f"Conversation {ctx.taken_by} used the slot since this conversation's last request, "
+                           f"so the slot no longer held its tokens.")
+    if ctx.idle_cleared:
+        return Explanation(Cause.IDLE_SLOT_CLEARED,
+                           "The server saved and cleared the idle slot (idle-slot caching) since this "
+                           "conversation's last request, so the slot no longer held its tokens.")
+    if ctx.restored_from and ctx.restore_had_checkpoints is False:
+        return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS,
+                           f"The restore of {ctx.restored_from!r} brought no context checkpoints back (no usable "
+                           f"sidecar), so this model could not roll back to reuse the restored tokens.")
+    return None
+
+
+def explain(verdict: RequestVerdict, previous: list[Message] | None, current: list[Message],
+            ctx: SlotContext) -> Explanation | None:
+    """Why a request re-processed more than it had to: None for HIT and NEW. The slot's story
+    first (:class:`SlotContext`, in the order restore failed, restarted, slept, taken, idle
+    cleared, restored without checkpoints), then the messages (:func:`explain_messages`),
+    else the server re-processed unchanged messages by itself: TEMPLATE_CHANGED when the
+    previous messages are known, UNKNOWN when they are not."""
+    if verdict in (RequestVerdict.HIT, RequestVerdict.NEW):
+        return None
+    found = _server_side(ctx)
+    if found is not None:
+        return found
+    if previous is None:
+        return Explanation(Cause.UNKNOWN,
+                           "The proxy has no record of this conversation's previous messages, so it cannot "
+                           "say why the server re-processed them.")
+    found = explain_messages(previous, current)
+    if found is not None:
+        return found
+    return Explanation(Cause.TEMPLATE_CHANGED,
+                       "The messages the slot held were sent unchanged, so the server re-processed them by itself "
+                       "(the chat template renders them differently, e.g. it drops past reasoning, or an SWA "
+                       "model rolled back past its last context checkpoint).")

@@ -1,0 +1,427 @@
+"""The proxy's HTTP layer: a loopback HTTP server in front of llama-server (issue #19).
+
+Everything is passed through to the upstream server with the same method, path, query, body and
+status, and the response body is streamed back chunk by chunk as it arrives (an SSE stream is
+never buffered: each upstream chunk is written to the client before the next one is read). JSON
+POSTs to the completion endpoints (:data:`INTERCEPTED`) go through the :class:`Interceptor`:
+``before`` may rewrite the body (the proxy's service pins ``id_slot`` and sets ``cache_prompt``),
+and ``after`` is told how the request ended (:class:`Result`), exactly once per request that
+``before`` accepted, whatever happened: a success, an upstream error, an unreachable upstream, a
+client that went away, the proxy stopping. A failure in ``after`` is logged, never the client's
+problem.
+
+A client that goes away mid-response: aiohttp cancels the handler (``handler_cancellation``), the
+upstream response is closed unread (its connection dropped, not drained), and llama-server stops
+generating for it (``srv stop: cancel task``): the slot is free at once, holding what it had
+processed. ``after`` gets ``disconnected=True``.
+
+Security: the proxy refuses a non-loopback host without an API key (:class:`ProxyRefused`); with
+a key, every request but ``/health`` (and a CORS preflight, like llama-server) needs
+``Authorization: Bearer KEY`` (or ``X-Api-Key: KEY``), else 401 in llama-server's error shape.
+The key is never logged, nor shown in ``repr``; it is never sent upstream either (the upstream
+client's own key replaces the client's ``Authorization``).
+
+No Qt here: the server runs on whatever asyncio loop is running (qasync's in the window), started
+with ``web.AppRunner`` + ``web.TCPSite``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+
+from app.core.background import track
+from app.server.client import LlamaClient, ServerUnreachable
+
+log = logging.getLogger(__name__)
+
+#: the endpoints whose JSON POSTs go through the interceptor
+INTERCEPTED = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+                         "/completion"})
+#: paths a client reaches without the proxy's key (like llama-server's public endpoints)
+PUBLIC = frozenset({"/health", "/v1/health"})
+#: response headers not copied from upstream (aiohttp frames the body itself)
+_NOT_COPIED = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "trailers", "upgrade",
+                         "content-length", "proxy-authenticate", "proxy-connection"})
+#: request bodies the proxy takes (a chat with a long history and images is megabytes, not gigabytes)
+MAX_REQUEST_BYTES = 256 * 1024 * 1024
+#: at most this much of a non-streamed JSON answer is kept to parse for ``Result.final``
+_MAX_JSON_KEPT = 64 * 1024 * 1024
+#: an SSE line longer than this is not parsed (the bytes still pass through)
+_MAX_LINE = 16 * 1024 * 1024
+_SHUTDOWN_S = 0.5  # aiohttp's grace for a request that arrived while stop() ended the others
+
+
+class ProxyRefused(Exception):
+    """The proxy will not start as asked (a public host without an API key)."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """How an intercepted request ended, for :meth:`Interceptor.after`."""
+
+    status: int  # the upstream's HTTP status; 502 when it could not be reached
+    stream: bool  # the client asked for a stream ("stream": true)
+    # the non-streamed JSON answer (an error body too); for a stream the last SSE data object that
+    # carries "timings" (llama-server's final chunk), else the last JSON data object; None if none
+    final: dict | None
+    disconnected: bool  # the client went away before the answer's end: the upstream request was cancelled
+    error: str | None  # what went wrong upstream (an HTTP error's message, a broken connection), else None
+
+
+class Interceptor(Protocol):
+    async def before(self, path: str, headers: Mapping[str, str], body: dict) -> tuple[dict, object]:
+        """The body to send upstream (the proxy sets "id_slot" and "cache_prompt" there) and a
+        context object given back to :meth:`after`. Raising refuses the request (500, no ``after``);
+        so does the client going away meanwhile (``before`` is cancelled, no ``after``)."""
+        ...
+
+    async def after(self, ctx: object, result: Result) -> None:
+        """Called exactly once for every request ``before`` accepted, once its answer has ended
+        (the client has its last byte) or failed. An exception here is logged, nothing more."""
+        ...
+
+
+def is_loopback_host(host: str) -> bool:
+    """True only for a host that listens on loopback alone ("" and 0.0.0.0 listen everywhere)."""
+    host = host.strip().strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # another name may resolve to any interface
+
+
+def _error(status: int, message: str, type_: str) -> web.Response:
+    """An error in llama-server's shape (compact JSON, as it writes it)."""
+    return web.json_response({"error": {"code": status, "message": message, "type": type_}}, status=status,
+                             dumps=_compact)
+
+
+def _compact(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _error_message(final: dict | None, status: int) -> str:
+    err = final.get("error") if isinstance(final, dict) else None
+    if isinstance(err, dict) and err.get("message"):
+        return f"HTTP {status}: {err['message']}"
+    return f"HTTP {status}"
+
+
+class _Collector:
+    """Reads along the answer, without changing a byte, to find ``Result.final``: the whole body
+    of a JSON answer, or for a server-sent event stream its ``data:`` lines (split anywhere by the
+    chunks) of which it keeps the raw text of the last one and of the last carrying "timings", and
+    parses only those at the end."""
+
+    def __init__(self, stream: bool):
+        self.stream = stream
+        self.status = 0
+        self.sse = False
+        self.disconnected = False
+        self.error: str | None = None
+        self._body = bytearray()
+        self._tail = b""
+        self._last: bytes | None = None
+        self._last_timed: bytes | None = None
+        self._event_error: str | None = None
+        self._overflow = False
+
+    def start(self, status: int, content_type: str) -> None:
+        self.status = status
+        self.sse = content_type.split(";")[0].strip().lower() == "text/event-stream"
+
+    def feed(self, chunk: bytes) -> None:
+        if self._overflow:
+            return
+        if not self.sse:
+            self._body += chunk
+            if len(self._body) > _MAX_JSON_KEPT:
+                self._overflow, self._body = True, bytearray()
+            return
+        data = self._tail + chunk if self._tail else chunk
+        lines = data.split(b"\n")
+        self._tail = lines.pop()
+        if len(self._tail) > _MAX_LINE:
+            self._tail = b""
+        for line in lines:
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        line = line.rstrip(b"\r")
+        field, sep, value = line.partition(b":")
+        if not sep:
+            return
+        value = value.strip()
+        if field == b"data":
+            if value == b"[DONE]":
+                return
+            self._last = value
+            if b'"timings"' in value:
+                self._last_timed = value
+            if b'"error"' in value:
+                self._note_error(value)
+        elif field == b"error":  # an error event
+            self._note_error(value)
+
+    def _note_error(self, value: bytes) -> None:
+        try:
+            obj = json.loads(value)
+        except ValueError:
+            return
+        err = obj.get("error", obj) if isinstance(obj, dict) else None
+        if isinstance(err, dict) and "message" in err:
+            self._event_error = str(err.get("message"))
+
+    @staticmethod
+    def _json(raw: bytes | bytearray | None) -> dict | None:
+        if not raw:
+            return None
+        try:
+            obj = json.loads(raw)
+        except ValueError:  # also a UnicodeDecodeError
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    def result(self) -> Result:
+        if self.sse:
+            if self._tail and not self.disconnected:  # a last line without its newline
+                self._line(self._tail)
+                self._tail = b""
+            final = self._json(self._last_timed) or self._json(self._last)
+        else:
+            final = self._json(self._body)
+        error = self.error
+        if error is None and self.status >= 400:
+            error = _error_message(final, self.status)
+        if error is None and self._event_error is not None:
+            error = self._event_error
+        return Result(status=self.status, stream=self.stream, final=final, disconnected=self.disconnected,
+                      error=error)
+
+
+class ProxyServer:
+    """An HTTP server on the running asyncio loop that passes every request on to ``upstream``."""
+
+    def __init__(self, upstream: LlamaClient, *, interceptor: Interceptor | None = None,
+                 api_key: str | None = None):
+        self._upstream = upstream
+        self._interceptor = interceptor
+        self._api_key = api_key or None
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+        self._stopping = False
+        self._inflight: set[asyncio.Task] = set()  # the handlers running now (stop() ends them)
+
+    def __repr__(self) -> str:
+        key = "set" if self._api_key else "none"
+        return f"<ProxyServer {self._url or 'not started'} -> {self._upstream.base_url}, api key {key}>"
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` the proxy listens on (the port it got, when started on port 0)."""
+        if self._url is None:
+            raise RuntimeError("the proxy is not started")
+        return self._url
+
+    async def start(self, host: str, port: int) -> None:
+        if not is_loopback_host(host) and not self._api_key:
+            raise ProxyRefused(
+                f"The proxy will not listen on {host or 'every interface'} without an API key: anyone on the "
+                "network could send prompts to the model and read, save, overwrite or restore its slots "
+                "through it. Give it an API key, or listen on 127.0.0.1.")
+        if self._runner is not None:
+            raise RuntimeError("the proxy is already started")
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
+                               shutdown_timeout=_SHUTDOWN_S)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._stopping = False
+        bound_host, bound_port = runner.addresses[0][:2]
+        shown = host if host and host not in ("0.0.0.0", "::") else bound_host
+        self._url = f"http://[{shown}]:{bound_port}" if ":" in shown else f"http://{shown}:{bound_port}"
+        log.info("proxy listening on %s for %s", self._url, self._upstream.base_url)
+
+    async def stop(self) -> None:
+        """Stop listening, and end the requests still running at once: their clients are cut off,
+        their upstream requests cancelled, and ``after`` sees ``disconnected=True`` with the error
+        "the proxy stopped" (a generation can run for minutes: no grace period to wait out)."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._stopping = True
+        running = list(self._inflight)
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running)
+        await runner.cleanup()
+        log.info("proxy on %s stopped", self._url)
+
+    # -- requests ----------------------------------------------------------------------------
+    def _authorised(self, request: web.Request) -> bool:
+        assert self._api_key is not None
+        key = self._api_key.encode()
+        auth = request.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(), key):
+            return True
+        other = request.headers.get("X-Api-Key")
+        return other is not None and hmac.compare_digest(other.strip().encode(), key)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        try:
+            return await self._serve(request)
+        finally:
+            self._inflight.discard(task)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        if (self._api_key and request.path not in PUBLIC and request.method != "OPTIONS"
+                and not self._authorised(request)):
+            return _error(401, "Invalid API Key", "authentication_error")
+        target = request.raw_path
+        if not target.startswith("/") or target.startswith("//") or not target.isascii():
+            return _error(400, "the request target must be a path", "invalid_request_error")
+        body = await request.read()
+        if self._interceptor is None or request.method != "POST" or request.path not in INTERCEPTED:
+            resp, broken = await self._pass(request, target, request.headers, body, None)
+            if broken:
+                _cut(request)
+            return resp
+        try:
+            parsed = json.loads(body)
+        except ValueError:  # not JSON (or not UTF-8): passed through untouched, the server answers it
+            parsed = None
+        if not isinstance(parsed, dict):
+            resp, broken = await self._pass(request, target, request.headers, body, None)
+            if broken:
+                _cut(request)
+            return resp
+        try:
+            sent, ctx = await self._interceptor.before(request.path, request.headers, parsed)
+        except Exception as e:
+            log.exception("the proxy's interceptor failed before %s %s", request.method, request.path)
+            return _error(500, f"the proxy could not prepare the request: {type(e).__name__}: {e}",
+                          "server_error")
+        collector = _Collector(bool(sent.get("stream")))
+        broken = False
+        try:
+            content = json.dumps(sent, ensure_ascii=False, separators=(",", ":")).encode()
+            headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-type"]
+            headers.append(("Content-Type", "application/json"))
+            resp, broken = await self._pass(request, target, _Pairs(headers), content, collector)
+            return resp
+        except Exception as e:
+            collector.error = collector.error or f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            # shielded: a second cancellation (the proxy stopping) does not cut ``after`` short
+            await asyncio.shield(track(self._after(ctx, collector, request.method, request.path),
+                                       f"the proxy's after() for {request.method} {request.path}"))
+            if broken:
+                _cut(request)  # only now: closing the connection cancels this handler
+
+    async def _after(self, ctx: object, collector: _Collector, method: str, path: str) -> None:
+        assert self._interceptor is not None
+        try:
+            await self._interceptor.after(ctx, collector.result())
+        except Exception:
+            log.exception("the proxy's interceptor failed after %s %s (status %s, disconnected %s)",
+                          method, path, collector.status, collector.disconnected)
+
+    async def _pass(self, request: web.Request, target: str, headers: Mapping[str, str], content: bytes,
+                    collector: _Collector | None) -> tuple[web.StreamResponse, bool]:
+        """Send the request upstream and stream its answer back, chunk by chunk. Returns the
+        response and whether the upstream answer broke off after it had started (the caller then
+        cuts the client's connection, so the client sees an incomplete answer, not a short one)."""
+        resp: web.StreamResponse | None = None
+        try:
+            async with self._upstream.forward(request.method, target, headers=headers,
+                                              content=content if content or request.method not in ("GET", "HEAD")
+                                              else None) as up:
+                resp = web.StreamResponse(status=up.status_code, reason=up.reason_phrase or None)
+                for k, v in up.headers.multi_items():
+                    if k.lower() not in _NOT_COPIED:
+                        resp.headers.add(k, v)
+                length = up.headers.get("content-length")
+                if length is not None and length.isdigit() and "transfer-encoding" not in up.headers:
+                    resp.content_length = int(length)
+                if collector is not None:
+                    collector.start(up.status_code, up.headers.get("content-type", ""))
+                await resp.prepare(request)
+                async for chunk in up.aiter_raw():
+                    if collector is not None:
+                        collector.feed(chunk)
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp, False
+        except ServerUnreachable as e:
+            if collector is not None:
+                collector.error = e.reason
+                if collector.status == 0:
+                    collector.status = 502
+            if resp is None or not resp.prepared:
+                log.warning("proxy: %s %s: the server is unreachable: %s", request.method, request.path, e.reason)
+                return _error(502, f"the server at {self._upstream.base_url} is unreachable: {e.reason}",
+                              "unavailable_error"), False
+            log.warning("proxy: %s %s: the server's answer broke off: %s", request.method, request.path, e.reason)
+            return resp, True
+        except ConnectionResetError:  # a write to the client failed: it went away
+            if collector is not None:
+                collector.disconnected = True
+            assert resp is not None
+            return resp, False  # aiohttp sees the broken connection when it ends the response
+        except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler), or the proxy stops
+            if collector is not None:
+                collector.disconnected = True
+                if self._stopping and collector.error is None:
+                    collector.error = "the proxy stopped"
+            raise
+
+
+def _cut(request: web.Request) -> None:
+    """End the client's connection without a clean end of body."""
+    if request.transport is not None:
+        request.transport.close()
+
+
+class _Pairs(Mapping[str, str]):
+    """Header pairs (duplicates kept) behind the Mapping that ``forward`` takes."""
+
+    def __init__(self, pairs: list[tuple[str, str]]):
+        self._pairs = pairs
+
+    def __getitem__(self, key: str) -> str:
+        for k, v in self._pairs:
+            if k.lower() == key.lower():
+                return v
+        raise KeyError(key)
+
+    def __iter__(self):
+        return (k for k, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def items(self):
+        return list(self._pairs)

@@ -1,0 +1,314 @@
+"""Which conversation a request belongs to, from its messages alone (pure: no I/O).
+
+A chat client sends the whole conversation with every request. The proxy recognises it by a
+hash chain of its messages: element i covers the serving setup and messages[:i+1], so two
+requests of one conversation share a prefix of their chains, and the longest shared prefix
+names the conversation (a fork of it, or another conversation with the same long system
+prompt, shares a shorter one). Reasoning is left out of the chain: a reply that comes back
+without its reasoning (most clients drop it) is still the same reply.
+
+* :func:`setup_fingerprint`: what the slot's tokens depend on besides the messages.
+* :func:`normalise`: OpenAI chat messages (whatever the client sent) → :class:`Message`.
+* :func:`chain`, :func:`cut_at_last_assistant`: the chain, and where a conversation's known
+  history ends (its last reply).
+* :class:`ConversationIndex`: chains → conversation ids, O(len(chain)) per look-up.
+* :func:`hint_from`: the client's own conversation id, when it sends one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from app.proxy.model import Message
+
+#: hex digits kept of a setup fingerprint / a chain element (64 / 128 bits)
+FINGERPRINT_HEX = 16
+CHAIN_HEX = 32
+#: the longest hint kept (X-Session-Id, the body's "user")
+HINT_MAX = 200
+#: nesting deeper than this is written as a placeholder by canonical() (no RecursionError)
+_MAX_DEPTH = 64
+
+JUNK_ROLE = "?"
+_IMAGE_TYPES = {"image_url", "input_image", "image"}
+_TEXT_TYPES = {"text", "input_text", "output_text"}
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
+def _digest(text: str) -> str:
+    # surrogatepass: a lone surrogate in a client's JSON is hashed, not refused
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON data: str keys, lists for sequences, repr for the rest."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):  # past ~4,300 digits str(int) refuses (CPython's int_max_str_digits)
+        return value if value.bit_length() < 14_000 else f"<int of {value.bit_length()} bits>"
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+    if depth >= _MAX_DEPTH:
+        return f"<nested deeper than {_MAX_DEPTH}>"
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            key = k if isinstance(k, str) else f"<{type(k).__name__}>{_plain(k, depth + 1)!r}"
+            out[key] = _plain(v, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    try:
+        return f"<{type(value).__name__}>{value!r}"
+    except Exception:  # why: any object's repr may raise; a stable placeholder is the answer
+        return f"<{type(value).__name__}>"
+
+
+def canonical(value: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces) of any value; never raises."""
+    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def setup_fingerprint(*, model_id: str, cache_type_k: str, cache_type_v: str, flash_attn: str,
+                      swa_full: bool, chat_template: str, tools=None) -> str:
+    """A short stable hex digest of the serving setup: the same messages under another model,
+    KV type, attention kernel, SWA mode, chat template or tool list make other tokens, so a
+    conversation's chain starts from this."""
+    setup = {
+        "model_id": model_id,
+        "cache_type_k": cache_type_k,
+        "cache_type_v": cache_type_v,
+        "flash_attn": flash_attn,
+        "swa_full": bool(swa_full),
+        "chat_template": _digest(chat_template if isinstance(chat_template, str) else canonical(chat_template)),
+        "tools": None if tools is None else canonical(tools),
+    }
+    return _digest(canonical(setup))[:FINGERPRINT_HEX]
+
+
+# -- messages ------------------------------------------------------------------
+
+
+def _part_text(part: Any) -> str:
+    """One element of a list-valued content: its text, or a stable placeholder."""
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, Mapping):
+        return canonical(part)
+    kind = part.get("type")
+    text = part.get("text")
+    if isinstance(text, str) and (kind in _TEXT_TYPES or kind is None):
+        return text
+    if kind in _IMAGE_TYPES:
+        src = part.get(kind) if kind in part else part.get("image_url", part.get("data"))
+        if isinstance(src, Mapping) and "url" in src:
+            src = src["url"]
+        return f"<image {_digest(canonical(src))[:FINGERPRINT_HEX]}>"
+    rest = {k: v for k, v in part.items() if k != "type"}
+    label = kind if isinstance(kind, str) and kind.isidentifier() else "part"
+    return f"<{label} {_digest(canonical(rest))[:FINGERPRINT_HEX]}>"
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(_part_text(p) for p in content)
+    return canonical(content)
+
+
+def _tool_call(call: Any) -> Any:
+    """A tool call as the proxy compares it: id, name, and the arguments parsed when they are
+    JSON (clients re-serialise them with other spacing; the templates re-dump them anyway)."""
+    if not isinstance(call, Mapping):
+        return call
+    fn = call.get("function")
+    if not isinstance(fn, Mapping):
+        return dict(call)
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            pass
+    return {"id": call.get("id"), "name": fn.get("name"), "arguments": args}
+
+
+def _split_think(content: str) -> tuple[str, str]:
+    """(reasoning, content) of an assistant text that starts with a <think> block. An
+    unterminated block is all reasoning (the reply was cut off while thinking)."""
+    body = content.lstrip()
+    if not body.startswith(_THINK_OPEN):
+        return "", content
+    body = body[len(_THINK_OPEN):]
+    end = body.find(_THINK_CLOSE)
+    if end < 0:
+        return body.strip(), ""
+    return body[:end].strip(), body[end + len(_THINK_CLOSE):]
+
+
+def _one(item: Any) -> Message:
+    if not isinstance(item, Mapping):
+        return Message(role=JUNK_ROLE, content=canonical(item))
+    role = item.get("role")
+    if not isinstance(role, str) or not role.strip():
+        return Message(role=JUNK_ROLE, content=canonical(item))
+    role = role.strip()
+    content = _content_text(item.get("content"))
+    reasoning = ""
+    if role == "assistant":
+        given = [r for r in (item.get("reasoning_content"), item.get("reasoning")) if isinstance(r, str)]
+        think, content = _split_think(content)
+        reasoning = "\n".join(x.strip() for x in [*given[:1], think] if x.strip())
+        content = content.strip()
+        calls = item.get("tool_calls")
+        if calls is None and item.get("function_call") is not None:
+            calls = [{"function": item.get("function_call")}]
+        if calls is not None:
+            calls = [_tool_call(c) for c in calls] if isinstance(calls, list) else calls
+            content = "\n".join(x for x in (content, canonical(calls)) if x)
+    ids = [x.strip() for x in (item.get("tool_call_id"), item.get("name")) if isinstance(x, str) and x.strip()]
+    return Message(role=role, content=content, reasoning=reasoning, name=" ".join(ids))
+
+
+def normalise(messages: Any) -> list[Message]:
+    """OpenAI chat messages → :class:`Message`. Never raises, whatever JSON value it is given:
+    an item that is not a message (not an object, no role) becomes ``Message(role="?")`` with
+    its canonical JSON as content; ``None`` is no messages; any other non-list one item.
+
+    * content: a string, null, or a list of parts (text parts' text; an image part becomes
+      ``<image HASH>`` of its url/data, any other part ``<TYPE HASH>``), parts joined by "\\n";
+    * assistant: ``reasoning_content`` (or ``reasoning``) and a ``<think>…</think>`` block at
+      the start of the content go to ``reasoning`` (stripped), the content is stripped, and
+      ``tool_calls`` are appended to it as canonical JSON;
+    * ``tool_call_id`` and ``name`` (a tool result's identity) go to ``name``.
+    """
+    if messages is None:
+        return []
+    items = messages if isinstance(messages, (list, tuple)) else [messages]
+    return [_one(m) for m in items]
+
+
+# -- the chain -----------------------------------------------------------------
+
+
+def chain(setup: str, messages: list[Message]) -> list[str]:
+    """The hash chain of ``messages`` under ``setup``: element i covers the setup and
+    messages[:i+1] (role, name, content; reasoning excluded). Prefix-stable:
+    ``chain(s, m[:k]) == chain(s, m)[:k]``."""
+    out: list[str] = []
+    h = _digest("kvv-chain\0" + str(setup))
+    for m in messages:
+        h = _digest(h + "\0" + canonical([m.role, m.name, m.content]))[:CHAIN_HEX]
+        out.append(h)
+    return out
+
+
+def cut_at_last_assistant(messages: list[Message]) -> int:
+    """How many messages lead up to and include the last assistant message (0 when none): a
+    conversation is known by its history up to its last reply."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "assistant":
+            return i + 1
+    return 0
+
+
+class ConversationIndex:
+    """Chains of known conversations → their ids.
+
+    Every element of every added chain is indexed (hash → the conversations holding it, in the
+    order they were added), so :meth:`find` walks the asked chain once: the deepest element
+    anyone holds is the longest shared prefix (a chain element covers all messages before it),
+    and among the conversations holding it the most recently added wins.
+    """
+
+    def __init__(self) -> None:
+        self._by_hash: dict[str, dict[str, None]] = {}  # insertion-ordered: the last is the newest
+        self._chains: dict[str, list[str]] = {}
+        self._hints: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def __contains__(self, conv_id: object) -> bool:
+        return conv_id in self._chains
+
+    def chain_of(self, conv_id: str) -> list[str] | None:
+        c = self._chains.get(conv_id)
+        return None if c is None else list(c)
+
+    def add(self, conv_id: str, chain: list[str]) -> None:
+        """Remember ``conv_id``'s chain (replacing what it had); it is now the most recent."""
+        self._unindex(conv_id)
+        chain = list(chain)
+        self._chains[conv_id] = chain
+        for h in chain:
+            self._by_hash.setdefault(h, {})[conv_id] = None
+
+    def add_hint(self, hint: str, conv_id: str) -> None:
+        """The client's own id for ``conv_id``: a request that carries it goes there."""
+        self._hints[hint] = conv_id
+
+    def forget(self, conv_id: str) -> None:
+        self._unindex(conv_id)
+        self._chains.pop(conv_id, None)
+        for hint in [h for h, c in self._hints.items() if c == conv_id]:
+            del self._hints[hint]
+
+    def _unindex(self, conv_id: str) -> None:
+        for h in self._chains.get(conv_id, ()):
+            holders = self._by_hash.get(h)
+            if holders is not None:
+                holders.pop(conv_id, None)
+                if not holders:
+                    del self._by_hash[h]
+
+    def find(self, chain: list[str], hint: str | None = None) -> tuple[str | None, int]:
+        """(conversation id, messages matched) of the known conversation whose chain shares the
+        longest prefix with ``chain``; ``(None, 0)`` when none shares even the first message. A
+        known ``hint`` wins (its conversation, and how much of its chain matches)."""
+        if hint is not None and hint in self._hints:
+            conv = self._hints[hint]
+            known = self._chains.get(conv, [])
+            n = 0
+            for a, b in zip(chain, known):
+                if a != b:
+                    break
+                n += 1
+            return conv, n
+        best: str | None = None
+        n = 0
+        for h in chain:
+            holders = self._by_hash.get(h)
+            if not holders:
+                break
+            best = next(reversed(holders))
+            n += 1
+        return best, n
+
+
+def hint_from(headers: Mapping[str, str], body: Any) -> str | None:
+    """The client's own conversation id: the ``X-Session-Id`` header (any case), else the
+    body's ``"user"`` string; stripped, at most 200 characters, None when empty."""
+    value: Any = None
+    try:
+        items = headers.items()
+    except AttributeError:
+        items = ()
+    for k, v in items:
+        if isinstance(k, str) and k.lower() == "x-session-id" and isinstance(v, str) and v.strip():
+            value = v
+            break
+    if value is None and isinstance(body, Mapping):
+        user = body.get("user")
+        if isinstance(user, str):
+            value = user
+    if value is None:
+        return None
+    value = value.strip()[:HINT_MAX].strip()
+    return value or None

@@ -1,0 +1,466 @@
+"""The proxy's conversations: what each one holds, its judged requests, and the slot lease journal.
+
+Its own SQLite file (``<data>/conversations.sqlite3``), stdlib ``sqlite3`` only, built the way
+the session catalog is (app.store.catalog): WAL, one connection guarded by a lock (the window's
+thread and asyncio's), every write one explicit ``BEGIN IMMEDIATE`` transaction, the schema
+version in ``PRAGMA user_version`` (a file from a newer app is refused, not guessed at), and the
+file 0600 in a 0700 folder (conversations are prompts).
+
+The value types (Conversation, RequestRecord, …) live in ``app.core.conversation`` (below this
+layer); a test may hand another module of the same shape in (``values=``).
+
+The lease journal (table ``lease_journal``) is written by app.proxy.leases before every backend
+call that depends on a slot's state ("slot 1: saving conv X", then "saved"), in the same
+transaction as the conversations the change touches, so a crash leaves a record to recover from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Protocol
+
+from app.store.catalog import _set_wal
+
+SCHEMA_VERSION = 1
+
+FILE_NAME = "conversations.sqlite3"
+
+
+class ConversationStoreError(Exception):
+    """A conversation store operation that cannot be done (a newer file, a full disk, an unknown id)."""
+
+
+class ProxyValues(Protocol):
+    """What the store needs of ``app.proxy.model``: the module itself satisfies it."""
+
+    Conversation: Any
+    Message: Any
+    RequestRecord: Any
+    Explanation: Any
+    Cause: Any
+    RequestVerdict: Any
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One line of the slot lease journal.
+
+    ``state`` is the slot's state after the event (the value of app.proxy.leases.SlotState),
+    ``conversation`` the conversation it concerns (the slot's holder for a slot event), ``park``
+    the parked session's name for a save/restore/deletion.
+    """
+
+    profile: str
+    event: str
+    slot: int | None = None
+    conversation: str | None = None
+    park: str | None = None
+    n_tokens: int | None = None
+    state: str | None = None
+    detail: str = ""
+    at: float = 0.0
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class ParkInfo:
+    """A parked conversation, without its messages (what a disk budget needs)."""
+
+    conversation: str
+    parked_as: str
+    last_used: float
+    slot: int | None
+
+
+# --------------------------------------------------------------------------- schema
+
+_SCHEMA_V1 = """
+CREATE TABLE conversations (
+    id TEXT PRIMARY KEY,
+    setup TEXT NOT NULL DEFAULT '',
+    profile TEXT NOT NULL DEFAULT '',
+    chain TEXT NOT NULL DEFAULT '[]',
+    messages TEXT NOT NULL DEFAULT '[]',
+    hint TEXT,
+    slot INTEGER,
+    n_tokens INTEGER NOT NULL DEFAULT 0,
+    parked_as TEXT,
+    last_used REAL NOT NULL DEFAULT 0,
+    last_verdict TEXT,
+    requests INTEGER NOT NULL DEFAULT 0,
+    time_saved_s REAL NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL
+);
+CREATE INDEX conversations_profile ON conversations(profile, last_used);
+CREATE TABLE requests (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    at REAL NOT NULL,
+    slot INTEGER,
+    path TEXT NOT NULL DEFAULT '',
+    stream INTEGER NOT NULL DEFAULT 0,
+    cache_n INTEGER,
+    prompt_n INTEGER,
+    prompt_ms REAL,
+    predicted_n INTEGER,
+    expected_reuse INTEGER NOT NULL DEFAULT 0,
+    verdict TEXT NOT NULL,
+    cause TEXT,
+    detail TEXT,
+    first_divergent_message INTEGER,
+    first_divergent_token INTEGER,
+    restored_from TEXT,
+    wasted_ms REAL
+);
+CREATE INDEX requests_conversation ON requests(conversation_id, at);
+CREATE INDEX requests_slot ON requests(slot, at);
+CREATE TABLE lease_journal (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    profile TEXT NOT NULL,
+    at REAL NOT NULL,
+    event TEXT NOT NULL,
+    slot INTEGER,
+    conversation_id TEXT,
+    park TEXT,
+    n_tokens INTEGER,
+    state TEXT,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX lease_journal_profile ON lease_journal(profile, id)
+"""
+
+#: _MIGRATIONS[n] takes a file at version n to version n + 1.
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring the file to SCHEMA_VERSION one step per transaction; refuse a newer file."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise ConversationStoreError(
+            f"the conversation store was written by a newer KV Valet (schema {version}, "
+            f"this version knows {SCHEMA_VERSION}); refusing to touch it")
+    while version < SCHEMA_VERSION:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have done it
+            if version < SCHEMA_VERSION:
+                for statement in _MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {version + 1}")
+                version += 1
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
+def _storage_error(path: Path, what: str, e: sqlite3.Error) -> ConversationStoreError | None:
+    """The disk or the file failed: an error naming the file. None for an SQL mistake (re-raise it)."""
+    if getattr(e, "sqlite_errorname", "") == "SQLITE_ERROR" and what != "open":
+        return None
+    if path.is_dir():
+        why = "it is a folder, not a file"
+    elif not os.access(path.parent, os.W_OK):
+        why = f"{e} (its folder {path.parent} is read-only)"
+    else:
+        why = str(e)
+    return ConversationStoreError(f"cannot {what} the conversation store {path}: {why}")
+
+
+def _enum(kind: Any, text: str | None, fallback: Any) -> Any:
+    """``text`` as a member of ``kind``, by name first (stable), then by value; else ``fallback``."""
+    if text is None:
+        return None
+    member = getattr(kind, "__members__", {}).get(text)
+    if member is not None:
+        return member
+    try:
+        return kind(text)
+    except ValueError:
+        return fallback
+
+
+class ConversationStore:
+    """The proxy's conversations, their requests and the slot lease journal (one SQLite file)."""
+
+    def __init__(self, path: str | Path | None = None, *, values: ProxyValues | None = None) -> None:
+        from app import paths
+
+        if path is None:
+            path = paths.data_dir() / FILE_NAME
+        self.path = Path(path)
+        if values is None:
+            from app.core import conversation as values  # the value types, below the store
+        self._v = values
+        if str(path) != ":memory:":
+            paths.private_dir(self.path.parent)  # 0700, the file 0600 (its -wal and -shm follow)
+            paths.touch_private(self.path)
+        self._lock = threading.Lock()
+        try:
+            self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10.0)
+        except sqlite3.Error as e:
+            raise _storage_error(self.path, "open", e) from e
+        self._conn.row_factory = sqlite3.Row
+        try:
+            _set_wal(self._conn)
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            _migrate(self._conn)
+        except sqlite3.DatabaseError as e:
+            self._conn.close()
+            raise _storage_error(self.path, "open", e) from e
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> ConversationStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._conn.execute("PRAGMA user_version").fetchone()[0]
+
+    # -- plumbing
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """Lock + one write transaction, rolled back on any exception (as Catalog._tx)."""
+        with self._lock:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        with suppress(sqlite3.Error):
+                            conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as e:
+                if (err := _storage_error(self.path, "write", e)) is None:
+                    raise
+                raise err from e
+
+    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as e:
+                if (err := _storage_error(self.path, "read", e)) is None:
+                    raise
+                raise err from e
+
+    # -- conversions
+
+    def _conv_values(self, conv: Any, profile: str, created_at: float) -> dict[str, Any]:
+        return {
+            "id": conv.id,
+            "setup": conv.setup,
+            "profile": profile,
+            "chain": json.dumps(list(conv.chain)),
+            "messages": json.dumps([{"role": m.role, "content": m.content, "reasoning": m.reasoning,
+                                     "name": m.name} for m in conv.messages]),
+            "hint": conv.hint,
+            "slot": conv.slot,
+            "n_tokens": int(conv.n_tokens),
+            "parked_as": conv.parked_as,
+            "last_used": float(conv.last_used),
+            "last_verdict": None if conv.last_verdict is None else str(conv.last_verdict),
+            "requests": int(conv.requests),
+            "time_saved_s": float(conv.time_saved_s),
+            "created_at": created_at,
+        }
+
+    def _to_conversation(self, row: sqlite3.Row) -> Any:
+        v = self._v
+        messages = [v.Message(role=m.get("role", ""), content=m.get("content", ""),
+                              reasoning=m.get("reasoning", ""), name=m.get("name", ""))
+                    for m in json.loads(row["messages"] or "[]")]
+        return v.Conversation(
+            id=row["id"], setup=row["setup"], chain=list(json.loads(row["chain"] or "[]")), messages=messages,
+            hint=row["hint"], slot=row["slot"], n_tokens=row["n_tokens"], parked_as=row["parked_as"],
+            last_used=row["last_used"],
+            last_verdict=_enum(v.RequestVerdict, row["last_verdict"], None),
+            requests=row["requests"], time_saved_s=row["time_saved_s"])
+
+    def _request_values(self, conv_id: str, rec: Any) -> dict[str, Any]:
+        ex = rec.explanation
+        return {
+            "conversation_id": conv_id, "at": float(rec.at), "slot": rec.slot, "path": rec.path,
+            "stream": int(bool(rec.stream)), "cache_n": rec.cache_n, "prompt_n": rec.prompt_n,
+            "prompt_ms": rec.prompt_ms, "predicted_n": rec.predicted_n, "expected_reuse": int(rec.expected_reuse),
+            "verdict": str(rec.verdict),
+            "cause": None if ex is None else ex.cause.name,
+            "detail": None if ex is None else ex.detail,
+            "first_divergent_message": None if ex is None else ex.first_divergent_message,
+            "first_divergent_token": None if ex is None else ex.first_divergent_token,
+            "restored_from": rec.restored_from, "wasted_ms": rec.wasted_ms,
+        }
+
+    def _to_request(self, row: sqlite3.Row) -> Any:
+        v = self._v
+        explanation = None
+        if row["cause"] is not None:
+            explanation = v.Explanation(
+                cause=_enum(v.Cause, row["cause"], v.Cause.UNKNOWN), detail=row["detail"] or "",
+                first_divergent_message=row["first_divergent_message"],
+                first_divergent_token=row["first_divergent_token"])
+        return v.RequestRecord(
+            at=row["at"], conversation=row["conversation_id"], slot=row["slot"], path=row["path"],
+            stream=bool(row["stream"]), cache_n=row["cache_n"], prompt_n=row["prompt_n"],
+            prompt_ms=row["prompt_ms"], predicted_n=row["predicted_n"], expected_reuse=row["expected_reuse"],
+            verdict=_enum(v.RequestVerdict, row["verdict"], v.RequestVerdict.MISS), explanation=explanation,
+            restored_from=row["restored_from"], wasted_ms=row["wasted_ms"])
+
+    def _upsert(self, conn: sqlite3.Connection, conv: Any, profile: str) -> None:
+        values = self._conv_values(conv, profile, time.time())
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        # created_at is kept from the first save: the update leaves it out
+        sets = ", ".join(f"{c} = excluded.{c}" for c in values if c not in ("id", "created_at"))
+        conn.execute(f"INSERT INTO conversations ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {sets}",
+                     tuple(values.values()))
+
+    def _update_lease_fields(self, conn: sqlite3.Connection, conv: Any, profile: str) -> None:
+        """What the leases change (slot, tokens, park, last use): a conversation not stored yet is stored
+        whole; a stored one keeps its messages as they were written (a lease change does not rewrite them)."""
+        cur = conn.execute("UPDATE conversations SET slot = ?, n_tokens = ?, parked_as = ?, last_used = ? "
+                           "WHERE id = ?", (conv.slot, int(conv.n_tokens), conv.parked_as, float(conv.last_used),
+                                            conv.id))
+        if cur.rowcount == 0:
+            self._upsert(conn, conv, profile)
+
+    # -- conversations
+
+    def save(self, conv: Any, profile: str) -> None:
+        """Store ``conv`` (insert, or replace every field of the stored one but its creation time)."""
+        with self._tx() as conn:
+            self._upsert(conn, conv, profile)
+
+    def get(self, conv_id: str) -> Any | None:
+        rows = self._read("SELECT * FROM conversations WHERE id = ?", (conv_id,))
+        return self._to_conversation(rows[0]) if rows else None
+
+    def profile_of(self, conv_id: str) -> str | None:
+        rows = self._read("SELECT profile FROM conversations WHERE id = ?", (conv_id,))
+        return rows[0]["profile"] if rows else None
+
+    def list(self, profile: str | None = None) -> list[Any]:
+        """Conversations, most recently used first (all profiles when ``profile`` is None)."""
+        order = " ORDER BY last_used DESC, created_at DESC, id"
+        if profile is None:
+            rows = self._read("SELECT * FROM conversations" + order)
+        else:
+            rows = self._read("SELECT * FROM conversations WHERE profile = ?" + order, (profile,))
+        return [self._to_conversation(r) for r in rows]
+
+    def forget(self, conv_id: str) -> Any | None:
+        """Delete a conversation and its requests (ON DELETE CASCADE); the one it was, or None.
+        Its park (a file in the server's --slot-save-path) is the caller's to delete."""
+        with self._tx() as conn:
+            row = conn.execute("SELECT * FROM conversations WHERE id = ?", (conv_id,)).fetchone()
+            if row is None:
+                return None
+            conn.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+        return self._to_conversation(row)
+
+    def parks(self, profile: str) -> list[ParkInfo]:
+        """The parked conversations of ``profile``, least recently used first (no messages read)."""
+        rows = self._read("SELECT id, parked_as, last_used, slot FROM conversations "
+                          "WHERE profile = ? AND parked_as IS NOT NULL ORDER BY last_used, id", (profile,))
+        return [ParkInfo(r["id"], r["parked_as"], r["last_used"], r["slot"]) for r in rows]
+
+    def in_slots(self, profile: str) -> list[str]:
+        """Ids of the conversations of ``profile`` stored as holding a slot."""
+        rows = self._read("SELECT id FROM conversations WHERE profile = ? AND slot IS NOT NULL ORDER BY id",
+                          (profile,))
+        return [r["id"] for r in rows]
+
+    # -- requests
+
+    def add_request(self, conv_id: str, rec: Any) -> int:
+        """Store one judged request of a stored conversation; its row id."""
+        values = self._request_values(conv_id, rec)
+        with self._tx() as conn:
+            if conn.execute("SELECT 1 FROM conversations WHERE id = ?", (conv_id,)).fetchone() is None:
+                raise ConversationStoreError(f"no conversation {conv_id!r}: save it before its requests")
+            cur = conn.execute(f"INSERT INTO requests ({', '.join(values)}) VALUES "
+                               f"({', '.join('?' for _ in values)})", tuple(values.values()))
+            return cur.lastrowid
+
+    def requests(self, conv_id: str, limit: int | None = None) -> list[Any]:
+        """A conversation's requests, most recent first (the ``limit`` most recent)."""
+        sql = "SELECT * FROM requests WHERE conversation_id = ? ORDER BY at DESC, id DESC"
+        args: tuple = (conv_id,)
+        if limit is not None:
+            sql += " LIMIT ?"
+            args += (int(limit),)
+        return [self._to_request(r) for r in self._read(sql, args)]
+
+    def slot_timeline(self, profile: str, slot: int, limit: int = 50) -> list[tuple[str, Any]]:
+        """(conversation id, request) of the requests that ran in ``slot`` of ``profile``'s server,
+        most recent first: who used the slot, in turn."""
+        rows = self._read(
+            "SELECT r.* FROM requests r JOIN conversations c ON c.id = r.conversation_id "
+            "WHERE c.profile = ? AND r.slot = ? ORDER BY r.at DESC, r.id DESC LIMIT ?", (profile, slot, int(limit)))
+        return [(r["conversation_id"], self._to_request(r)) for r in rows]
+
+    # -- the lease journal
+
+    @staticmethod
+    def _insert_entry(conn: sqlite3.Connection, e: JournalEntry) -> int:
+        cur = conn.execute(
+            "INSERT INTO lease_journal (profile, at, event, slot, conversation_id, park, n_tokens, state, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (e.profile, e.at or time.time(), e.event, e.slot, e.conversation, e.park, e.n_tokens, e.state, e.detail))
+        return cur.lastrowid
+
+    def journal(self, entry: JournalEntry, *, conversations: Iterable[Any] = ()) -> int:
+        """Write one journal entry and, in the same transaction, the lease fields (slot, n_tokens,
+        parked_as, last_used) of the ``conversations`` it changed; the entry's id."""
+        with self._tx() as conn:
+            for conv in conversations:
+                self._update_lease_fields(conn, conv, entry.profile)
+            return self._insert_entry(conn, entry)
+
+    def journal_entries(self, profile: str, after_id: int = 0) -> list[JournalEntry]:
+        """The journal of ``profile``, oldest first."""
+        rows = self._read("SELECT * FROM lease_journal WHERE profile = ? AND id > ? ORDER BY id", (profile, after_id))
+        return [JournalEntry(profile=r["profile"], event=r["event"], slot=r["slot"], conversation=r["conversation_id"],
+                             park=r["park"], n_tokens=r["n_tokens"], state=r["state"], detail=r["detail"],
+                             at=r["at"], id=r["id"]) for r in rows]
+
+    def journal_size(self, profile: str) -> int:
+        return self._read("SELECT COUNT(*) AS n FROM lease_journal WHERE profile = ?", (profile,))[0]["n"]
+
+    def rewrite_journal(self, profile: str, entries: Iterable[JournalEntry], *,
+                        conversations: Iterable[Any] = ()) -> None:
+        """Replace ``profile``'s journal by ``entries`` (a snapshot of the slots: what a replay of the
+        old journal would give), with the lease fields of ``conversations``, in one transaction."""
+        with self._tx() as conn:
+            conn.execute("DELETE FROM lease_journal WHERE profile = ?", (profile,))
+            for conv in conversations:
+                self._update_lease_fields(conn, conv, profile)
+            for e in entries:
+                self._insert_entry(conn, e)

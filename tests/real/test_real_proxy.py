@@ -1,0 +1,138 @@
+"""The conversation proxy on the real server, driven by the real `openai` client: more
+conversations than slots rotate through their parks, every request is judged from the server's
+own timings, and a conversation comes back after the server (and the app) restarted.
+
+The stock llama-server keeps no context checkpoints across a restore, so on Gemma 3 (SWA) a
+conversation restored from its park re-processes its prompt: MISS, and the proxy says why. The
+sidecar-writing build (v2) brings them back: the same conversation is a HIT."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from app.core.conversation import Cause, RequestVerdict
+from app.jobs.server_service import ServerService
+from app.proxy.service import launch_with_proxy
+from app.core.lifecycle import StopTrigger
+from tests.conftest import free_port
+from tests.real.helpers import TEXT
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.real_server
+
+SYSTEMS = {name: f"You are assistant {name}. Remember this manual word for word. " + TEXT[:900]
+           for name in ("A", "B", "C")}
+
+
+class Proxied:
+    """A server behind the proxy, as `kv-valet serve PROFILE --proxy` runs it; each judged request."""
+
+    def __init__(self, profile):
+        self.profile = profile
+        self.records = []
+
+    async def __aenter__(self):
+        self.servers = ServerService()
+        self.handle, self.proxy = await launch_with_proxy(self.servers, self.profile)
+        assert self.proxy is not None, "the server did not start"
+        self.judged = asyncio.Queue()  # each judged request, as the proxy records it
+        self.proxy.on_record(self.judged.put_nowait)
+        self.client = openai.AsyncOpenAI(base_url=self.proxy.http.url + "/v1", api_key="not-needed")
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.client.close()
+        await self.servers.aclose()
+
+    async def stop(self):
+        """The one park-then-stop (serve's Ctrl-C): the proxy saves its conversations first."""
+        return await self.servers.park_then_stop(self.handle.id, StopTrigger.SERVE)
+
+    async def ask(self, messages, **extra):
+        reply = await self.client.chat.completions.create(model="gemma", messages=messages, max_tokens=4,
+                                                          temperature=0, **extra)
+        rec = await asyncio.wait_for(self.judged.get(), 30)  # judged once the response is through
+        assert self.judged.empty()
+        return reply.choices[0].message.content or "", rec
+
+
+def turn(system: str, *exchanges: tuple[str, str], question: str) -> list[dict]:
+    msgs = [{"role": "system", "content": system}]
+    for q, a in exchanges:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return msgs + [{"role": "user", "content": question}]
+
+
+async def rotate(p: Proxied):
+    """A, B, C on two slots, then A again: A was parked to make room for C and comes back."""
+    first = {}
+    for name in ("A", "B", "C"):
+        reply, rec = await p.ask(turn(SYSTEMS[name], question="What is the first word?"))
+        assert rec.verdict is RequestVerdict.NEW
+        first[name] = (reply, rec)
+    assert first["C"][1].slot == first["A"][1].slot  # C took the least recently used slot: A's
+    reply_a, _ = first["A"]
+    again, rec = await p.ask(turn(SYSTEMS["A"], ("What is the first word?", reply_a), question="And the second?"))
+    assert rec.conversation == first["A"][1].conversation  # the same conversation, found by its messages
+    assert rec.restored_from == f"proxy-{rec.conversation}"  # brought back from its park
+    reply_c, _ = first["C"]
+    c2, rec_c = await p.ask(turn(SYSTEMS["C"], ("What is the first word?", reply_c), question="And the second?"))
+    return first, rec, rec_c
+
+
+def test_conversations_rotate_through_their_parks_on_the_stock_server(real_profile):
+    async def go():
+        async with Proxied(real_profile.replace(proxy=True)) as p:
+            first, back, c_again = await rotate(p)
+            # the stock build restored the tokens but not the checkpoints: Gemma's SWA re-processed
+            assert back.verdict is RequestVerdict.MISS, back
+            assert back.explanation is not None and back.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS
+            assert c_again.verdict is RequestVerdict.HIT, c_again  # C stayed in its slot (B went)
+            assert c_again.cache_n >= c_again.expected_reuse - 16
+            convs = {c.id: c for c in p.proxy.list()}
+            assert len(convs) == 3 and convs[back.conversation].requests == 2
+
+    asyncio.run(go())
+
+
+def test_an_edited_system_prompt_is_explained(real_profile):
+    async def go():
+        async with Proxied(real_profile.replace(proxy=True)) as p:
+            # the client names its chat (OpenAI's "user"): an edited system prompt stays the same conversation
+            reply, first = await p.ask(turn(SYSTEMS["A"], question="What is the first word?"), user="chat-42")
+            edited = "You are a different assistant now. " + SYSTEMS["A"]
+            _, rec = await p.ask(turn(edited, ("What is the first word?", reply), question="And the second?"),
+                                 user="chat-42")
+            assert rec.conversation == first.conversation
+            assert rec.verdict in (RequestVerdict.MISS, RequestVerdict.PARTIAL)
+            assert rec.explanation.cause is Cause.SYSTEM_PROMPT_CHANGED, rec.explanation
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def sidecar_proxy_profile(real_profile, sidecar_server_bin, monkeypatch):
+    monkeypatch.setenv("KVV_SIDECAR_MODE", "v2")
+    return real_profile.replace(name="sidecar", server_binary=str(sidecar_server_bin), proxy=True)
+
+
+def test_with_sidecars_a_conversation_comes_back_warm_after_the_server_and_the_app_restart(sidecar_proxy_profile):
+    async def go():
+        async with Proxied(sidecar_proxy_profile) as p:
+            first, back, _ = await rotate(p)
+            assert back.verdict is RequestVerdict.HIT, back  # restored with its checkpoints
+            reply_b, rec_b = first["B"]
+            report = await p.stop()
+            assert report.stopped and report.complete
+        # a new app and a new server process: the proxy finds the conversations in its store
+        port = free_port()
+        async with Proxied(sidecar_proxy_profile.replace(port=port)) as p2:
+            _, rec = await p2.ask(turn(SYSTEMS["B"], ("What is the first word?", reply_b), question="And then?"))
+            assert rec.conversation == rec_b.conversation
+            assert rec.restored_from == f"proxy-{rec.conversation}"
+            assert rec.verdict is RequestVerdict.HIT, rec
+
+    asyncio.run(go())
