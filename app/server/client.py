@@ -222,27 +222,13 @@ class LlamaClient:
                 if r.status_code >= 400:
                     await r.aread()
                     _decode(r, path)  # raises ServerError
-                async for line in r.aiter_lines():
-                    if not line or line.startswith(":"):
-                        continue  # event separator, SSE comment
-                    field, _, value = line.partition(":")
-                    value = value.strip()
-                    if field == "data" and value == "[DONE]":
-                        return
-                    if field not in ("data", "error"):
-                        continue
-                    try:
-                        event = _json_loads(value)
-                    except ValueError:
-                        raise ServerError(r.status_code, f"bad event in the stream: {line[:200]!r}", "",
-                                          path) from None
-                    err = event.get("error") if isinstance(event, dict) else None
-                    if field == "error" or err is not None:
-                        err = err if isinstance(err, dict) else (event if isinstance(event, dict) else {})
-                        code = err.get("code")
-                        raise ServerError(code if isinstance(code, int) else r.status_code,
-                                          str(err.get("message", event)), str(err.get("type", "")), path)
-                    yield event
+                try:
+                    async for event in _events(r, path):
+                        yield event
+                finally:
+                    # b11434 closes a streamed answer's connection while announcing keep-alive: never
+                    # hand it back to the pool (the shared client's next request would meet it closed)
+                    _shut_connection(r)
         except httpx.TimeoutException as e:
             raise ServerUnreachable(self.base_url, f"timed out ({type(e).__name__})") from None
         except httpx.TransportError as e:
@@ -286,6 +272,30 @@ def _error_message(r: httpx.Response) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return str(body["error"].get("message", ""))
     return r.text[:200]
+
+
+async def _events(r: httpx.Response, path: str) -> AsyncIterator[dict]:
+    """The JSON objects of a server-sent event stream, until ``[DONE]``; an ``error`` raises."""
+    async for line in r.aiter_lines():
+        if not line or line.startswith(":"):
+            continue  # event separator, SSE comment
+        field, _, value = line.partition(":")
+        value = value.strip()
+        if field == "data" and value == "[DONE]":
+            return
+        if field not in ("data", "error"):
+            continue
+        try:
+            event = _json_loads(value)
+        except ValueError:
+            raise ServerError(r.status_code, f"bad event in the stream: {line[:200]!r}", "", path) from None
+        err = event.get("error") if isinstance(event, dict) else None
+        if field == "error" or err is not None:
+            err = err if isinstance(err, dict) else (event if isinstance(event, dict) else {})
+            code = err.get("code")
+            raise ServerError(code if isinstance(code, int) else r.status_code,
+                              str(err.get("message", event)), str(err.get("type", "")), path)
+        yield event
 
 
 def _shut_connection(r: httpx.Response) -> None:

@@ -24,19 +24,16 @@ Why these choices:
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sqlite3
 import statistics
-import threading
 import time
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from app.core.states import MemoryKind, SidecarStatus
 from app.core.verdict import VerdictKind
+from app.store.sqlite_file import SqliteFile
 
 SCHEMA_VERSION = 4
 
@@ -275,166 +272,17 @@ CREATE INDEX pending_verdicts_slot ON pending_verdicts(profile, slot_id, created
 _MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4}
 
 
-def _set_wal(conn: sqlite3.Connection, timeout: float = 10.0) -> None:
-    """``PRAGMA journal_mode = WAL``, retried while another process holds the file: on a new
-    catalog two processes starting at once (the window and a CLI) collide here, and sqlite
-    answers this pragma "database is locked" at once, without its busy timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as e:
-            if getattr(e, "sqlite_errorname", "") != "SQLITE_BUSY" or time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)  # a lock retry, as sqlite's own busy handler does
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Bring the file to SCHEMA_VERSION, one step per transaction.
-
-    Each step and its ``user_version`` bump commit together, so an interrupted
-    migration restarts cleanly from the last finished step.
-    """
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise CatalogError(
-            f"the catalog was written by a newer KV Valet (schema {version}, "
-            f"this version knows {SCHEMA_VERSION}); refusing to touch it"
-        )
-    while version < SCHEMA_VERSION:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            # Read again under the write lock: another process opening the same file at the
-            # same time (the window and a CLI on a fresh install) may have done this step
-            # while we waited, and running it twice fails ("table sessions already exists").
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version < SCHEMA_VERSION:
-                for statement in _MIGRATIONS[version].split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {version + 1}")
-                version += 1
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-
 # --------------------------------------------------------------------------- catalog
 
 
-def _free_bytes(folder: Path) -> int:
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return 1 << 62
-
-
-def _storage_error(path: Path, what: str, e: sqlite3.Error) -> CatalogError | None:
-    """The disk or the file failed (not the SQL): a CatalogError that names the catalog file,
-    which every front end shows as it is. None for an SQL mistake (SQLITE_ERROR): re-raise it."""
-    if getattr(e, "sqlite_errorname", "") == "SQLITE_ERROR" and what != "open":
-        return None
-    if path.is_dir():
-        why = "it is a folder, not a file"
-    elif not os.access(path.parent, os.W_OK):  # sqlite needs the folder too (the WAL and -shm files)
-        why = f"{e} (its folder {path.parent} is read-only)"
-    elif _free_bytes(path.parent) < 1024 * 1024:  # sqlite says "disk I/O error" when the -shm cannot grow
-        why = f"{e} (its disk is full: {_free_bytes(path.parent):,} bytes free)"
-    else:
-        why = str(e)
-    return CatalogError(f"cannot {what} the session catalog {path}: {why}")
-
-
-class Catalog:
+class Catalog(SqliteFile):
     """The SQLite catalog of parked sessions, their history and learned facts."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if str(path) != ":memory:":
-            from app import paths
-
-            paths.private_dir(self.path.parent)  # 0700, the file 0600 (its -wal and -shm follow)
-            paths.touch_private(self.path)
-        self._lock = threading.Lock()
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves so transaction
-        # boundaries are exactly what the code says.
-        try:
-            self._conn = sqlite3.connect(
-                str(path), check_same_thread=False, isolation_level=None, timeout=10.0
-            )
-        except sqlite3.Error as e:
-            raise _storage_error(self.path, "open", e) from e
-        self._conn.row_factory = sqlite3.Row
-        try:
-            _set_wal(self._conn)
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._conn.execute("PRAGMA foreign_keys = ON")
-            _migrate(self._conn)
-        except sqlite3.DatabaseError as e:  # a folder, not a database, unreadable: say which file
-            self._conn.close()
-            raise _storage_error(self.path, "open", e) from e
-        except BaseException:
-            self._conn.close()
-            raise
-
-    # -- lifecycle
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> Catalog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def schema_version(self) -> int:
-        with self._lock:
-            return self._conn.execute("PRAGMA user_version").fetchone()[0]
-
-    # -- plumbing
-
-    @contextmanager
-    def _tx(self) -> Iterator[Any]:
-        """Lock + one write transaction; rolled back on any exception.
-
-        A write the disk refuses (full, read-only, I/O error) raises CatalogError naming the
-        catalog, not sqlite's bare "database or disk is full". After such an error sqlite may
-        or may not have rolled the transaction back itself (SQLITE_FULL, SQLITE_IOERR,
-        SQLITE_BUSY: https://sqlite.org/lang_transaction.html), and COMMIT can fail too: roll
-        back only what is still open, so the error raised is the real one (not "cannot
-        rollback - no transaction is active") and this long-lived connection (the window's)
-        writes again once the disk has room.
-        """
-        with self._lock:
-            conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        with suppress(sqlite3.Error):
-                            conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.OperationalError as e:
-                if (err := _storage_error(self.path, "write", e)) is None:
-                    raise
-                raise err from e
-
-    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            try:
-                return self._conn.execute(sql, args).fetchall()
-            except sqlite3.OperationalError as e:
-                if (err := _storage_error(self.path, "read", e)) is None:
-                    raise
-                raise err from e
+    NAME = "the session catalog"
+    SHORT_NAME = "the catalog"
+    ERROR = CatalogError
+    SCHEMA_VERSION = SCHEMA_VERSION
+    MIGRATIONS = _MIGRATIONS
 
     @staticmethod
     def _to_record(row: sqlite3.Row) -> SessionRecord:

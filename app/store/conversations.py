@@ -17,16 +17,13 @@ transaction as the conversations the change touches, so a crash leaves a record 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import threading
 import time
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Protocol
 
-from app.store.catalog import _set_wal
+from app.store.sqlite_file import SqliteFile
 
 SCHEMA_VERSION = 1
 
@@ -140,43 +137,6 @@ CREATE INDEX lease_journal_profile ON lease_journal(profile, id)
 _MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Bring the file to SCHEMA_VERSION one step per transaction; refuse a newer file."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise ConversationStoreError(
-            f"the conversation store was written by a newer KV Valet (schema {version}, "
-            f"this version knows {SCHEMA_VERSION}); refusing to touch it")
-    while version < SCHEMA_VERSION:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have done it
-            if version < SCHEMA_VERSION:
-                for statement in _MIGRATIONS[version].split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {version + 1}")
-                version += 1
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-
-def _storage_error(path: Path, what: str, e: sqlite3.Error) -> ConversationStoreError | None:
-    """The disk or the file failed: an error naming the file. None for an SQL mistake (re-raise it)."""
-    if getattr(e, "sqlite_errorname", "") == "SQLITE_ERROR" and what != "open":
-        return None
-    if path.is_dir():
-        why = "it is a folder, not a file"
-    elif not os.access(path.parent, os.W_OK):
-        why = f"{e} (its folder {path.parent} is read-only)"
-    else:
-        why = str(e)
-    return ConversationStoreError(f"cannot {what} the conversation store {path}: {why}")
-
-
 def _enum(kind: Any, text: str | None, fallback: Any) -> Any:
     """``text`` as a member of ``kind``, by name first (stable), then by value; else ``fallback``."""
     if text is None:
@@ -190,86 +150,22 @@ def _enum(kind: Any, text: str | None, fallback: Any) -> Any:
         return fallback
 
 
-class ConversationStore:
+class ConversationStore(SqliteFile):
     """The proxy's conversations, their requests and the slot lease journal (one SQLite file)."""
+
+    NAME = "the conversation store"
+    SHORT_NAME = "the conversation store"
+    ERROR = ConversationStoreError
+    SCHEMA_VERSION = SCHEMA_VERSION
+    MIGRATIONS = _MIGRATIONS
 
     def __init__(self, path: str | Path | None = None, *, values: ProxyValues | None = None) -> None:
         from app import paths
 
-        if path is None:
-            path = paths.data_dir() / FILE_NAME
-        self.path = Path(path)
         if values is None:
             from app.core import conversation as values  # the value types, below the store
         self._v = values
-        if str(path) != ":memory:":
-            paths.private_dir(self.path.parent)  # 0700, the file 0600 (its -wal and -shm follow)
-            paths.touch_private(self.path)
-        self._lock = threading.Lock()
-        try:
-            self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10.0)
-        except sqlite3.Error as e:
-            raise _storage_error(self.path, "open", e) from e
-        self._conn.row_factory = sqlite3.Row
-        try:
-            _set_wal(self._conn)
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._conn.execute("PRAGMA foreign_keys = ON")
-            _migrate(self._conn)
-        except sqlite3.DatabaseError as e:
-            self._conn.close()
-            raise _storage_error(self.path, "open", e) from e
-        except BaseException:
-            self._conn.close()
-            raise
-
-    # -- lifecycle
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> ConversationStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def schema_version(self) -> int:
-        with self._lock:
-            return self._conn.execute("PRAGMA user_version").fetchone()[0]
-
-    # -- plumbing
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """Lock + one write transaction, rolled back on any exception (as Catalog._tx)."""
-        with self._lock:
-            conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        with suppress(sqlite3.Error):
-                            conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.OperationalError as e:
-                if (err := _storage_error(self.path, "write", e)) is None:
-                    raise
-                raise err from e
-
-    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            try:
-                return self._conn.execute(sql, args).fetchall()
-            except sqlite3.OperationalError as e:
-                if (err := _storage_error(self.path, "read", e)) is None:
-                    raise
-                raise err from e
+        super().__init__(path if path is not None else paths.data_dir() / FILE_NAME)
 
     # -- conversions
 

