@@ -70,16 +70,26 @@ def mode_from_log(lines) -> str | None:
     return None
 
 
-def mode_from_log_file(path: str | os.PathLike | None, max_lines: int = 2000) -> str | None:
-    """The mode line of the server run a log file holds (it comes in the first lines)."""
+def mode_from_log_file(path: str | os.PathLike | None, max_lines: int = 2000, *, pid: int | None = None) -> str | None:
+    """The mode line of the server run a log file holds (it comes in the first lines); with
+    ``pid``, only that process's run (its section starts with the supervisor's "pid N:" header:
+    the reader thread writes each line there as it reads it, before the loop hears of it)."""
     from app.server.logparse import parse_line
 
     if not path:
         return None
     mode = None
+    header = f" pid {pid}: " if pid is not None else None
+    in_run = header is None
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for i, line in enumerate(f):
+                if header is not None and line.startswith("===== "):
+                    in_run = header in line  # a new run: only the one of ``pid`` counts
+                    mode = None if in_run else mode
+                    continue
+                if not in_run:
+                    continue
                 if i >= max_lines and mode is not None:
                     break
                 if "checkpoint sidecars:" in line:

@@ -148,6 +148,9 @@ class SessionService:
         # which sidecar behaviour this build has (app.jobs.behaviour): the server's own start line,
         # a KV Valet build's build-info.json, what its parks wrote
         mode = getattr(supervisor, "sidecar_mode", None) if supervisor is not None else None
+        if mode is None and supervisor is not None and getattr(supervisor, "log_file_path", None):
+            # its start line may still wait in the reader's batch: the log file has it already
+            mode = mode_from_log_file(supervisor.log_file_path, pid=supervisor.pid)
         if mode is None and log_buffer is not None:
             path = getattr(log_buffer, "path", None)
             mode = mode_from_log_file(path) if path else mode_from_log(log_buffer.since(0))

@@ -152,3 +152,20 @@ def test_amx_in_a_vm_runs_without_repacking():
     assert repack_env(["llama-server"], True, environ={REPACK_ENV: "true"}, flags=amx_vm) == ({}, None)
     assert repack_env(["llama-server"], False, environ={}, flags=amx_vm) == ({}, None)
     assert repack_env(["llama-server"], True, environ={}, flags=frozenset({"avx2", "hypervisor"})) == ({}, None)
+
+
+def test_the_mode_of_one_run_in_a_log_file_that_holds_several(tmp_path):
+    """The supervisor's log file appends a section per launch: the asked process's mode, not the
+    last one in the file (connect reads it before the loop has heard the start line)."""
+    from app.jobs.behaviour import mode_from_log_file
+
+    log = tmp_path / "p.log"
+    log.write_text("===== 2026-12-01 10:00:00 pid 100: llama-server -m m.gguf\n"
+                   "0.01.022.945 I srv    load_model: checkpoint sidecars: fork\n"
+                   "===== 2026-12-01 10:05:00 pid 200: llama-server -m m.gguf\n"
+                   "0.01.022.945 I srv    load_model: checkpoint sidecars: v2\n"
+                   "===== 2026-12-01 10:09:00 pid 300: llama-server -m m.gguf\n")
+    assert mode_from_log_file(log, pid=100) == "fork"
+    assert mode_from_log_file(log, pid=200) == "v2"
+    assert mode_from_log_file(log, pid=300) is None  # its start line is not there yet
+    assert mode_from_log_file(log) == "v2"  # without a pid: the last run that said it
