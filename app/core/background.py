@@ -20,7 +20,7 @@ _running: set[asyncio.Future] = set()
 
 def track(work: Awaitable, what: str) -> asyncio.Future:
     """Start ``work`` (a coroutine or future) in the background; ``what`` names it in the log."""
-    task = asyncio.ensure_future(work)
+    task = asyncio.ensure_future(work)  # the one place: kept in _running, its failure logged below
     _running.add(task)
 
     def done(t: asyncio.Future) -> None:
