@@ -17,15 +17,15 @@ from app.cli.errors import CliError, Exit, error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.cli import (build_server, check, conversations, doctor, install, loadcheck, profiles, serve, sessions,
-                         settings, status)
+    from app.cli import (build_server, check, conversations, doctor, hosts, install, loadcheck, profiles, serve,
+                         sessions, settings, status)
 
     p = argparse.ArgumentParser(prog="kv-valet", description="Park and resume llama-server sessions.")
     p.add_argument("--version", action="version", version=f"kv-valet {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command")
     for group in (profiles, serve, status, sessions, conversations, check, doctor, loadcheck, install, settings,
-                  build_server):
+                  build_server, hosts):
         group.add_commands(sub)
     return p
 

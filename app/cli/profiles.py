@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from app.cli.errors import Exit
@@ -12,7 +13,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = Exit.OK, Exit.FAIL, Exit.USAGE
 def add_commands(sub) -> None:
     pr = sub.add_parser("profiles", help="list, show or import launch profiles")
     prs = pr.add_subparsers(dest="action", required=True)
-    prs.add_parser("list", help="list profiles")
+    ls = prs.add_parser("list", help="list profiles")
+    ls.add_argument("--json", action="store_true", help="one JSON list (no API keys: has_api_key says if one is set)")
+    ls.add_argument("--host", default=None, metavar="NAME", help="the profiles of a remote host (kv-valet hosts)")
     sh = prs.add_parser("show", help="show a profile and the command line it launches")
     sh.add_argument("name")
     im = prs.add_parser("import", help='import a llama-server command line: import "llama-server -m x.gguf ..."')
@@ -30,10 +33,18 @@ def cmd_profiles(args) -> int:
     from app.store.profiles import ProfileStore
 
     store = ProfileStore()
+    if args.action == "list" and getattr(args, "host", None):
+        from app.cli.hosts import remote_profiles
+
+        return remote_profiles(args.host, args.json)
     if args.action == "list":
         store.ensure_default()
         profiles, errors = store.load_all()
-        for prof in profiles:
+        if args.json:
+            from app.remote.listing import profile_summary
+
+            print(json.dumps([profile_summary(p) for p in profiles], indent=1, ensure_ascii=False))
+        for prof in profiles if not args.json else ():
             print(f"{prof.name:<20} {prof.url:<28} {prof.model}")
         for e in errors:
             print(f"error: {e}", file=sys.stderr)

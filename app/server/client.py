@@ -62,8 +62,13 @@ class Health:
 
 
 class LlamaClient:
-    def __init__(self, base_url: str, api_key: str | None = None, *, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(self, base_url: str, api_key: str | None = None, *, transport: httpx.AsyncBaseTransport | None = None,
+                 network_backend: Any = None):
+        """``network_backend``: an httpcore network backend that opens the connections instead of
+        TCP sockets (app.remote: SSH channels to a remote host's loopback server)."""
         self.base_url = base_url.rstrip("/")
+        if network_backend is not None and transport is None:
+            transport = _transport_over(network_backend)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
@@ -237,6 +242,20 @@ class LlamaClient:
     async def tokenize(self, content: str) -> list[int]:
         return (await self._json("POST", "/tokenize", json={"content": content}))["tokens"]
 
+    async def tokenize_pieces(self, content: str) -> list[tuple[int, str]]:
+        """(id, text) of each token of ``content`` (no BOS added, special tokens parsed). A piece that
+        is not valid UTF-8 comes as its bytes: decoded here with replacement characters."""
+        body = {"content": content, "add_special": False, "parse_special": True, "with_pieces": True}
+        out = []
+        for t in (await self._json("POST", "/tokenize", json=body))["tokens"]:
+            piece = t.get("piece", "")
+            out.append((int(t["id"]), piece if isinstance(piece, str) else bytes(piece).decode("utf-8", "replace")))
+        return out
+
+    async def apply_template(self, body: dict) -> str:
+        """The prompt the server renders for a chat request ``body`` (``POST /apply-template``)."""
+        return (await self._json("POST", "/apply-template", json=body))["prompt"]
+
     async def detokenize(self, tokens: list[int]) -> str:
         return (await self._json("POST", "/detokenize", json={"tokens": tokens}))["content"]
 
@@ -296,6 +315,17 @@ async def _events(r: httpx.Response, path: str) -> AsyncIterator[dict]:
             raise ServerError(code if isinstance(code, int) else r.status_code,
                               str(err.get("message", event)), str(err.get("type", "")), path)
         yield event
+
+
+def _transport_over(network_backend: Any) -> httpx.AsyncBaseTransport:
+    """httpx's own transport (request and response mapping, errors) on a pool whose connections
+    ``network_backend`` opens: httpx 0.28 takes no backend argument, so its pool is replaced
+    (tests/ssh drive a real server through it)."""
+    import httpcore
+
+    transport = httpx.AsyncHTTPTransport()
+    transport._pool = httpcore.AsyncConnectionPool(network_backend=network_backend, max_connections=10)
+    return transport
 
 
 def _shut_connection(r: httpx.Response) -> None:

@@ -42,7 +42,7 @@ def test_no_shell_strings_for_subprocesses():
 # (function-level imports included). The CLI reaches the Qt layer only through
 # its declared seam, app/cli/gui.py.
 
-LAYERS = {"core": 0, "server": 1, "monitor": 1, "store": 2, "jobs": 3, "proxy": 3, "ui": 4, "cli": 4}
+LAYERS = {"core": 0, "server": 1, "monitor": 1, "store": 2, "jobs": 3, "proxy": 3, "remote": 3, "ui": 4, "cli": 4}
 TOP_LEVEL = {"paths": 0, "settings": 0, "__init__": 0, "__main__": 5}  # folders and preferences files only; __main__ opens everything
 CLI_SEAM = "app.cli.gui"
 
@@ -170,7 +170,8 @@ def test_cli_commands_run_without_pyside6():
     import sys
 
     code = ("import sys; sys.modules['PySide6'] = None; import app.cli; "
-            "from app.cli import check, doctor, install, loadcheck, profiles, serve, sessions, status; "
+            "from app.cli import check, doctor, hosts, install, loadcheck, profiles, serve, sessions, status; "
+            "import app.remote.host, app.remote.unit; "
             "app.cli.build_parser(); "
             "import app.jobs.service; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=APP.parent, timeout=60)

@@ -1,0 +1,24 @@
+"""What a host shows, as JSON-ready values: the same on the host (``--json`` output) and here.
+
+:func:`profile_summary` is one profile as ``kv-valet profiles list --json`` prints it: every
+launch field but the API key (``has_api_key`` says whether one is set), its URL and its
+effective slot-save folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from app.core.profile import LaunchProfile
+
+
+def profile_summary(profile: LaunchProfile) -> dict[str, Any]:
+    from app.jobs.server_service import slot_save_path_for
+
+    out = {f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.name != "api_key"}
+    out["extra_args"] = list(profile.extra_args)
+    out["url"] = profile.url
+    out["has_api_key"] = profile.has_api_key
+    out["slot_save_dir"] = str(slot_save_path_for(profile))
+    return out
