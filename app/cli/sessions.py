@@ -49,6 +49,7 @@ def add_commands(sub) -> None:
     ls = ssa.add_parser("list", help="list sessions, most recent first")
     ls.add_argument("--profile", default=None)
     ls.add_argument("--json", action="store_true")
+    ls.add_argument("--host", default=None, metavar="NAME", help="the sessions parked on a remote host (kv-valet hosts)")
     sh = ssa.add_parser("show", help="everything known about one session")
     sh.add_argument("name")
     sh.add_argument("--profile", default=None)
@@ -263,6 +264,10 @@ def _rm_older_than(args, catalog) -> int:
 def cmd_sessions(args) -> int:
     from app.jobs.sessions import delete_session, get_session, list_sessions, rename_session
 
+    if args.action == "list" and args.host:
+        from app.cli.hosts import remote_sessions
+
+        return remote_sessions(args.host, args.profile, args.json)
     catalog = open_catalog()
     try:
         if args.action == "list":
