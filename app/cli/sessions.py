@@ -77,6 +77,10 @@ def add_commands(sub) -> None:
     rn.add_argument("new")
     rn.add_argument("--profile", default=None)
     ss.set_defaults(run=cmd_sessions)
+    rm.add_argument("--json", action="store_true", help="with a name: say what was deleted as JSON")
+    from app.cli import move
+
+    move.add_commands(ssa)  # move, copy, and the other machine's side of a move (facts, receive)
 
 
 def open_catalog():
@@ -327,6 +331,9 @@ def cmd_sessions(args) -> int:
             if args.name is None:
                 raise CliError("give the name of the session to delete, or --older-than DAYS", Exit.USAGE)
             removed = delete_session(catalog, args.name, args.profile)
+            if args.json:
+                print(json.dumps({"deleted": args.name, "files": [str(p) for p in removed]}))
+                return Exit.OK
             print(f"deleted '{args.name}'" + (f" ({', '.join(Path(p).name for p in removed)})" if removed else ""))
             return Exit.OK
         if args.action == "rename":

@@ -1,0 +1,226 @@
+"""``kv-valet sessions move|copy|facts|receive``: a parked session to another profile or host.
+
+``move``/``copy`` run here (app.jobs.move); ``facts`` and ``receive`` are what another
+machine's ``kv-valet`` asks this one over SSH: the source's session and files, and the
+target's facts, commit and abort (the same code a local move runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import asdict
+
+from app.cli.errors import CliError, Exit, note
+
+
+def add_commands(ssa) -> None:
+    for verb, what in (("move", "move a parked session to another profile or host (copy, then delete here)"),
+                       ("copy", "copy a parked session to another profile or host (keep it here)")):
+        p = ssa.add_parser(verb, help=what, description=(
+            f"{what[0].upper()}{what[1:]}. TARGET is a profile on this machine or HOST:PROFILE (a host of "
+            "'kv-valet hosts'). The compatibility rules run first (model, K/V types, flash attention, "
+            "--swa-full, state-file and sidecar versions, --ctx-checkpoints, slot context, disk space, name); "
+            "then the files are copied with a SHA-256 check and renamed into place at the target, which "
+            "lists the session only once it is whole."))
+        p.add_argument("name", help="the parked session")
+        p.add_argument("--to", required=True, metavar="TARGET", help="PROFILE or HOST:PROFILE")
+        p.add_argument("--from", dest="source", default=None, metavar="SOURCE",
+                       help="the profile (or HOST:PROFILE) it is in (default: the only session of that name here)")
+        p.add_argument("--rename", default=None, metavar="NEW", help="its name at the target")
+        p.add_argument("--restore", action="store_true",
+                       help="then restore it at the target (its server must run) and judge a first query")
+        p.add_argument("--slot", type=int, default=None, help="with --restore: the slot (default: the app's choice)")
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.set_defaults(run=lambda a, keep=(verb == "copy"): cmd_move(a, keep))
+    f = ssa.add_parser("facts", help="a session's facts and files, for a move from this machine (JSON)")
+    f.add_argument("name")
+    f.add_argument("--profile", default=None)
+    f.add_argument("--json", action="store_true")
+    f.set_defaults(run=cmd_facts)
+    r = ssa.add_parser("receive", help="the target's side of a move into PROFILE (JSON; run by another kv-valet)")
+    r.add_argument("profile")
+    step = r.add_mutually_exclusive_group(required=True)
+    step.add_argument("--describe", action="store_true", help="the target's facts for the move rules")
+    step.add_argument("--commit", metavar="ID", help="check the copied files and list the session")
+    step.add_argument("--abort", metavar="ID", help="remove the copied files of a failed move")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(run=cmd_receive)
+
+
+def _catalog():
+    from app.cli.sessions import open_catalog
+
+    return open_catalog()
+
+
+def _print(data) -> None:
+    print(json.dumps(data, indent=1, ensure_ascii=False))
+
+
+class _Progress:
+    """``moving 'x': 12.0 MiB of 33.1 MiB (36%)`` on stderr, rewritten in place."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.shown = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        from app.core.units import fmt_bytes
+
+        pct = 100 if not total else done * 100 // total
+        if pct == self.shown:
+            return
+        self.shown = pct
+        end = "\n" if done >= total else ""
+        print(f"\r{self.label}: {fmt_bytes(done)} of {fmt_bytes(total)} ({pct}%)", end=end, file=sys.stderr,
+              flush=True)
+
+
+def _endpoint(spec: str | None, catalog, hosts: dict):
+    from app.jobs.move import LocalEndpoint, MoveError, RemoteEndpoint, parse_target
+
+    try:
+        host, profile = parse_target(spec) if spec else (None, None)
+    except MoveError as e:
+        raise CliError(str(e), Exit.USAGE) from None
+    if host is None:
+        return LocalEndpoint(catalog, profile)
+    if host not in hosts:
+        from app.cli.hosts import _host
+
+        hosts[host] = _host(host)
+    return RemoteEndpoint(hosts[host], host, profile)
+
+
+def cmd_move(args, keep: bool) -> int:
+    from app.jobs.move import MoveError, MoveRefused, move_session
+
+    catalog = _catalog()
+    hosts: dict = {}
+    verb = "copy" if keep else "move"
+
+    async def go():
+        try:
+            source = _endpoint(args.source, catalog, hosts)
+            target = _endpoint(args.to, catalog, hosts)
+            progress = None if args.json else _Progress(f"{'copying' if keep else 'moving'} '{args.name}'")
+            result = await move_session(source, args.name, target, keep_source=keep, new_name=args.rename,
+                                        on_progress=progress)
+            restored = await _restore(args, target, result.record.name) if args.restore else None
+            return result, restored
+        finally:
+            for h in hosts.values():
+                await h.close()
+
+    try:
+        result, restored = asyncio.run(go())
+    except MoveRefused as e:
+        raise CliError(f"cannot {verb} '{args.name}':", details=e.reasons) from None
+    except MoveError as e:
+        raise CliError(f"{verb} of '{args.name}' failed: {e}") from None
+    except KeyboardInterrupt:
+        note(f"{verb} interrupted: '{args.name}' is kept where it was, nothing was added at the target")
+        return Exit.INTERRUPTED
+    except Exception as e:
+        from app.remote.host import RemoteError
+
+        if isinstance(e, RemoteError):
+            raise CliError(f"{verb} of '{args.name}' failed: {e}") from None
+        raise
+    finally:
+        catalog.close()
+    if args.json:
+        _print({"record": asdict(result.record), "source": result.source, "target": result.target,
+                "moved": result.moved, "bytes": result.bytes, "warnings": result.warnings,
+                "source_kept": result.source_kept, "restore": restored})
+    else:
+        r = result.record
+        print(f"{'moved' if result.moved else 'copied'} '{args.name}' from {result.source} to {result.target}"
+              f" as '{r.name}': {r.n_tokens:,} tokens, {result.bytes:,} bytes, SHA-256 checked ({r.state_file})")
+        for w in result.warnings:
+            print(f"  warning: {w}")
+        if result.source_kept:
+            print(f"  warning: {result.source_kept}")
+        if restored:
+            v = restored["verdict"]
+            print(f"restored into slot {restored['slot_id']}: {restored['n_restored']:,} tokens; first query: "
+                  f"{v['kind']}: {v['reason']}")
+    return Exit.OK if not result.source_kept else Exit.FAIL
+
+
+async def _restore(args, target, name: str) -> dict:
+    """Restore ``name`` at the target and judge a first query (``kv-valet check`` there)."""
+    from app.jobs.move import LocalEndpoint
+
+    if isinstance(target, LocalEndpoint):
+        from app.cli.sessions import connect
+        from app.jobs.check import report_dict
+        from app.jobs.service import NeedsConfirmation, ServiceError
+
+        svc = await connect(target.catalog, target.profile)
+        try:
+            report = await svc.check(name, args.slot, force=True)
+        except (ServiceError, NeedsConfirmation) as e:
+            raise CliError(f"copied, but the restore at {target.where} failed: {e}") from None
+        finally:
+            await svc.aclose()
+        d = report_dict(report)
+    else:
+        argv = ["check", target.profile, name, "--yes", "--json"] + \
+            (["--slot", str(args.slot)] if args.slot is not None else [])
+        d = await target.host.run_cli(argv, timeout=600, ok_exits=(0, Exit.DISCARDED))
+    return {"slot_id": d.get("slot_id"), "n_restored": d.get("n_restored"), "verdict": d.get("verdict"),
+            "report": d}
+
+
+def cmd_facts(args) -> int:
+    from app.jobs.move import MoveError, source_session
+
+    catalog = _catalog()
+    try:
+        s = source_session(catalog, args.name, args.profile)
+    except MoveError as e:
+        raise CliError(str(e)) from None
+    finally:
+        catalog.close()
+    _print({"record": asdict(s.record), "facts": s.facts.to_dict(),
+            "files": [{"suffix": f.suffix, "path": f.path, "size": f.size} for f in s.files]})
+    return Exit.OK
+
+
+def cmd_receive(args) -> int:
+    from app.jobs.move import MoveError, adopt, check_move_id, describe_target, discard, temp_name
+
+    catalog = _catalog()
+    try:
+        for move_id in (args.commit, args.abort):
+            if move_id is not None:
+                check_move_id(move_id)
+        facts = asyncio.run(describe_target(catalog, args.profile, where=f"profile '{args.profile}'"))
+        if args.describe:
+            _print({"target": facts.to_dict()})
+            return Exit.OK
+        if args.abort:
+            removed = discard(facts.save_dir, args.abort)
+            _print({"removed": [p.name for p in removed]})
+            return Exit.OK
+        from pathlib import Path
+
+        manifest_path = Path(facts.save_dir) / temp_name(args.commit, ".json")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            discard(facts.save_dir, args.commit)
+            raise CliError(f"the move's manifest {manifest_path.name} is not readable: {e}") from None
+        if manifest.get("move_id") != args.commit:
+            discard(facts.save_dir, args.commit)
+            raise CliError(f"the manifest {manifest_path.name} is of another move")
+        rec = adopt(catalog, args.profile, facts.save_dir, manifest, model_path=facts.model_path)
+        _print({"record": asdict(rec)})
+        return Exit.OK
+    except MoveError as e:
+        raise CliError(str(e)) from None
+    finally:
+        catalog.close()

@@ -1,0 +1,116 @@
+"""Moves to and from a host over a real SSH server on loopback (tests/ssh/conftest.py): the remote
+side is the real ``kv-valet`` of this checkout in a second home, reached through RemoteHost's
+``run_cli`` (``sessions facts|receive|rm --json``) and SFTP. Parked files without a server: the
+real-server move is tests/real/test_real_move.py."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from app.core.profile import LaunchProfile
+from app.jobs.move import LocalEndpoint, MoveCancelled, MoveRefused, RemoteEndpoint, move_session
+from app.store.profiles import ProfileStore
+from tests.unit.move_helpers import folder_names, model_file, open_catalog, park_file, profile
+
+
+def remote_profile(sshd, model: Path, name: str, **kw) -> LaunchProfile:
+    """A profile on the "other machine": its own config folder and save folder."""
+    kw = {"ctx_size": 4096, "parallel": 2, **kw}
+    p = LaunchProfile(name=name, model=str(model), server_binary="/nonexistent/llama-server",
+                      slot_save_path=str(sshd.remote_home / f"{name}-slots") + "/", **kw)
+    ProfileStore(sshd.remote_config / "profiles").save(p)
+    os.makedirs(p.slot_save_path, exist_ok=True)
+    return p
+
+
+def sums(state: Path) -> dict[str, str]:
+    return {s: hashlib.sha256(Path(str(state) + s).read_bytes()).hexdigest()
+            for s in ("", ".ckpt") if Path(str(state) + s).exists()}
+
+
+def test_move_there_and_back_over_ssh(sshd, tmp_path):
+    model = model_file(tmp_path)
+    a, b = profile(tmp_path, "a", model), profile(tmp_path, "b", model)
+    r = remote_profile(sshd, model, "there")
+    cat = open_catalog()
+    rec = park_file(cat, a, "chat")
+    before = sums(rec.state_path)
+
+    async def go():
+        async with sshd.remote_host() as host:
+            seen = []
+            out = await move_session(LocalEndpoint(cat, "a"), "chat", RemoteEndpoint(host, "box", "there"),
+                                     on_progress=lambda d, t: seen.append((d, t)), chunk=64 * 1024)
+            listed = await host.run_cli(["sessions", "list", "--profile", "there", "--json"])
+            back = await move_session(RemoteEndpoint(host, "box", "there"), "chat", LocalEndpoint(cat, "b"),
+                                      new_name="chat again")
+            after = await host.run_cli(["sessions", "list", "--profile", "there", "--json"])
+            return out, seen, listed, back, after
+
+    try:
+        out, seen, listed, back, after = asyncio.run(go())
+        assert out.moved and out.target == "box:there" and out.record.profile == "there"
+        assert seen[-1] == (rec.state_size + rec.sidecar_size,) * 2
+        [there] = listed
+        assert there["name"] == "chat" and there["sidecar_status"] == "present" and there["n_tokens"] == rec.n_tokens
+        assert Path(there["save_dir"]) == Path(r.slot_save_path) and there["model_path"] == str(model)
+        # here the source is gone; back here under another name, the same bytes
+        assert cat.get("a", "chat") is None and back.moved and after == []
+        assert back.record.name == "chat again" and back.record.notes == "copied from box:there"
+        assert sums(back.record.state_path) == before
+        assert folder_names(r.slot_save_path) == []  # moved away again: nothing left there
+    finally:
+        cat.close()
+
+
+def test_an_interrupted_move_to_a_host_leaves_nothing_there(sshd, tmp_path):
+    model = model_file(tmp_path)
+    a = profile(tmp_path, "a", model)
+    r = remote_profile(sshd, model, "stopped")
+    cat = open_catalog()
+    rec = park_file(cat, a, "chat")
+    before = sums(rec.state_path)
+
+    def stop(done, total):
+        if done > total // 2:
+            raise MoveCancelled("stopped")
+
+    async def go():
+        async with sshd.remote_host() as host:
+            with pytest.raises(MoveCancelled):
+                await move_session(LocalEndpoint(cat, "a"), "chat", RemoteEndpoint(host, "box", "stopped"),
+                                   on_progress=stop, chunk=32 * 1024)
+            return await host.run_cli(["sessions", "list", "--profile", "stopped", "--json"])
+
+    try:
+        assert asyncio.run(go()) == []
+        assert folder_names(r.slot_save_path) == []  # the temporary files were removed there
+        assert cat.get("a", "chat") is not None and sums(rec.state_path) == before
+    finally:
+        cat.close()
+
+
+def test_a_host_whose_profile_cannot_take_the_session_refuses_before_copying(sshd, tmp_path):
+    model = model_file(tmp_path)
+    a = profile(tmp_path, "a", model)
+    r = remote_profile(sshd, model, "small", cache_type_v="q8_0", ctx_size=256)
+    cat = open_catalog()
+    park_file(cat, a, "chat")
+
+    async def go():
+        async with sshd.remote_host() as host:
+            return await move_session(LocalEndpoint(cat, "a"), "chat", RemoteEndpoint(host, "box", "small"))
+
+    try:
+        with pytest.raises(MoveRefused) as e:
+            asyncio.run(go())
+        assert [p.rule for p in e.value.compat.refusals] == ["cache types", "slot context"]
+        assert "box:small" in str(e.value)
+        assert folder_names(r.slot_save_path) == [] and cat.get("a", "chat") is not None
+    finally:
+        cat.close()
