@@ -11,13 +11,16 @@ from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QLabel, QMainWindow, Q
 from app.core.background import track
 from app.core.profile import LaunchProfile, ProfileError
 from app.core.states import ServerState
-from app.jobs.server_service import CACHE_EVENTS_VERBOSITY, DiscoveryError, binary_info, find_server_binary
+from app.jobs.server_list import STATE_ROLES  # the server list colours states the same way
+from app.jobs.server_service import (CACHE_EVENTS_VERBOSITY, DiscoveryError, binary_info, find_server_binary,
+                                     profile_target_id)
 from app.server.outcome import Outcome
 from app.store.profiles import ProfileStore
 from app.ui import theme
 from app.ui.log_panel import LogPanel
 from app.ui.profile_panel import ProfilePanel
 from app.ui.server_controller import ServerController
+from app.ui.server_list_panel import ServerListPanel
 from app.ui.quitting import QuitsInOrder
 from app.ui.status_bar import MessageStatusBar
 
@@ -30,11 +33,6 @@ SERVER_LIFETIME = (
     "the app. At the next start KV Valet finds it again (by pid and start time) and offers to attach to "
     "it or stop it. A server you attached to, that KV Valet did not start, is never stopped by KV Valet."
 )
-
-STATE_ROLES = {  # app.ui.theme roles: light or dark as the system is
-    ServerState.STOPPED: "muted", ServerState.STARTING: "accent", ServerState.LOADING: "accent",
-    ServerState.READY: "ok", ServerState.STOPPING: "warn", ServerState.CRASHED: "crit",
-}
 
 
 class MainWindow(QuitsInOrder, QMainWindow):
@@ -50,10 +48,16 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.log_panel = LogPanel()
         self.tabs = QTabWidget()
         self.tabs.addTab(self.log_panel, "Log")
-        self.extra_panels: list[QWidget] = []
+        self.server_list = ServerListPanel(self.controller)  # every server; the selected one fills the tabs
+        self.extra_panels: list[QWidget] = [self.server_list]
+        right = QSplitter(Qt.Vertical)
+        right.addWidget(self.server_list)
+        right.addWidget(self.tabs)
+        right.setStretchFactor(1, 1)
+        right.setSizes([150, 670])
         splitter = QSplitter(Qt.Horizontal)
         splitter.addWidget(self.profiles)
-        splitter.addWidget(self.tabs)
+        splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
         splitter.setSizes([430, 850])
         self.splitter = splitter
@@ -86,6 +90,8 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.profiles.sig_restart.connect(self.controller.restart)
         self.profiles.sig_save.connect(self._on_save_profile)
         self.profiles.sig_build_server.connect(self._on_build_server)
+        self.profiles.sig_selected.connect(lambda name: self.controller.select(profile_target_id(name)))
+        self.controller.sig_selected.connect(self._on_selected)
         self.controller.sig_state.connect(self._show_state)
         self.controller.sig_error.connect(self._on_refused)
         self.controller.sig_crashed.connect(self._on_crashed)
@@ -346,6 +352,14 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.log_panel.set_log_file(sup.log_file_path if sup is not None else None)
         for note in getattr(plan, "notes", ()):
             self._message(f"Starting the server: {note}")
+
+    def _on_selected(self, target_id: str) -> None:
+        """Another server shown (the server list, a profile, a start): its log, its profile on the left."""
+        self._on_plan(None)
+        name = target_id.partition(":")[2] if target_id.startswith("profile:") else ""
+        items = self.profiles.list.findItems(name, Qt.MatchExactly) if name else []
+        if items and self.profiles.list.currentItem() is not items[0]:
+            self.profiles.list.setCurrentItem(items[0])
 
     def _on_refused(self, message: str) -> None:
         self._message(message)

@@ -12,7 +12,6 @@ from PySide6.QtWidgets import QMessageBox, QSystemTrayIcon
 
 from app.core.background import track
 from app.core.lifecycle import StopTrigger
-from app.core.states import ServerState
 
 
 class QuitsInOrder:
@@ -30,9 +29,7 @@ class QuitsInOrder:
             self.hide()
             self.tray.notify("KV Valet keeps running", "The server and its chats go on; quit from the tray icon.")
             return
-        if self.controller.owned and self.controller.state in (ServerState.READY, ServerState.LOADING,
-                                                               ServerState.STARTING) \
-                and not getattr(self, "_closing", False):
+        if self.controller.owned_running() and not getattr(self, "_closing", False):
             event.ignore()
             if not getattr(self, "confirm_quit", True):
                 self._quit(park=False)
@@ -101,9 +98,8 @@ class QuitsInOrder:
     async def park_then_shutdown(self, trigger: StopTrigger = StopTrigger.QUIT) -> None:
         """The server service's one park-then-stop (bounded by the preferences' park timeout and
         by a second signal), then the panels close."""
-        if self.controller.owned:
-            report = await self.controller.park_then_stop(trigger)
-            if report is not None and (report.interrupted or report.error):
+        for report in await self.controller.park_then_stop_all(trigger):  # every server launched here
+            if report.interrupted or report.error:
                 self._message(f"Parking before quitting was cut short by {report.interrupted}"
                               if report.interrupted else f"Could not park before quitting: {report.error}")
         await self.shutdown()

@@ -4,6 +4,9 @@ Every decision (which server, launch, attach, adopt or stop a leftover, the one 
 client, the session service, park-then-stop) is made in
 :class:`app.jobs.server_service.ServerService`; this class only follows the server the
 window currently shows (``target_id``) and re-emits that server's events as Qt signals.
+The service holds several servers at once; the window's server list picks the one shown
+(:meth:`ServerController.select`), and every tab follows it: selecting re-emits the shown
+server's state, session service and proxy, so a tab never needs to know there are others.
 The service calls back on the asyncio loop (qasync runs it on the GUI thread), so
 emitting is safe without locks.
 """
@@ -27,6 +30,8 @@ from app.server.supervisor import LogBuffer
 
 log = logging.getLogger(__name__)
 
+RUNNING = (ServerState.STARTING, ServerState.LOADING, ServerState.READY)
+
 
 class ServerController(QObject):
     sig_state = Signal(object, str)  # ServerState, detail (outcome summary for Crashed)
@@ -37,6 +42,8 @@ class ServerController(QObject):
     sig_sessions = Signal(object)  # the shown server's SessionService, or None when it went
     sig_notice = Signal(str, bool)  # a message for the status line, ok
     sig_proxy = Signal(object)  # the conversation proxy in front of the shown server (app.proxy.service), or None
+    sig_selected = Signal(str)  # the target id of the server shown now (app.jobs.server_service)
+    sig_event = Signal(object)  # every ServerEvent of every server (the server list follows them all)
 
     def __init__(self, parent=None, *, service: ServerService | None = None):
         super().__init__(parent)
@@ -45,6 +52,7 @@ class ServerController(QObject):
         self.target_id: str | None = None
         self._task: asyncio.Task | None = None
         self._empty_log = LogBuffer(1)
+        self._details: dict[str, str] = {}  # each server's last state detail, said again when it is selected
 
     # -- the shown server ------------------------------------------------------------
     @property
@@ -107,11 +115,37 @@ class ServerController(QObject):
         h = self.handle
         return h is not None and h.owned
 
+    def owned_running(self) -> list[ServerHandle]:
+        """The servers launched here that run (a quit, a logout or a shutdown parks them all)."""
+        return [h for h in list(self.service.servers.values()) if h.owned and h.state in RUNNING]
+
+    # -- which server the tabs show --------------------------------------------------------
+    def select(self, target_id: str | None) -> None:
+        """Show ``target_id``'s server (a row of the server list, or a profile not running yet):
+        its state, its session service and its proxy are emitted as if they had just changed."""
+        if target_id == self.target_id:
+            return
+        before = self._shown()
+        self.target_id = target_id
+        state, sessions, proxy = after = self._shown()
+        self.sig_selected.emit(target_id or "")
+        if after[0] != before[0]:  # only what differs: two servers that are not there look alike
+            self.sig_state.emit(*state)
+        if sessions is not before[1]:
+            self.sig_sessions.emit(sessions)
+        if proxy is not before[2]:
+            self.sig_proxy.emit(proxy)
+
+    def _shown(self) -> tuple:
+        h = self.handle
+        if h is None:
+            return (ServerState.STOPPED, ""), None, None
+        return (h.state, self._details.get(h.id, "")), h.sessions, h.proxy
+
     # -- what the user does ------------------------------------------------------------
     async def attach_async(self, url: str, api_key: str | None = None, leftover=None) -> ServerState:
-        """Watch a server at ``url`` without owning it (the server shown so far is let go)."""
-        await self._let_go()
-        self.target_id = self.service.attach_id(url, leftover)  # its events from the first one on
+        """Watch a server at ``url`` without owning it; the servers shown before go on, in the list."""
+        self.select(self.service.attach_id(url, leftover))  # its events from the first one on
         h = await self.service.attach(url, api_key, leftover=leftover)
         return h.state
 
@@ -130,17 +164,15 @@ class ServerController(QObject):
 
     def restart(self, profile: LaunchProfile) -> asyncio.Task:
         async def _restart():
-            await self.stop_async()
+            await self.service.stop(profile_target_id(profile.name))
             await self.start_async(profile)
 
         self._task = track(_restart(), f"restarting the server of '{profile.name}'")
         return self._task
 
     async def start_async(self, profile: LaunchProfile) -> bool:
-        tid = profile_target_id(profile.name)
-        if self.target_id != tid:
-            await self._let_go()
-        self.target_id = tid
+        """Start ``profile``'s server and show it; the servers that run already go on."""
+        self.select(profile_target_id(profile.name))
         from app.proxy.service import launch_with_proxy  # the proxy in front when the profile says so
 
         handle, _proxy = await launch_with_proxy(self.service, profile)
@@ -158,11 +190,11 @@ class ServerController(QObject):
             return None
         return await self.service.park_then_stop(h.id, trigger)
 
-    async def _let_go(self) -> None:
-        """Before showing another server: an attached one is detached, one launched here stops."""
-        h = self.handle
-        if h is not None:
-            await self.service.remove(h.id)
+    async def park_then_stop_all(self, trigger: StopTrigger) -> list[ParkStopReport]:
+        """The one park-then-stop of every server launched here that runs, at once (a quit, a
+        logout, logind's shutdown or sleep): each parks into its own profile's folder."""
+        handles = self.owned_running()
+        return list(await asyncio.gather(*(self.service.park_then_stop(h.id, trigger) for h in handles)))
 
     async def aclose(self) -> None:
         if self._task and not self._task.done():
@@ -171,6 +203,9 @@ class ServerController(QObject):
 
     # -- the service's events ----------------------------------------------------------
     def _on_event(self, ev: ServerEvent) -> None:
+        if isinstance(ev, StateChanged):
+            self._details[ev.target_id] = ev.detail
+        self.sig_event.emit(ev)
         if ev.target_id != self.target_id:
             return
         if isinstance(ev, StateChanged):

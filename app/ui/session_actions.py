@@ -173,16 +173,16 @@ class SessionActions:
         dlg.show()
 
     # -- after a restart or a sleep -------------------------------------------
-    def _offer_resume_all(self, plan) -> None:
+    def _offer_resume_all(self, plan, auto: bool = True) -> None:
         """Show "Resume all (N)" for a resume plan, or resume at once where the
-        preferences or the profile say so (app.settings.auto_resumes)."""
+        preferences or the profile say so (app.settings.auto_resumes) and ``auto``."""
         from app.settings import auto_resumes, load_or_defaults
 
         if not plan:
             self.resume_all_button.hide()
             return
         profile = getattr(self, "_profile", None)
-        if auto_resumes(load_or_defaults()[0].auto_resume, bool(profile and profile.resume_on_start)):
+        if auto and auto_resumes(load_or_defaults()[0].auto_resume, bool(profile and profile.resume_on_start)):
             self.spawn(self.resume_planned())
             return
         self.resume_all_button.setText(f"Resume all ({len(plan)})")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 
 from PySide6.QtCore import QTimer, Qt, Signal
 from PySide6.QtWidgets import (QHBoxLayout, QInputDialog, QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton,
@@ -87,6 +88,7 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self.slots_timer.setInterval(SLOTS_POLL_MS)
         self.slots_timer.timeout.connect(self._on_slots_timer)
         self._tasks: set[asyncio.Task] = set()
+        self._bound: weakref.WeakSet = weakref.WeakSet()  # the session services this tab hooked
         self._closed = False
         self._build()
         self.refresh()
@@ -224,11 +226,15 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
             return svc
         self.service = svc
         self.source_model.server_view = svc.on_this_server
-        svc.target.queue.on_change(self._on_queue)
-        svc.on_change(self._on_service_changed)
-        svc.on_restored(lambda slot, entry: self.sig_restored.emit(slot, entry))
-        svc.on_verdict(self._on_verdict)
-        self.spawn(svc.warm_model_identity())
+        first = svc not in self._bound  # shown again after another server (the server list): hooked once
+        if first:
+            self._bound.add(svc)
+            svc.target.queue.on_change(self._on_queue)
+            svc.on_change(self._on_service_changed)
+            svc.on_restored(lambda slot, entry, svc=svc: self.service is svc and self.sig_restored.emit(slot, entry))
+            svc.on_verdict(lambda *a, svc=svc: self.service is svc and self._on_verdict(*a))
+            self.spawn(svc.warm_model_identity())
+        self._on_queue()
         await self._read_slots()
         if self.service is not svc:
             return None  # it went while the slots were read
@@ -238,7 +244,7 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         if svc.recovery_messages:
             self._say("Recovered after an interruption: " + "; ".join(svc.recovery_messages), ok=True)
         self._profile = svc.target.profile
-        self._offer_resume_all(svc.resume_plan())
+        self._offer_resume_all(svc.resume_plan(), auto=first)  # shown again: offered, never resumed unasked
         return svc
 
     def _on_service_changed(self) -> None:

@@ -62,6 +62,9 @@ def attach_panels(window) -> None:
     monitor.sig_snapshot.connect(on_snapshot)
     window.sessions_panel = sessions
     window.monitor_panel = monitor
+    from app.ui.session_move import SessionMoves  # Move to… / Copy to… on a session row: the other servers
+
+    window.session_moves = SessionMoves(sessions, window.server_list)
     window.health_panel = health
 
     _guard_shutdown(window, sessions)
@@ -94,23 +97,25 @@ def _guard_shutdown(window, sessions) -> None:
     from app.core.lifecycle import StopTrigger
     from app.core.states import PowerEvent
     from app.core.states import ServerState
+    from app.jobs.server_service import StateChanged
     from app.ui.shutdown_guard import ShutdownGuard
 
     guard = ShutdownGuard(parent=window)
     window.shutdown_guard = guard
     window.prepare_tasks = set()
 
-    def on_state(state, _detail) -> None:
-        if state == ServerState.READY and window.controller.owned:
+    def on_event(ev) -> None:  # any server's: the lock is held while any server launched here is Ready
+        if not isinstance(ev, StateChanged):
+            return
+        if any(h.state == ServerState.READY for h in window.controller.owned_running()):
             guard.take()
-        elif state in (ServerState.STOPPED, ServerState.CRASHED):
+        elif ev.state in (ServerState.STOPPED, ServerState.CRASHED):
             guard.release()
 
     async def park_then_release(what: PowerEvent) -> None:
-        try:
-            if window.controller.owned:
-                await window.controller.park_then_stop(
-                    StopTrigger.SHUTDOWN if what is PowerEvent.SHUTDOWN else StopTrigger.SLEEP)
+        try:  # every server launched here, each into its own profile's folder
+            await window.controller.park_then_stop_all(
+                StopTrigger.SHUTDOWN if what is PowerEvent.SHUTDOWN else StopTrigger.SLEEP)
         finally:
             guard.release()  # whatever happens, the lock goes: logind must not wait for us forever
 
@@ -120,12 +125,12 @@ def _guard_shutdown(window, sessions) -> None:
             task = track(park_then_release(what), f"parking before {what}")
             window.prepare_tasks.add(task)
             task.add_done_callback(window.prepare_tasks.discard)
-        elif window.controller.state == ServerState.READY and window.controller.owned:
+        elif any(h.state == ServerState.READY for h in window.controller.owned_running()):
             guard.take()  # awake again: hold the lock for the next time
             if what is PowerEvent.SLEEP:  # did the chats survive? if not, offer what was parked before
                 task = track(sessions.after_wake(), "checking the slots after a wake")
                 window.prepare_tasks.add(task)
                 task.add_done_callback(window.prepare_tasks.discard)
 
-    window.controller.sig_state.connect(on_state)
+    window.controller.sig_event.connect(on_event)
     guard.sig_prepare.connect(on_prepare)
