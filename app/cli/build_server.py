@@ -118,13 +118,18 @@ def cmd_build_server(args) -> int:
                        details=e.tail) from None
     progress.done()
     switched = [_use_in(name) for name in args.use_in]
+    rpc_server = result.binary.parent / "rpc-server"  # built beside it with RPC on (llama.cpp's RPC worker)
+    rpc_server = rpc_server if rpc_server.is_file() else None
     if args.json:
         print(json.dumps({"binary": str(result.binary), "key": result.key, "version": result.version,
                           "cached": result.cached, "options": options.to_dict(), "profiles": switched,
+                          "rpc_server": str(rpc_server) if rpc_server else None,
                           "build_info": result.info}, indent=2))
     else:
         if not args.cached_only:
             note(("found in the cache: " if result.cached else "built: ") + f"{result.key} ({options.describe()})")
+            if rpc_server:
+                note(f"rpc-server (llama.cpp's RPC worker, same sources): {rpc_server}")
         for name in switched:
             note(f"profile '{name}' now runs the checkpoint-persisting server")
         _hint_default(args.use_in)

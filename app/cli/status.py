@@ -15,8 +15,15 @@ def add_commands(sub) -> None:
     st = sub.add_parser("status", help="slots, GPUs, server process and host figures of a running server")
     st.add_argument("url", help="server URL, e.g. http://127.0.0.1:8080, or a profile name")
     st.add_argument("--json", action="store_true", help="one JSON object")
+    st.add_argument("--host", default=None, metavar="NAME", help="a profile's server on a remote host (kv-valet hosts)")
     add_key_option(st)
-    st.set_defaults(run=lambda args: asyncio.run(cmd_status(args)))
+    st.set_defaults(run=lambda args: _remote_status(args) if args.host else asyncio.run(cmd_status(args)))
+
+
+def _remote_status(args) -> int:
+    from app.cli.hosts import remote_status
+
+    return remote_status(args.host, args.url, args.json)
 
 
 async def cmd_status(args) -> int:
@@ -33,16 +40,24 @@ async def cmd_status(args) -> int:
         proc = ProcessMonitor(pid) if pid else None
         snap = await take_snapshot(fetch_health, client.slots, GpuMonitor(), proc, {}, cache_ram, url)
         behaviour = await _sidecar_behaviour(client, args.url) if snap.health == "ok" else None
+    workers = await _rpc_workers(args.url, pid)
     from app.core.sidecar_behaviour import LABELS
 
     if args.json:
         data = snapshot_to_dict(snap)
         data["sidecar_behaviour"] = behaviour.value if behaviour is not None else None
+        data["rpc_workers"] = [st.to_dict() for st in workers.statuses.values()] if workers else []
+        data["rpc_findings"] = [{"rule_id": f.rule_id, "severity": f.severity.value, "message": f.message,
+                                 "remedies": [r.label for r in f.remedies]} for f in workers.findings] if workers else []
         print(json.dumps(data, indent=2))
     else:
         print(format_snapshot(snap))
         if behaviour is not None:
             print(f"Checkpoint sidecars: {LABELS[behaviour]}")
+        for st in (workers.statuses.values() if workers else ()):
+            print(f"RPC worker {st.describe()}")
+        for f in (workers.findings if workers else ()):
+            print(f"{f.severity.value}: {f.message}" + "".join(f"\n  remedy: {r.label}" for r in f.remedies))
     return EXIT_OK if snap.health == "ok" else EXIT_FAIL
 
 
@@ -63,6 +78,22 @@ async def _sidecar_behaviour(client, target: str):
     binary = (spec.profile.server_binary or None) if spec.profile is not None else None
     with Catalog(paths.catalog_path()) as catalog:
         return identify_server(catalog, build, log_path=spec.log_path, binary=binary)
+
+
+async def _rpc_workers(target: str, pid: int | None):
+    """The profile's RPC workers (``--rpc``), checked once, with what its log said about them;
+    None when the target is not a profile using --rpc (app.monitor.rpc)."""
+    from app.jobs.server_service import resolve_target
+    from app.monitor.rpc import RpcWatcher, feed_log_file
+
+    spec = resolve_target(target)
+    if spec.profile is None or not spec.profile.rpc:
+        return None
+    watcher = RpcWatcher(spec.profile.rpc, pid=lambda: pid)
+    if spec.log_path is not None:
+        await asyncio.to_thread(feed_log_file, watcher, spec.log_path)
+    await watcher.check()
+    return watcher
 
 
 def _resolve_target(target: str):

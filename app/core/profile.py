@@ -12,6 +12,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from app.serverbuild.cache import BUILT_MARKER
 
@@ -102,6 +103,37 @@ class LaunchProfile:
         return 8192 if self.cache_ram is None else self.cache_ram
 
 
+class RpcWorker(NamedTuple):
+    """One ``--rpc`` entry: an rpc-server on HOST listening on PORT (``endpoint``: "HOST:PORT")."""
+    host: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_rpc_workers(value: str | None) -> tuple[list[RpcWorker], list[str]]:
+    """The workers of a ``--rpc`` value, and one message per entry llama-server cannot parse.
+
+    llama-server splits on "," and each entry at its first ":" (``parse_endpoint`` in
+    ggml-rpc.cpp, build 11434: no IPv6 literals); an entry it cannot parse aborts the
+    server at start ("Failed to parse endpoint"). Stricter here: the port must be a
+    number from 1 to 65535 and the host must not be empty."""
+    workers: list[RpcWorker] = []
+    problems: list[str] = []
+    for raw in (value or "").split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        host, sep, port = entry.partition(":")
+        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+            problems.append(f"'{entry}' is not HOST:PORT")
+            continue
+        workers.append(RpcWorker(host, int(port)))
+    return workers, problems
+
+
 def is_loopback(host: str) -> bool:
     for part in host.split(","):
         part = part.strip().strip("[]")
@@ -187,6 +219,11 @@ def validate(profile: LaunchProfile, *, check_files: bool = True) -> list[FieldE
                 raise ValueError
         except ValueError:
             err("tensor_split", f"'{profile.tensor_split}': use proportions like 3,1")
+    if profile.rpc is not None:
+        workers, problems = parse_rpc_workers(profile.rpc)
+        if problems or not workers:
+            err("rpc", "; ".join(problems or ["no worker given"]) + ": use HOST:PORT,HOST:PORT (llama-server "
+                "aborts at start on an entry it cannot parse)")
     if profile.verbosity is not None and not (0 <= profile.verbosity <= 5):
         err("verbosity", f"{profile.verbosity}: use 1 (errors) to 5 (debug)")
     if profile.api_key and any(c in profile.api_key for c in "\r\n"):

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from app.core.argv import absorb_extra_args
 from app.core.findings import Finding, Remedy, Severity
 from app.core.helptext import BinaryCaps
-from app.core.profile import LaunchProfile, exposure_warning, is_loopback
+from app.core.profile import LaunchProfile, exposure_warning, is_loopback, parse_rpc_workers
 from app.core.units import fmt_bytes
 from app.serverbuild.cache import BUILT_MARKER
 
@@ -286,6 +286,22 @@ def _rpc_prompt_cache(p: LaunchProfile, f: Facts):
     return {"rpc": p.rpc, "slots": _slots_text(p), "cache_ram": p.effective_cache_ram}
 
 
+def _rpc_endpoint_invalid(p: LaunchProfile, f: Facts):
+    if p.rpc is None:
+        return False
+    workers, problems = parse_rpc_workers(p.rpc)
+    if not problems and workers:
+        return False
+    return {"rpc": p.rpc, "problems": "; ".join(problems or ["no worker given"]),
+            "valid": ",".join(w.endpoint for w in workers) or None}
+
+
+def _rpc_keep_valid(p: LaunchProfile, f: Facts, v: Mapping[str, Any]) -> tuple[Remedy, ...]:
+    if v.get("valid"):
+        return (Remedy(f"Keep only {v['valid']} in --rpc", {"rpc": v["valid"]}),)
+    return (Remedy("Remove --rpc", {"rpc": None}),)
+
+
 def _stall_fixed(f: Facts) -> bool:
     return (f.build_number is not None and KVU_IDLE_STALL_FIXED_IN_BUILD is not None
             and f.build_number >= KVU_IDLE_STALL_FIXED_IN_BUILD)
@@ -455,6 +471,12 @@ RULES: tuple[Rule, ...] = (
                  "the two places that save."),
         remedies=(Remedy("Set --cache-ram 0", {"cache_ram": 0}), Remedy("Set -np 1", {"parallel": 1})),
         source="seed 002, llama.cpp #26128",
+    ),
+    Rule(
+        id="rpc-endpoint-invalid", severity=Severity.ERROR, check=_rpc_endpoint_invalid,
+        message=("--rpc {rpc}: {problems}. llama-server aborts at start on a worker it cannot parse "
+                 "(\"Failed to parse endpoint\"); give each worker as HOST:PORT, separated by commas."),
+        source="ggml-rpc.cpp parse_endpoint (build 11434)", make_remedies=_rpc_keep_valid,
     ),
     Rule(
         id="kvu-idle-slots", severity=Severity.WARNING, check=_kvu_idle_slots,

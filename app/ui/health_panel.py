@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QMessageBox, QP
 
 from app.core.findings import Finding, Severity
 from app.jobs.cache_health import CacheHealth
+from app.monitor.rpc import RpcWatcher
 from app.core.states import ServerState
 from app.ui import theme
 from app.ui.questions import AsksQuestions
@@ -47,6 +48,8 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         self.question_box = None
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        self.rpc: RpcWatcher | None = None  # the RPC workers of the running profile (--rpc)
+        self._rpc_reported: set[str] = set()  # rule:endpoint already in the table for this run
         self._build()
 
     # -- layout ---------------------------------------------------------------
@@ -87,6 +90,11 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         lay.addWidget(self.detail)
         lay.addLayout(self.remedy_row)
         lay.addWidget(self.message)
+        self.rpc_label = QLabel("")  # one line per RPC worker: reachable, RTT; hidden without --rpc
+        self.rpc_label.setWordWrap(True)
+        self.rpc_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.rpc_label.hide()
+        lay.addWidget(self.rpc_label)
         lay.addWidget(self.figures)
         self.figures_timer = QTimer(self)
         self.figures_timer.setInterval(1000)
@@ -108,6 +116,38 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         sup = self.controller.supervisor
         if sup is not None:
             sup.on_line(self.health.feed)
+        self._watch_rpc(sup)
+
+    # -- RPC workers (app.monitor.rpc) ------------------------------------------------
+    def _watch_rpc(self, sup) -> None:
+        if self.rpc is not None:
+            self.spawn(self.rpc.stop())
+        profile = self.controller.profile if self.controller is not None else None
+        self.rpc, self._rpc_reported = None, set()
+        if profile is None or not profile.rpc or sup is None:
+            self.rpc_label.hide()
+            return
+        self.rpc = RpcWatcher(profile.rpc, pid=lambda: sup.pid)
+        sup.on_line(self._rpc_line)
+        self.rpc.on_change(lambda _st: self._show_rpc())
+        self.rpc.start()
+        self.rpc_label.setText("RPC workers: checking…")
+        self.rpc_label.show()
+
+    def _rpc_line(self, line) -> None:
+        if self.rpc is not None and self.rpc.feed(line) is not None:
+            self._show_rpc()
+
+    def _show_rpc(self) -> None:
+        if self._closed or self.rpc is None:
+            return
+        self.rpc_label.setText("RPC workers: " + "; ".join(st.describe() for st in self.rpc.statuses.values()))
+        for f in self.rpc.findings:
+            key = f"{f.rule_id}:{f.details.get('endpoint', '')}"
+            if key not in self._rpc_reported:  # each worker's trouble once per run, in the findings table
+                self._rpc_reported.add(key)
+                self.health.findings.append(f)
+                self._on_finding(f)
 
     def _on_service(self, service) -> None:
         if service is not None:
@@ -119,6 +159,8 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         elif state in (ServerState.STOPPED, ServerState.CRASHED):
             self.figures_timer.stop()
             self._show_figures()
+            if self.rpc is not None:
+                self.spawn(self.rpc.stop())  # the last statuses stay shown
 
     def _on_crashed(self, outcome) -> None:
         svc = self._last_service
@@ -156,7 +198,10 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         if f is None:
             return
         self.detail.setText(f"<b>{f.severity}</b>: {f.message}<br><i>Known from: {f.source or '-'}</i>")
-        for remedy in f.remedies:
+        todo = [r.label for r in f.remedies if not r.changes]  # done elsewhere (on a worker's machine): said
+        if todo:
+            self.detail.setText(self.detail.text() + "".join(f"<br>To do: {t}" for t in todo))
+        for remedy in (r for r in f.remedies if r.changes):
             b = QPushButton(f"Apply: {remedy.label}")
             b.setToolTip("Apply this change to a copy of the profile and restart the server with it. Slots that "
                          "hold tokens are parked first and resumed after the restart.")
@@ -246,4 +291,6 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
     async def aclose(self) -> None:
         self._closed = True
         self.figures_timer.stop()
+        if self.rpc is not None:
+            await self.rpc.stop()
         await self.end_tasks()

@@ -6,7 +6,8 @@ build ``bin/llama-server`` in a second or two; ``--version`` prints which text
 :func:`fake_patch` is applied), so a test sees the patch in the binary. The
 CMake project fails at configure with ``-DTHIS_IS_BROKEN=…``, and never
 finishes linking with ``-DFAKE_HANG=ON`` (a pre-link step that waits for
-ever): a cancel then always lands mid-build.
+ever): a cancel then always lands mid-build. With ``-DGGML_RPC=ON`` it also builds
+``ggml-rpc-server`` (the RPC worker's target name in build 11434).
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ target_link_libraries(llama-server fakeggml)
 if(FAKE_HANG)
   add_custom_command(TARGET llama-server PRE_LINK COMMAND ${CMAKE_COMMAND} -E sleep 3600)
 endif()
+if(GGML_RPC)
+  add_executable(ggml-rpc-server tools/rpc/rpc-server.c)
+endif()
 """
+
+# as in llama.cpp build 11434: the target is named in tools/rpc/CMakeLists.txt (read by the pipeline)
+RPC_CMAKELISTS = "set(TARGET ggml-rpc-server)\nadd_executable(${TARGET} rpc-server.cpp)\n"
+RPC_SERVER_C = "#include <stdio.h>\nint main(void) { printf(\"Starting RPC server (fake)\\n\"); return 0; }\n"
 
 SERVER_C = """\
 #include <stdio.h>
@@ -63,6 +71,8 @@ FILES = {
     "tools/server/server.c": SERVER_C,
     "tools/server/server-context.cpp": CONTEXT_STOCK,
     "ggml/ggml.c": GGML_C,
+    "tools/rpc/CMakeLists.txt": RPC_CMAKELISTS,
+    "tools/rpc/rpc-server.c": RPC_SERVER_C,
 }
 
 

@@ -45,5 +45,6 @@ def link_real_build(sidecar_server_bin, tmp_path, monkeypatch):
     root = cache.cache_root()
     root.mkdir(parents=True)
     os.symlink(real_entry, root / real_entry.name)
-    shutil.copy(real_entry.parent / f"current-{version}", root / f"current-{version}")
+    pointer = cache.pointer_path(version, root=real_entry.parent)  # the default options' (RPC on: "-rpc")
+    shutil.copy(pointer, root / pointer.name)
     return root

