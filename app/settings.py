@@ -45,6 +45,8 @@ class Settings:
     log_file_mib: int = 20  # each server log file; rotated past this
     log_backups: int = 3  # rotated files kept per profile: <profile>.log.1 … .N
     park_timeout_s: float = 120.0  # the park before any stop (quit, logout, shutdown, sleep, serve) at most
+    proxy_disk_budget_gib: int = 50  # the conversation proxy's parks of one profile at most; 0: no limit
+    proxy_save_before_idle_clear: bool = True  # save idle slots before a server that clears them runs a task
 
     def errors(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -61,9 +63,16 @@ class Settings:
             out.append(("log_file_mib", f"must be between 1 and 4096 MiB (got {self.log_file_mib})"))
         if not 0 <= self.log_backups <= 100:
             out.append(("log_backups", f"must be between 0 and 100 files (got {self.log_backups})"))
+        if not 0 <= self.proxy_disk_budget_gib <= 1_000_000:
+            out.append(("proxy_disk_budget_gib", f"must be between 0 (no limit) and 1000000 GiB "
+                                                 f"(got {self.proxy_disk_budget_gib})"))
         if not 1.0 <= self.park_timeout_s <= 3600.0:
             out.append(("park_timeout_s", f"must be between 1 and 3600 seconds (got {self.park_timeout_s:g})"))
         return out
+
+    def proxy_disk_budget_bytes(self) -> int | None:
+        """The proxy's disk budget in bytes (None: no limit)."""
+        return self.proxy_disk_budget_gib * 1024 ** 3 if self.proxy_disk_budget_gib > 0 else None
 
     def data_path(self) -> Path | None:
         return Path(os.path.expanduser(self.data_folder)) if self.data_folder else None
@@ -214,6 +223,12 @@ HELP = {
     "log_backups": "Rotated server log files kept per profile (<profile>.log.1 … .N).",
     "park_timeout_s": "How long the park of every slot before a stop may take (quit, logout, shutdown, sleep, "
                       "'kv-valet serve' stopping); past it, or at a second signal, the server stops anyway.",
+    "proxy_disk_budget_gib": "The conversation proxy's parked conversations of one profile take at most this much "
+                             "disk; past it the least recently used are deleted (0: no limit). A running proxy "
+                             "applies a change at its next save.",
+    "proxy_save_before_idle_clear": "When the server clears idle slots (--cache-idle-slots with unified KV), the "
+                                    "proxy saves a conversation's idle slot before another request runs, so it "
+                                    "comes back from its park. Off: it is re-processed instead.",
 }
 
 

@@ -49,13 +49,16 @@ def request_dict(rec) -> dict:
     return {"at": rec.at, "slot": rec.slot, "path": rec.path, "stream": rec.stream, "cache_n": rec.cache_n,
             "prompt_n": rec.prompt_n, "prompt_ms": rec.prompt_ms, "expected_reuse": rec.expected_reuse,
             "verdict": rec.verdict.value, "cause": why.cause.name if why else None,
-            "why": why.detail if why else None, "restored_from": rec.restored_from, "wasted_ms": rec.wasted_ms}
+            "why": why.detail if why else None,
+            "first_divergent_token": why.first_divergent_token if why else None,
+            "held_token": why.held_token if why else None, "sent_token": why.sent_token if why else None, "restored_from": rec.restored_from, "wasted_ms": rec.wasted_ms}
 
 
 def cmd_list(args) -> int:
     store = _store()
     try:
         convs = store.list(args.profile)
+        profiles = [args.profile] if args.profile else sorted({store.profile_of(c.id) or "" for c in convs} - {""})
     finally:
         store.close()
     if args.json:
@@ -64,12 +67,26 @@ def cmd_list(args) -> int:
     if not convs:
         print("no conversation has gone through the proxy yet (kv-valet serve PROFILE --proxy)")
         return Exit.OK
+    for profile in profiles:
+        _print_caching(profile)
     for c in convs:
         where = f"slot {c.slot}" if c.slot is not None else (f"parked as '{c.parked_as}'" if c.parked_as else "gone")
         print(f"{c.id}  {c.last_verdict.value if c.last_verdict else '-':<8} {c.n_tokens:>8,} tokens  {where:<28} "
               f"{c.requests:>4} requests  saved {fmt_duration(c.time_saved_s)}  {_ago(c.last_used)}"
               + (f"  (client id {c.hint})" if c.hint else ""))
     return Exit.OK
+
+
+def _print_caching(profile: str) -> None:
+    """A header line when the profile's server caches prompts by itself in a way the proxy minds
+    (it steps aside for a disk prompt cache; idle-slot clearing; sleep)."""
+    from app.proxy.watch import caching_notice, profile_caching
+    from app.settings import load_or_defaults
+
+    caching = profile_caching(profile)
+    notice = caching_notice(caching, load_or_defaults()[0].proxy_save_before_idle_clear) if caching else None
+    if notice:
+        print(f"{profile}: {notice}")
 
 
 def cmd_show(args) -> int:
@@ -98,6 +115,9 @@ def cmd_show(args) -> int:
         if r.explanation is not None:
             print(f"      why: {r.explanation.cause.value}: {r.explanation.detail}"
                   + (f" (cost {fmt_duration(r.wasted_ms / 1000.0)})" if r.wasted_ms else ""))
+            if r.explanation.first_divergent_token is not None:
+                print(f"      first divergent token: {r.explanation.first_divergent_token:,} (the slot held "
+                      f"{r.explanation.held_token or ''!r}, the request had {r.explanation.sent_token or ''!r})")
     return Exit.OK
 
 

@@ -119,6 +119,8 @@ async def cmd_serve(args) -> int:
         if proxy is not None:
             proxy.on_record(_print_request)
             _say(f"conversation proxy at {proxy.http.url} (the server listens on {handle.url}, loopback only)")
+            if proxy.notice():
+                _say(proxy.notice())
         _say(f"ready at {proxy.http.url if proxy else handle.url}; Ctrl-C parks the slots and stops the server")
         waiters = [loop.create_task(stop.wait()), loop.create_task(ended.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["RequestVerdict", "Cause", "Message", "Explanation", "RequestRecord", "Conversation"]
+__all__ = ["RequestVerdict", "Cause", "Message", "Explanation", "RequestRecord", "Conversation", "ServerCaching"]
 
 
 class RequestVerdict(enum.StrEnum):
@@ -55,6 +55,8 @@ class Explanation:
     detail: str  # for the user: "message 3 (user) differs from what the slot held, at character 120"
     first_divergent_message: int | None = None  # index into the request's messages
     first_divergent_token: int | None = None  # when the server's /tokenize was asked
+    held_token: str | None = None  # the token text the slot's previous prompt had at that index ("" past its end)
+    sent_token: str | None = None  # the token text this request had there ("" past its end)
 
 
 @dataclass(frozen=True)
@@ -93,3 +95,20 @@ class Conversation:
     last_verdict: RequestVerdict | None = None
     requests: int = 0
     time_saved_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ServerCaching:
+    """What the server does with prompts by itself, read from its ``--help`` and its argv
+    (app.core.helptext.server_caching): what the proxy must work around or step aside for."""
+
+    idle_slots_saved: bool = False  # --cache-idle-slots in effect (it needs --cache-ram != 0)
+    idle_slots_cleared: bool = False  # ... and it clears the idle slots it saves (unified KV in build 11434)
+    sleep_idle_seconds: int | None = None  # --sleep-idle-seconds N > 0: the context is destroyed when idle
+    disk_cache: str | None = None  # the flag of a disk prompt cache the server persists prompts with
+    notes: tuple[str, ...] = ()  # how each was decided, for the log and a Notice
+
+    @property
+    def steps_aside(self) -> bool:
+        """The server persists prompts itself: the proxy passes requests through unchanged."""
+        return self.disk_cache is not None

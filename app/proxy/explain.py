@@ -14,6 +14,7 @@ server re-processed unchanged messages by itself.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from app.proxy.model import Cause, Explanation, Message, RequestVerdict
@@ -154,6 +155,43 @@ def explain_messages(previous: list[Message], current: list[Message]) -> Explana
             text = f"An earlier message was edited: {where}."
         return Explanation(cause, text, first_divergent_message=i)
     return None
+
+
+#: prompts longer than this (characters) are not tokenized to find the first divergent token: the
+#: explanation then stays by message and character (two /tokenize calls of a long prompt cost the server)
+TOKEN_DIFF_MAX_CHARS = 256_000
+#: tokens shown before the first divergent one, for context
+TOKEN_CONTEXT = 3
+
+
+def wants_tokens(verdict: RequestVerdict) -> bool:
+    """Whether a request is worth a token-level look: only one that re-processed more than it had to."""
+    return verdict in (RequestVerdict.PARTIAL, RequestVerdict.MISS)
+
+
+def _show(piece: str) -> str:
+    return repr(piece) if piece else "nothing (the prompt ended there)"
+
+
+def with_divergent_token(ex: Explanation, held: list[tuple[int, str]], sent: list[tuple[int, str]]) -> Explanation:
+    """``ex`` with the first token where this request's prompt (``sent``: (id, text) pairs, as the
+    server tokenises it) leaves the slot's previous prompt (``held``): its index, the two token
+    texts there and a sentence added to the detail. The index is the number of tokens the two
+    prompts share: what the server could have reused of the previous prompt."""
+    i = first_divergent_token([t for t, _ in held], [t for t, _ in sent])
+    held_piece = held[i][1] if i < len(held) else ""
+    sent_piece = sent[i][1] if i < len(sent) else ""
+    before = "".join(p for _, p in sent[max(0, i - TOKEN_CONTEXT):i])
+    if i >= len(held):
+        text = (f"By tokens, the slot's previous prompt ({len(held):,} tokens) is unchanged at the start of this one: "
+                f"what differed came after it (the reply as sent back, or the server's own doing).")
+    else:
+        text = (f"By tokens, the prompt first differs from the slot's previous prompt at token {i:,} of {len(sent):,}"
+                + (f", after {before!r}" if before else "")
+                + f": the slot held {_show(held_piece)}, this request has {_show(sent_piece)}.")
+    detail = f"{ex.detail} {text}" if ex.detail else text
+    return dataclasses.replace(ex, detail=detail, first_divergent_token=i, held_token=held_piece,
+                               sent_token=sent_piece)
 
 
 def first_divergent_token(a: list[int], b: list[int]) -> int:

@@ -370,9 +370,9 @@ class ProxyServer:
                     collector.start(up.status_code, up.headers.get("content-type", ""))
                 await resp.prepare(request)
                 async for chunk in up.aiter_raw():
+                    await resp.write(chunk)  # the client first: reading along for the final chunk comes after
                     if collector is not None:
                         collector.feed(chunk)
-                    await resp.write(chunk)
                 await resp.write_eof()
                 return resp, False
         except ServerUnreachable as e:

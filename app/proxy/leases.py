@@ -241,6 +241,9 @@ class SlotLeases:
         self._lease_ids = 0
         self._reset_cause = Cause.SERVER_RESTARTED
         self._epoch = 0  # bumped when the server restarts or sleeps: a backend call across it is not trusted
+        # conversations whose request failed in this epoch (their slot freed, cause unknown): when the
+        # restart is noticed after the failure (a killed server breaks the stream first), it is the cause
+        self._failed: set[str] = set()
         self._journal_writes = 0
 
     # -- what the faces read
@@ -330,6 +333,8 @@ class SlotLeases:
             self._journal("released", slot, touched=[conv])
         else:
             self._empty(slot, lease.interrupted or Cause.UNKNOWN)
+            if lease.interrupted is None and lease.epoch == self._epoch:
+                self._failed.add(lease.conversation)
             self._journal("freed", slot, conv_id=lease.conversation, touched=[conv],
                           detail="the request failed" if not ok else str(lease.interrupted or ""))
         self._wake()
@@ -379,6 +384,10 @@ class SlotLeases:
     def _reset_all(self, cause: Cause) -> None:
         self._epoch += 1
         self._reset_cause = cause
+        for conv_id in self._failed:  # failed just before: the restart emptied their slot all the same
+            if self._lost.get(conv_id, (None, None))[0] is Cause.UNKNOWN:
+                self._note_lost(conv_id, cause, None)
+        self._failed.clear()
         touched = []
         for s in self._slots:
             if s.state in _IDLE:

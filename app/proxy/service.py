@@ -12,21 +12,26 @@ re-processed more than it had to, says why (:mod:`app.proxy.explain`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
+from app.core.background import track
+from app.core.conversation import ServerCaching
 from app.core.timings import Timings
 from app.jobs.server_service import ServerHandle, ServerService
 from app.proxy import explain as explain_mod
 from app.proxy import identity
+from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
 from app.proxy.leases import Lease, SlotLeases
-from app.proxy.model import Conversation, Message, RequestRecord, RequestVerdict
+from app.proxy.model import Cause, Conversation, Message, RequestRecord, RequestVerdict
 from app.store.conversations import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,9 @@ CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 TEXT_PATHS = ("/v1/completions", "/completions", "/completion")
 #: Characters per token when a request's size must be guessed before the server tokenises it.
 CHARS_PER_TOKEN = 4
+#: The last request bodies kept (one per conversation, most recent): the previous prompt a token
+#: comparison renders. Past them (and after an app restart) it is rebuilt from the stored messages.
+BODIES_KEPT = 256
 
 
 class SessionBackend:
@@ -84,11 +92,13 @@ class _Pending:
     path: str
     stream: bool
     started: float = field(default_factory=time.time)
+    body: dict | None = None  # the request as the client sent it
+    previous_body: dict | None = None  # the conversation's previous request (for the token comparison)
 
 
 class ProxyService:
     def __init__(self, servers: ServerService, target_id: str, *, store: ConversationStore | None = None,
-                 disk_budget_bytes: int | None = None):
+                 disk_budget_bytes: int | None = None, save_before_idle_clear: bool = True):
         self.servers = servers
         self.target_id = target_id
         self.store = store if store is not None else ConversationStore()
@@ -101,7 +111,14 @@ class ProxyService:
         self.setup = ""
         self._started_at: float | None = None
         self._record_cbs: list[Callable[[RequestRecord], None]] = []
+        self._explained_cbs: list[Callable[[RequestRecord], None]] = []
         self._stopped = False
+        # the server's own caching (its --help and argv), and the live watch over it
+        self.caching = ServerCaching()
+        self.save_before_idle_clear = save_before_idle_clear
+        self.watch: watch_mod.ServerWatch | None = None
+        self._bodies: OrderedDict[str, dict] = OrderedDict()
+        self._explaining: set = set()
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -138,11 +155,48 @@ class ProxyService:
                                  profile=self.profile, prefill_ms_per_token=self._prefill_ms_per_token,
                                  restore_ms_estimate=self._restore_ms, disk_budget_bytes=self.disk_budget_bytes)
         self.leases.recover(server_same_process=False)
+        self.caching = await watch_mod.read_caching(h)
+        self.watch = watch_mod.ServerWatch(h.client, self.leases, self.caching,
+                                           save_before_clear=self.save_before_idle_clear)
+        for note in self.caching.notes:
+            log.info("server %s: %s", self.target_id, note)
+        if h.supervisor is not None:
+            h.supervisor.on_state(self._on_server_state)
         self.http = ProxyServer(h.client, interceptor=self, api_key=api_key)
         await self.http.start(host, port)
         return self.http.url
 
+    @property
+    def steps_aside(self) -> bool:
+        """The server persists prompts on disk itself: requests pass through unchanged, judged only."""
+        return self.caching.steps_aside
+
+    def notice(self) -> str | None:
+        """What the user should know of the server's own caching behind this proxy (None: nothing)."""
+        return watch_mod.caching_notice(self.caching, self.save_before_idle_clear)
+
+    def apply_settings(self, prefs) -> None:
+        """The preferences (app.settings.Settings) that apply to a running proxy: the disk budget of its
+        parks (enforced at its next save) and whether it saves idle slots before the server clears them."""
+        self.disk_budget_bytes = prefs.proxy_disk_budget_bytes()
+        if self.leases is not None:
+            self.leases.disk_budget_bytes = self.disk_budget_bytes
+        self.save_before_idle_clear = prefs.proxy_save_before_idle_clear
+        if self.watch is not None:
+            self.watch.save_before_clear = prefs.proxy_save_before_idle_clear
+
+    async def settle(self) -> None:
+        """Wait for the token comparisons running now (explanations refined after their request)."""
+        while self._explaining:
+            await asyncio.gather(*list(self._explaining), return_exceptions=True)
+
+    def on_explained(self, cb: Callable[[RequestRecord], None]) -> None:
+        """``cb(record)`` when a recorded request's explanation was refined (its first divergent token)."""
+        self._explained_cbs.append(cb)
+
     async def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
         if self.http is not None:
             await self.http.stop()
             self.http = None
@@ -170,6 +224,8 @@ class ProxyService:
     # -- the interceptor -----------------------------------------------------------------------
     async def before(self, path: str, headers: Mapping[str, str], body: dict) -> tuple[dict, object]:
         self._check_restart()
+        if self.watch is not None:
+            await self.watch.before_request()
         hint = identity.hint_from(headers, body)
         stream = bool(body.get("stream"))
         if path in CHAT_PATHS and isinstance(body.get("messages"), list):
@@ -177,6 +233,8 @@ class ProxyService:
             chain = identity.chain(self.setup, messages)
             key = chain[:identity.cut_at_last_assistant(messages)]
             conv_id, matched = self.index.find(key, hint) if key or hint else (None, 0)
+            if conv_id is not None and hint is None and self._forks(conv_id, chain, messages):
+                conv_id = None  # a new conversation: the original keeps its identity (and its slot)
         elif path in TEXT_PATHS:
             prompt = body.get("prompt")
             text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
@@ -193,10 +251,17 @@ class ProxyService:
             if hint:
                 self.index.add_hint(hint, conv.id)
         previous = list(conv.messages) if not new else None
+        previous_body = self._remember(conv.id, body)
+        if self.steps_aside:  # the server keeps prompts itself: no pinning, no parks; judged all the same
+            conv.messages, conv.chain = messages, chain
+            return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
+                                  body=body, previous_body=previous_body)
         estimate = max(1, len(json.dumps(body.get("messages") or body.get("prompt") or "")) // CHARS_PER_TOKEN)
         held_before = conv.n_tokens  # what it held after its last reply, wherever that is now
         assert self.leases is not None
         lease = await self.leases.acquire(conv, estimate)
+        if self.watch is not None:
+            await self.watch.before_dispatch()  # the server clears idle slots: the others are saved first
         if lease.restored_from:
             lease.restore_had_checkpoints = self._backend.checkpoints_loaded.get(lease.slot)
         # what this request could have reused: what the conversation held after its last reply (a slot
@@ -206,13 +271,35 @@ class ProxyService:
         out["id_slot"] = lease.slot
         out["cache_prompt"] = True
         conv.messages, conv.chain = messages, chain
-        return out, _Pending(conv, lease, messages, previous, expected, new, path, stream)
+        return out, _Pending(conv, lease, messages, previous, expected, new, path, stream, body=body,
+                             previous_body=previous_body)
+
+    def _remember(self, conv_id: str, body: dict) -> dict | None:
+        """Keep ``body`` as the conversation's last request; the one before it (None: not kept)."""
+        previous = self._bodies.pop(conv_id, None)
+        self._bodies[conv_id] = body
+        while len(self._bodies) > BODIES_KEPT:
+            self._bodies.popitem(last=False)
+        return previous
+
+    def _forks(self, conv_id: str, chain: list[str], messages: list[Message]) -> bool:
+        """The request branches off ``conv_id``'s known history before its end (a client's "edit and
+        resend", a branch of the chat): a fork, unless it only dropped old turns (client truncation)."""
+        known = self.index.chain_of(conv_id) or []
+        shared = next((i for i, (a, b) in enumerate(zip(chain, known)) if a != b), None)
+        if shared is None:  # one is a prefix of the other: the same conversation, further on or again
+            return False
+        conv = self.conversations.get(conv_id)
+        why = explain_mod.explain_messages(conv.messages, messages) if conv is not None else None
+        return why is None or why.cause is not Cause.CLIENT_TRUNCATION
 
     async def after(self, ctx: object, result: Result) -> None:
         p = ctx
         assert isinstance(p, _Pending)
-        if p.conv is None or p.lease is None:
+        if p.conv is None:
             return
+        if p.lease is None:
+            return await self._after_passthrough(p, result)
         conv, lease = p.conv, p.lease
         t = Timings.from_json((result.final or {}).get("timings")) if result.final else None
         ok = result.status == 200 and result.error is None
@@ -223,7 +310,11 @@ class ProxyService:
             n_tokens = await self._tokens_in(lease.slot)  # what the server kept of a cut-short request
         assert self.leases is not None
         self.leases.release(lease, n_tokens or 0, ok=ok and bool(n_tokens))
-        conv.n_tokens = n_tokens or 0
+        if self.watch is not None:
+            self.watch.note_activity()
+            await self.watch.check_cleared()  # did this request's task make the server clear idle slots?
+        if ok or n_tokens is not None:  # a request that failed unseen (the server died): what it held before stays
+            conv.n_tokens = n_tokens or 0
         conv.last_used = time.time()
         conv.requests += 1
         self.index.add(conv.id, conv.chain)
@@ -236,7 +327,9 @@ class ProxyService:
             # a conversation brought back from its park: what counts is what the restore brought
             taken_by=None if lease.restored_from else lease.taken_by,
             idle_cleared=lease.idle_cleared and not lease.restored_from,
-            restarted=lease.restarted and not lease.restored_from,
+            # a park restored after a restart that holds less than the slot held: the restart lost the rest
+            restarted=lease.restarted and (not lease.restored_from or lease.slot_context.restored_tokens
+                                           < p.expected_reuse - explain_mod.SLACK),
             slept=lease.slept and not lease.restored_from, restored_from=lease.restored_from,
             restore_had_checkpoints=lease.restore_had_checkpoints, restore_failed=lease.restore_failed)
         why = explain_mod.explain(verdict, p.previous, p.messages, ctx_slot)
@@ -252,12 +345,65 @@ class ProxyService:
         if verdict is RequestVerdict.HIT and rate and t.cache_n:
             conv.time_saved_s += t.cache_n * rate / 1000.0
         self._save(conv)
-        self.store.add_request(conv.id, rec)
-        for cb in list(self._record_cbs):
+        self._record(conv, rec, p)
+
+    def _record(self, conv: Conversation, rec: RequestRecord, p: _Pending) -> None:
+        """Store a judged request, tell the observers, and refine its explanation by tokens later."""
+        row = self.store.add_request(conv.id, rec)
+        self._tell(self._record_cbs, rec)
+        if rec.explanation is not None and explain_mod.wants_tokens(rec.verdict):
+            job = track(self._explain_by_tokens(row, rec, p), f"the token comparison of a request of {conv.id}")
+            self._explaining.add(job)
+            job.add_done_callback(self._explaining.discard)
+
+    @staticmethod
+    def _tell(cbs: list[Callable[[RequestRecord], None]], rec: RequestRecord) -> None:
+        for cb in list(cbs):
             try:
                 cb(rec)
             except Exception:  # why: an observer (the window, serve's printer) must not break the proxy
-                log.exception("a proxy record observer failed for conversation %s", conv.id)
+                log.exception("a proxy record observer failed for conversation %s", rec.conversation)
+
+    async def _explain_by_tokens(self, row: int, rec: RequestRecord, p: _Pending) -> None:
+        """After the answer went out: the first divergent token against the conversation's previous
+        prompt, through the server (/apply-template, /tokenize), into the stored record."""
+        previous = p.previous_body
+        if previous is None and p.previous and p.path in CHAT_PATHS:
+            previous = watch_mod.body_of(p.previous)  # an app restart: rebuilt from the stored messages
+        if previous is None or p.body is None or rec.explanation is None:
+            return
+        found = await watch_mod.divergence(self.handle.client, p.path, previous, p.body)
+        if isinstance(found, str):
+            log.info("request of %s explained by messages only: %s", rec.conversation, found)
+            return
+        refined = replace(rec, explanation=explain_mod.with_divergent_token(rec.explanation, *found))
+        if self.store.set_explanation(row, refined.explanation):
+            self._tell(self._explained_cbs, refined)
+
+    async def _after_passthrough(self, p: _Pending, result: Result) -> None:
+        """A request passed through unchanged (the server persists prompts itself): judged from its
+        timings against what the conversation held after its last reply; nothing leased."""
+        conv = p.conv
+        assert conv is not None
+        final = result.final or {}
+        t = Timings.from_json(final.get("timings")) if result.final else None
+        conv.last_used = time.time()
+        conv.requests += 1
+        self.index.add(conv.id, conv.chain)
+        if t is None or result.status != 200 or result.error is not None or t.prompt_n is None:
+            self._save(conv)
+            return
+        conv.n_tokens = (t.cache_n or 0) + t.prompt_n + (t.predicted_n or 0)
+        verdict = explain_mod.judge(t.cache_n, t.prompt_n, p.expected_reuse, new=p.new)
+        why = explain_mod.explain(verdict, p.previous, p.messages, explain_mod.SlotContext())
+        slot = final.get("id_slot")
+        rec = RequestRecord(at=p.started, conversation=conv.id, slot=slot if isinstance(slot, int) else None,
+                            path=p.path, stream=p.stream, cache_n=t.cache_n, prompt_n=t.prompt_n,
+                            prompt_ms=t.prompt_ms, predicted_n=t.predicted_n, expected_reuse=p.expected_reuse,
+                            verdict=verdict, explanation=why)
+        conv.last_verdict = verdict
+        self._save(conv)
+        self._record(conv, rec, p)
 
     def _save(self, conv: Conversation) -> None:
         self.store.save(conv, self.profile)
@@ -271,6 +417,16 @@ class ProxyService:
             return None
         row = next((r for r in rows if r.id == slot), None)
         return row.tokens_held if row is not None else None
+
+    def _on_server_state(self, state, outcome) -> None:
+        """The server process ended (killed, crashed, stopped): every slot is empty from now on, and
+        the leases say so at once, not at the next request (a request cut off by it is explained by it)."""
+        from app.core.states import ServerState
+
+        if state in (ServerState.CRASHED, ServerState.STOPPED) and self.leases is not None \
+                and self.http is not None and self._started_at is not None:
+            self._started_at = None  # the next request's _check_restart does not reset a second time
+            self.leases.note_server_restarted()
 
     def _check_restart(self) -> None:
         """A new server process (a restart, a crash and auto-restart): no slot holds anything."""
@@ -301,14 +457,24 @@ async def launch_with_proxy(servers: ServerService, profile) -> tuple[ServerHand
     The one launch path of the window and ``kv-valet serve``."""
     if not profile.proxy:
         return await servers.launch(profile), None
-    from app.jobs.server_service import free_loopback_port
+    from app.jobs.server_service import Notice, free_loopback_port, profile_target_id
     from app.server.launcher import resolve_api_key
 
+    for rec in servers.leftovers([profile.name]):
+        # an earlier app was killed: its server (a child in its own session) runs on, on a private port
+        # nobody else knows; the journal does not trust its slots (recover() below), so it is stopped
+        servers._emit(Notice(profile_target_id(profile.name), f"Stopping the leftover server of "
+                             f"'{profile.name}' (pid {rec.pid}, {rec.url}) that an earlier KV Valet left running."))
+        await servers.stop_leftover(rec)
     behind = profile.replace(host="127.0.0.1", port=free_loopback_port())
     handle = await servers.launch(behind)
     if handle is None:
         return None, None
-    proxy = ProxyService(servers, handle.id)
+    from app.settings import load_or_defaults
+
+    prefs, _problem = load_or_defaults()  # a broken settings file is said by the window and `settings`
+    proxy = ProxyService(servers, handle.id, disk_budget_bytes=prefs.proxy_disk_budget_bytes(),
+                         save_before_idle_clear=prefs.proxy_save_before_idle_clear)
     await proxy.start(profile.host.split(",")[0].strip() or "127.0.0.1", profile.port,
                       api_key=resolve_api_key(profile))
     handle.before_park.append(proxy.park_before_stop)
@@ -318,6 +484,9 @@ async def launch_with_proxy(servers: ServerService, profile) -> tuple[ServerHand
     servers._emit(ProxyChanged(handle.id, proxy))
     servers._emit(Notice(handle.id, f"Conversation proxy at {proxy.http.url}: clients talk to it; the server "
                                     f"listens on {handle.url} (loopback only)."))
+    notice = proxy.notice()
+    if notice:
+        servers._emit(Notice(handle.id, notice))
     return handle, proxy
 
 

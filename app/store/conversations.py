@@ -25,7 +25,7 @@ from typing import Any, Iterable, Protocol
 
 from app.store.sqlite_file import SqliteFile
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 FILE_NAME = "conversations.sqlite3"
 
@@ -133,8 +133,14 @@ CREATE TABLE lease_journal (
 CREATE INDEX lease_journal_profile ON lease_journal(profile, id)
 """
 
+# v2: the token texts at a request's first divergent token (the slot's, the request's)
+_V2 = """
+ALTER TABLE requests ADD COLUMN held_token TEXT;
+ALTER TABLE requests ADD COLUMN sent_token TEXT
+"""
+
 #: _MIGRATIONS[n] takes a file at version n to version n + 1.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _V2}
 
 
 def _enum(kind: Any, text: str | None, fallback: Any) -> Any:
@@ -148,6 +154,25 @@ def _enum(kind: Any, text: str | None, fallback: Any) -> Any:
         return kind(text)
     except ValueError:
         return fallback
+
+
+@dataclass(frozen=True)
+class _Explained:
+    """A request record with only its explanation (what :meth:`ConversationStore.set_explanation` writes)."""
+
+    explanation: Any
+    at: float = 0.0
+    slot: int | None = None
+    path: str = ""
+    stream: bool = False
+    cache_n: int | None = None
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    predicted_n: int | None = None
+    expected_reuse: int = 0
+    verdict: str = ""
+    restored_from: str | None = None
+    wasted_ms: float | None = None
 
 
 class ConversationStore(SqliteFile):
@@ -211,6 +236,8 @@ class ConversationStore(SqliteFile):
             "detail": None if ex is None else ex.detail,
             "first_divergent_message": None if ex is None else ex.first_divergent_message,
             "first_divergent_token": None if ex is None else ex.first_divergent_token,
+            "held_token": None if ex is None else ex.held_token,
+            "sent_token": None if ex is None else ex.sent_token,
             "restored_from": rec.restored_from, "wasted_ms": rec.wasted_ms,
         }
 
@@ -221,7 +248,8 @@ class ConversationStore(SqliteFile):
             explanation = v.Explanation(
                 cause=_enum(v.Cause, row["cause"], v.Cause.UNKNOWN), detail=row["detail"] or "",
                 first_divergent_message=row["first_divergent_message"],
-                first_divergent_token=row["first_divergent_token"])
+                first_divergent_token=row["first_divergent_token"], held_token=row["held_token"],
+                sent_token=row["sent_token"])
         return v.RequestRecord(
             at=row["at"], conversation=row["conversation_id"], slot=row["slot"], path=row["path"],
             stream=bool(row["stream"]), cache_n=row["cache_n"], prompt_n=row["prompt_n"],
@@ -304,6 +332,16 @@ class ConversationStore(SqliteFile):
             cur = conn.execute(f"INSERT INTO requests ({', '.join(values)}) VALUES "
                                f"({', '.join('?' for _ in values)})", tuple(values.values()))
             return cur.lastrowid
+
+    def set_explanation(self, request_id: int, explanation: Any) -> bool:
+        """Replace the explanation of the stored request ``request_id`` (the first divergent token found
+        after the request was recorded); False when the request is gone (its conversation forgotten)."""
+        values = self._request_values("", _Explained(explanation))
+        cols = ("cause", "detail", "first_divergent_message", "first_divergent_token", "held_token", "sent_token")
+        with self._tx() as conn:
+            cur = conn.execute(f"UPDATE requests SET {', '.join(f'{c} = ?' for c in cols)} WHERE id = ?",
+                               (*(values[c] for c in cols), int(request_id)))
+            return cur.rowcount > 0
 
     def requests(self, conv_id: str, limit: int | None = None) -> list[Any]:
         """A conversation's requests, most recent first (the ``limit`` most recent)."""

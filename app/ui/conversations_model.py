@@ -277,6 +277,10 @@ class RequestsModel(QAbstractTableModel):
                     text += f"\n\nIt cost about {fmt_duration(r.wasted_ms / 1000.0)} of prompt processing."
                 if r.expected_reuse:
                     text += f"\nThe slot held {r.expected_reuse:,} tokens it could have reused."
+                e = r.explanation
+                if e is not None and e.first_divergent_token is not None:
+                    text += (f"\nFirst divergent token: {e.first_divergent_token:,} (the slot held "
+                             f"{e.held_token or ''!r}, the request had {e.sent_token or ''!r}).")
                 return text.strip() or None
             if col == RCOL_VERDICT:
                 return VERDICT_HELP.get(r.verdict)

@@ -56,6 +56,12 @@ def _table(model) -> QTableView:
     return t
 
 
+def on_explained(panel, proxy) -> None:
+    """A request's explanation was refined (its first divergent token): the lower table shows it."""
+    if panel is not None and not panel._closed and panel.proxy is proxy:
+        panel._show_requests()
+
+
 class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
     def __init__(self, parent=None, *, store: ConversationStore | None = None, confirm=None):
         super().__init__(parent)
@@ -147,7 +153,8 @@ class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
             set_text(self.hint, NO_PROXY_HINT)
         else:
             set_text(self.hint, f"Conversations through the proxy of '{self._proxy_profile}', live. Select one to "
-                                "see its requests and why any re-processed.")
+                                "see its requests and why any re-processed."
+                     + (f" {self.proxy.notice()}" if self.proxy.notice() else ""))
 
     # -- the conversations ------------------------------------------------------------------------
     def _conversations(self) -> list[Conversation]:
@@ -278,6 +285,7 @@ class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
                     panel._on_record(rec)
 
             proxy.on_record(on_record)
+            proxy.on_explained(lambda rec, proxy=proxy: on_explained(me(), proxy))
         self._show_hint()
         self.refresh()
 

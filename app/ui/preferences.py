@@ -76,11 +76,20 @@ class PreferencesDialog(QDialog):
         self.park_timeout = _seconds(1.0, 3600.0, 5.0)
         form.addRow("Park before a stop, at most:", self.park_timeout)
 
+        self.proxy_budget = QSpinBox()
+        self.proxy_budget.setRange(0, 1_000_000)
+        self.proxy_budget.setSuffix(" GiB per profile")
+        self.proxy_budget.setSpecialValueText("no limit")
+        self.proxy_save_first = QCheckBox("Save idle slots before a server that clears them runs a task")
+        form.addRow("Conversation proxy parks:", self.proxy_budget)
+        form.addRow("", self.proxy_save_first)
+
         for key, widget in (("data_folder", self.data_folder), ("monitor_interval_s", self.interval),
                             ("monitor_busy_interval_s", self.busy_interval), ("auto_resume", self.auto_resume),
                             ("keep_in_tray", self.keep_in_tray), ("notifications", self.notifications),
                             ("log_file_mib", self.log_file_mib), ("log_backups", self.log_backups),
-                            ("park_timeout_s", self.park_timeout)):
+                            ("park_timeout_s", self.park_timeout), ("proxy_disk_budget_gib", self.proxy_budget),
+                            ("proxy_save_before_idle_clear", self.proxy_save_first)):
             widget.setToolTip(settings.describe(key))
 
         self.errors = QLabel()
@@ -112,6 +121,8 @@ class PreferencesDialog(QDialog):
         self.log_file_mib.setValue(s.log_file_mib)
         self.log_backups.setValue(s.log_backups)
         self.park_timeout.setValue(s.park_timeout_s)
+        self.proxy_budget.setValue(s.proxy_disk_budget_gib)
+        self.proxy_save_first.setChecked(s.proxy_save_before_idle_clear)
         self.errors.clear()
         self._show_data_status()
 
@@ -121,7 +132,8 @@ class PreferencesDialog(QDialog):
                         auto_resume=AutoResume(self.auto_resume.currentData()),
                         keep_in_tray=self.keep_in_tray.isChecked(), notifications=self.notifications.isChecked(),
                         log_file_mib=self.log_file_mib.value(), log_backups=self.log_backups.value(),
-                        park_timeout_s=self.park_timeout.value())
+                        park_timeout_s=self.park_timeout.value(), proxy_disk_budget_gib=self.proxy_budget.value(),
+                        proxy_save_before_idle_clear=self.proxy_save_first.isChecked())
 
     def _show_data_status(self) -> None:
         s = dataclasses.replace(settings.DEFAULTS, data_folder=self.data_folder.text().strip())

@@ -182,7 +182,7 @@ def test_a_failed_journal_write_leaves_nothing(store):
 def test_the_file_is_private_wal_and_versioned(path, store):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert store.schema_version == SCHEMA_VERSION == 1
+    assert store.schema_version == SCHEMA_VERSION == 2
     assert store._read("PRAGMA journal_mode")[0][0] == "wal"
     assert store._read("PRAGMA foreign_keys")[0][0] == 1
 
