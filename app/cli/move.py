@@ -191,33 +191,34 @@ def cmd_facts(args) -> int:
 
 
 def cmd_receive(args) -> int:
-    from app.jobs.move import MoveError, adopt, check_move_id, describe_target, discard, temp_name
+    from app.jobs.move import (MoveError, adopt, check_move_id, describe_target, discard, receiving_folder,
+                               temp_name)
 
     catalog = _catalog()
     try:
         for move_id in (args.commit, args.abort):
             if move_id is not None:
                 check_move_id(move_id)
-        facts = asyncio.run(describe_target(catalog, args.profile, where=f"profile '{args.profile}'"))
         if args.describe:
+            facts = asyncio.run(describe_target(catalog, args.profile, where=f"profile '{args.profile}'"))
             _print({"target": facts.to_dict()})
             return Exit.OK
+        # commit and abort need the folder only (the rules ran at --describe): no binary or model look-ups
+        save_dir, model_path = receiving_folder(args.profile)
         if args.abort:
-            removed = discard(facts.save_dir, args.abort)
+            removed = discard(save_dir, args.abort)
             _print({"removed": [p.name for p in removed]})
             return Exit.OK
-        from pathlib import Path
-
-        manifest_path = Path(facts.save_dir) / temp_name(args.commit, ".json")
+        manifest_path = save_dir / temp_name(args.commit, ".json")
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            discard(facts.save_dir, args.commit)
+            discard(save_dir, args.commit)
             raise CliError(f"the move's manifest {manifest_path.name} is not readable: {e}") from None
         if manifest.get("move_id") != args.commit:
-            discard(facts.save_dir, args.commit)
+            discard(save_dir, args.commit)
             raise CliError(f"the manifest {manifest_path.name} is of another move")
-        rec = adopt(catalog, args.profile, facts.save_dir, manifest, model_path=facts.model_path)
+        rec = adopt(catalog, args.profile, save_dir, manifest, model_path=model_path)
         _print({"record": asdict(rec)})
         return Exit.OK
     except MoveError as e:

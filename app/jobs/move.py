@@ -224,15 +224,34 @@ def _learnt_state_version(catalog: Catalog, keys: list[str]) -> int | None:
     return None
 
 
-def _target_facts_sync(catalog: Catalog, profile, where: str) -> TargetFacts:
+def _folder_and_model(profile) -> tuple[object, Path, str]:
+    """(the profile as launched, its save folder, its model path) on this machine."""
     from app.core.argv import absorb_extra_args
-    from app.core.rules import Facts, slot_ctx
-    from app.core.sidecar_behaviour import Behaviour
-    from app.jobs.behaviour import identify_server
     from app.server.launcher import slot_save_path_for
 
     profile = absorb_extra_args(profile)[0]
-    save_dir = Path(slot_save_path_for(profile)).expanduser()
+    model = str(Path(profile.model).expanduser()) if profile.model else ""
+    return profile, Path(slot_save_path_for(profile)).expanduser(), model
+
+
+def receiving_folder(profile_name: str) -> tuple[Path, str]:
+    """(save folder, model path) of ``profile_name`` here: all a commit or an abort needs (the
+    rules ran at :func:`describe_target`). Raises MoveError for an unknown profile."""
+    from app.core.profile import ProfileError
+    from app.jobs.server_service import load_profile
+
+    try:
+        return _folder_and_model(load_profile(profile_name))[1:]
+    except ProfileError as e:
+        raise MoveError(str(e)) from None
+
+
+def _target_facts_sync(catalog: Catalog, profile, where: str) -> TargetFacts:
+    from app.core.rules import Facts, slot_ctx
+    from app.core.sidecar_behaviour import Behaviour
+    from app.jobs.behaviour import identify_server
+
+    profile, save_dir, model_path = _folder_and_model(profile)
     clean_stale(save_dir)
     binary, keys = _binary_keys(profile)
     log_path = paths.server_log_path(profile.name)
@@ -248,8 +267,7 @@ def _target_facts_sync(catalog: Catalog, profile, where: str) -> TargetFacts:
             free = shutil.disk_usage(probe).free
     return TargetFacts(
         where=where, profile=profile.name, save_dir=str(save_dir),
-        model_path=str(Path(profile.model).expanduser()) if profile.model else "",
-        cache_type_k=profile.cache_type_k or "f16", cache_type_v=profile.cache_type_v or "f16",
+        model_path=model_path, cache_type_k=profile.cache_type_k or "f16", cache_type_v=profile.cache_type_v or "f16",
         flash_attn=profile.flash_attn or "auto", swa_full=bool(profile.swa_full),
         ctx_checkpoints=32 if profile.ctx_checkpoints is None else profile.ctx_checkpoints,
         n_ctx_slot=slot_ctx(profile, Facts()), build=keys[0] if keys else "", build_keys=tuple(keys),
@@ -632,9 +650,13 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
             h, n = hashlib.sha256(), 0
             try:
                 async with contextlib.aclosing(source.read(f, chunk)) as chunks:
-                    async for data in chunks:
-                        h.update(data)
-                        await writer.write(data)
+                    # the next chunk is read while this one is hashed (off the loop) and written:
+                    # reads, writes and hashing overlap (tests/bench/bench_move.py)
+                    upcoming = await anext(chunks, None)
+                    while upcoming is not None:
+                        data = upcoming
+                        upcoming, _, _ = await _together(_next(chunks), asyncio.to_thread(h.update, data),
+                                                         writer.write(data))
                         n += len(data)
                         done += len(data)
                         _tell(on_progress, done, total)
@@ -663,6 +685,23 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
                         exc_info=True)
             result.source_kept = f"copied, but the source could not be deleted: {e}"
     return result
+
+
+async def _next(chunks: AsyncIterator[bytes]) -> bytes | None:
+    return await anext(chunks, None)
+
+
+async def _together(*coros) -> list:
+    """Run ``coros`` at once and return their results; the first failure (or a cancellation)
+    cancels the others, waits for them, and is raised as it is."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _abort(target: Endpoint, move_id: str) -> None:

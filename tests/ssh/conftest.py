@@ -13,6 +13,7 @@ in this fixture's authorized_keys is accepted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -21,6 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -99,10 +101,16 @@ class Sshd:
 
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory) -> Sshd:
+    with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_sshd(base: Path) -> Iterator[Sshd]:
+    """The fixture's sshd in the empty folder ``base`` (also what tests/bench/bench_move.py runs)."""
     binary = _sshd_binary()
     if shutil.which("ssh-keygen") is None:
         _unavailable("ssh-keygen is not installed (Debian: openssh-client)")
-    base = tmp_path_factory.mktemp("sshd")
     os.chmod(base, 0o700)
     host_key = keygen(base / "host_ed25519", "kvv-test-host")
     client_key = keygen(base / "client_ed25519", "kvv-test-client")

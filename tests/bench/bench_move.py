@@ -1,0 +1,197 @@
+"""Benchmark: a move over SSH against scp of the same file, and a click on a remote host to its list.
+
+Not a test. Runs the SSH tests' sshd on loopback (tests/ssh/conftest.py ``running_sshd``: a
+throwaway host key and client key, a second home standing in for the other machine, this
+checkout's real ``kv-valet`` there), in throw-away config/data folders, and times:
+
+* **move throughput**: a parked session of ``--mib`` MiB (one state file with a real header,
+  random payload) moved here -> ``box:there`` (SFTP writes) and back (SFTP reads) with
+  :func:`app.jobs.move.move_session`, against ``scp`` of the same file each way with the same
+  key and known_hosts (OpenSSH 9's scp speaks SFTP too). Interleaved (move up, move down, scp up,
+  scp down) so all see the same machine load; ``--runs`` of each (default 5), medians. MB/s of
+  the transfer phase (first byte to last, from the move's progress) and of the whole move (the
+  rules first: the host's ``kv-valet`` for its facts; then the target's SHA-256 read back and
+  catalog row, the source's delete), and scp's whole run (its handshake included);
+* **a click on a remote host to its Sessions list**: cold (a new ``RemoteHost``: connect, verify
+  the host key, log in, ``kv-valet sessions list --json`` there) and warm (the same connection
+  asked again), against the same command run here without SSH (the CLI's own start-up).
+
+Prints one line per figure and, last, one JSON object of every figure.
+
+    .venv/bin/python tests/bench/bench_move.py [--runs 5] [--mib 128] [--list-runs 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+MB = 1e6
+
+
+def _scp(sshd, src: str, dst: str) -> float:
+    """Seconds for ``scp SRC DST`` with the fixture's key and known_hosts (no ~/.ssh/config, no agent)."""
+    argv = ["scp", "-q", "-F", "/dev/null", "-P", str(sshd.port), "-i", str(sshd.client_key),
+            "-o", f"UserKnownHostsFile={sshd.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", "IdentityAgent=none", src, dst]
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, timeout=600)
+    return time.perf_counter() - t0
+
+
+class _Clock:
+    """The move's progress: when the first and the last byte crossed."""
+
+    def __init__(self):
+        self.first = self.last = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        if done >= total:
+            self.last = now
+
+
+async def _move(source, target) -> tuple[float, float, int]:
+    """(whole seconds, transfer seconds, bytes) of one move of "big"."""
+    from app.jobs.move import move_session
+
+    clock = _Clock()
+    t0 = time.perf_counter()
+    result = await move_session(source, "big", target, on_progress=clock)
+    whole = time.perf_counter() - t0
+    assert result.moved and clock.first is not None and clock.last is not None
+    return whole, clock.last - clock.first, result.bytes
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+async def transfers(sshd, runs: int, mib: int, work: Path) -> dict:
+    from app.jobs.move import LocalEndpoint, RemoteEndpoint
+    from tests.ssh.test_ssh_move import remote_profile
+    from tests.unit.move_helpers import model_file, open_catalog, park_file, profile
+
+    model = model_file(work)
+    here = profile(work, "here", model)
+    there = remote_profile(sshd, model, "there")
+    catalog = open_catalog()
+    rec = park_file(catalog, here, "big", sidecar=False, payload=mib << 20)
+    size = rec.state_size
+    scp_copy = work / "scp-source.bin"  # the same bytes as the session's file, for scp
+    scp_copy.write_bytes(rec.state_path.read_bytes())
+    remote_dst = sshd.remote_home / "scp-dest.bin"
+    back_dst = work / "scp-back.bin"
+    figures: dict[str, list[float]] = {k: [] for k in (
+        "move_up_s", "move_up_transfer_s", "move_down_s", "move_down_transfer_s", "scp_up_s", "scp_down_s")}
+    try:
+        async with sshd.remote_host() as host:
+            local, remote = LocalEndpoint(catalog, "here"), RemoteEndpoint(host, "box", "there")
+            for i in range(runs):
+                whole, xfer, n = await _move(local, remote)
+                assert n == size
+                figures["move_up_s"].append(whole)
+                figures["move_up_transfer_s"].append(xfer)
+                whole, xfer, n = await _move(remote, local)
+                figures["move_down_s"].append(whole)
+                figures["move_down_transfer_s"].append(xfer)
+                figures["scp_up_s"].append(await asyncio.to_thread(
+                    _scp, sshd, str(scp_copy), f"{sshd.destination}:{remote_dst}"))
+                figures["scp_down_s"].append(await asyncio.to_thread(
+                    _scp, sshd, f"{sshd.destination}:{remote_dst}", str(back_dst)))
+                assert back_dst.stat().st_size == size
+                remote_dst.unlink()
+                back_dst.unlink()
+                print(f"run {i + 1}/{runs}: move up {figures['move_up_s'][-1]:.2f} s, down "
+                      f"{figures['move_down_s'][-1]:.2f} s; scp up {figures['scp_up_s'][-1]:.2f} s, down "
+                      f"{figures['scp_down_s'][-1]:.2f} s", file=sys.stderr)
+    finally:
+        catalog.close()
+    assert Path(there.slot_save_path).is_dir()
+    med = {k: _med(v) for k, v in figures.items()}
+    rate = {k.replace("_s", "_mb_s"): size / MB / v for k, v in med.items()}
+    out = {"bytes": size, "runs": runs, "median_s": med, "median_mb_s": rate, "all_s": figures,
+           "ratio_move_transfer_vs_scp": {"up": rate["move_up_transfer_mb_s"] / rate["scp_up_mb_s"],
+                                          "down": rate["move_down_transfer_mb_s"] / rate["scp_down_mb_s"]},
+           "ratio_move_whole_vs_scp": {"up": rate["move_up_mb_s"] / rate["scp_up_mb_s"],
+                                       "down": rate["move_down_mb_s"] / rate["scp_down_mb_s"]}}
+    for way in ("up", "down"):
+        print(f"move {way:<4} {size / MB:,.0f} MB: transfer {rate[f'move_{way}_transfer_mb_s']:7.1f} MB/s, whole "
+              f"{rate[f'move_{way}_mb_s']:7.1f} MB/s ({med[f'move_{way}_s']:.2f} s) | scp "
+              f"{rate[f'scp_{way}_mb_s']:7.1f} MB/s ({med[f'scp_{way}_s']:.2f} s) | transfer/scp {out['ratio_move_transfer_vs_scp'][way]:.2f}x, "
+              f"whole/scp {out['ratio_move_whole_vs_scp'][way]:.2f}x  (median of {runs})")
+    return out
+
+
+async def listing(sshd, runs: int) -> dict:
+    """A click on a remote host: connect + ``sessions()``, cold and warm; the CLI's own start-up here."""
+    cold, cold_connect, warm = [], [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        async with sshd.remote_host() as host:
+            t1 = time.perf_counter()
+            await host.sessions()
+            cold.append(time.perf_counter() - t0)
+            cold_connect.append(t1 - t0)
+    async with sshd.remote_host() as host:
+        await host.sessions()
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            await host.sessions()
+            warm.append(time.perf_counter() - t0)
+    env = {**os.environ, "HOME": str(sshd.remote_home), "XDG_CONFIG_HOME": str(sshd.remote_home / ".config"),
+           "XDG_DATA_HOME": str(sshd.remote_home / ".local/share"),
+           "XDG_STATE_HOME": str(sshd.remote_home / ".local/state")}
+    for k in ("KV_VALET_CONFIG_DIR", "KV_VALET_DATA_DIR", "KV_VALET_STATE_DIR"):
+        env.pop(k, None)
+    local = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "app.cli", "sessions", "list", "--json"], env=env, check=True,
+                       capture_output=True, timeout=120)
+        local.append(time.perf_counter() - t0)
+    ms = {"cold_ms": _med(cold) * 1000, "cold_connect_ms": _med(cold_connect) * 1000, "warm_ms": _med(warm) * 1000,
+          "same_cli_here_ms": _med(local) * 1000}
+    print(f"sessions list of a host (median of {runs}): cold {ms['cold_ms']:.0f} ms (connect "
+          f"{ms['cold_connect_ms']:.0f} ms), warm {ms['warm_ms']:.0f} ms; the same kv-valet command run here "
+          f"without SSH {ms['same_cli_here_ms']:.0f} ms")
+    return {"runs": runs, "median": ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--mib", type=int, default=128, help="the session's size (64-256 MiB)")
+    ap.add_argument("--list-runs", type=int, default=10)
+    args = ap.parse_args()
+    if args.runs < 5:
+        ap.error("--runs must be at least 5")
+    with tempfile.TemporaryDirectory(prefix="kvv-bench-") as d:
+        for k, sub in (("KV_VALET_CONFIG_DIR", "config"), ("KV_VALET_DATA_DIR", "data"),
+                       ("KV_VALET_STATE_DIR", "state")):
+            os.environ[k] = os.path.join(d, sub)
+        from tests.ssh.conftest import running_sshd
+
+        work, base = Path(d) / "work", Path(d) / "sshd"
+        work.mkdir()
+        base.mkdir()
+        with running_sshd(base) as sshd:
+            figures = {"move": asyncio.run(transfers(sshd, args.runs, args.mib, work)),
+                       "sessions_list": asyncio.run(listing(sshd, args.list_runs))}
+    print(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
