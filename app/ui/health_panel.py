@@ -37,8 +37,9 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
     def __init__(self, parent=None, *, store=None, confirm=None):
         super().__init__(parent)
         self.store = store
-        self.health = CacheHealth()
-        self.health.on_finding(self._on_finding)
+        self.shown: str | None = None  # the server the window shows: its own log's findings
+        self._healths: dict[str | None, CacheHealth] = {}
+        self.health = self._health_for(None)
         self.controller = None
         self.sessions = None  # the SessionsPanel: its service parks and resumes
         self.window_ref = None  # the MainWindow: to show the new profile
@@ -109,13 +110,34 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         controller.sig_plan.connect(self._on_plan)
         controller.sig_crashed.connect(self._on_crashed)
         controller.sig_state.connect(self._on_state)
+        controller.sig_selected.connect(self._on_selected)
         if sessions is not None:
             sessions.sig_service.connect(self._on_service)
+
+    def _health_for(self, target_id: str | None) -> CacheHealth:
+        """Each server's detectors over its own log (a server list shows several)."""
+        if target_id not in self._healths:
+            health = self._healths[target_id] = CacheHealth()
+            health.on_finding(lambda f, tid=target_id: self._on_finding(f) if tid == self.shown else None)
+        return self._healths[target_id]
+
+    def _on_selected(self, target_id: str) -> None:
+        """Another server shown: its findings and figures, not the others'."""
+        self.shown = target_id or None
+        self.health = self._health_for(self.shown)
+        self.table.setRowCount(0)
+        for f in list(self.health.findings):
+            self._add_row(f)
+        if not self.health.findings:
+            self.detail.setText("No finding: the server's log shows no cache trouble.")
+            self._show_remedies()
+        self.sig_findings.emit(len(self.health.findings), self.health.worst)
+        self._show_figures()
 
     def _on_plan(self, _plan) -> None:
         sup = self.controller.supervisor
         if sup is not None:
-            sup.on_line(self.health.feed)
+            sup.on_line(self._health_for(self.controller.target_id).feed)
         self._watch_rpc(sup)
 
     # -- RPC workers (app.monitor.rpc) ------------------------------------------------
@@ -171,6 +193,11 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
     def _on_finding(self, f: Finding) -> None:
         if self._closed:
             return
+        self._add_row(f)
+        self.sig_findings.emit(len(self.health.findings), self.health.worst)
+        self._show_figures()
+
+    def _add_row(self, f: Finding) -> None:
         row = self.table.rowCount()
         self.table.insertRow(row)
         values = [time.strftime("%H:%M:%S", time.localtime(f.at or time.time())),
@@ -182,8 +209,6 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
                 item.setForeground(theme.colour(SEVERITY_ROLES.get(f.severity, "muted")))
             self.table.setItem(row, col, item)
         self.table.selectRow(row)
-        self.sig_findings.emit(len(self.health.findings), self.health.worst)
-        self._show_figures()
 
     def selected(self) -> Finding | None:
         rows = self.table.selectionModel().selectedRows()

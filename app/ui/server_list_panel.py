@@ -33,6 +33,7 @@ HINT = "Select a server: the tabs below show it. Start another profile and it ru
 class ServerListPanel(RunsTasks, QWidget):
     sig_chosen = Signal(str)  # the user selected a row: its target id
     sig_refreshed = Signal()  # the rows were listed again (a refresh's figures, or a state)
+    sig_message = Signal(str, bool)  # for the status bar: text, ok (a host's start or stop, a failure)
 
     def __init__(self, controller, parent=None):
         super().__init__(parent)
@@ -42,6 +43,7 @@ class ServerListPanel(RunsTasks, QWidget):
         self._closed = False
         self._refreshing = False
         self._selecting = False
+        self.host_dialog = None  # the Add a host dialog while it is open
         self.model = ServerListModel(self)
         self.table = QTableView()
         self.table.setObjectName("server_list")
@@ -97,6 +99,10 @@ class ServerListPanel(RunsTasks, QWidget):
         from app.store.hosts import HostsError, HostStore
 
         self.hosts_menu.clear()
+        new = self.hosts_menu.addAction("New host…")
+        new.setToolTip("A machine you reach with ssh: its name, destination, port and kv-valet; checked at once.")
+        new.triggered.connect(self.open_host_dialog)
+        self.hosts_menu.addSeparator()
         listed = {s.name for s in self.servers.sources}
         try:
             names = HostStore().names()
@@ -108,7 +114,22 @@ class ServerListPanel(RunsTasks, QWidget):
             action.setEnabled(name not in listed)
             action.triggered.connect(lambda _=False, name=name: self.add_host(name))
         if not names:
-            self.hosts_menu.addAction("No SSH host yet: kv-valet hosts add …").setEnabled(False)
+            self.hosts_menu.addAction("No SSH host saved yet").setEnabled(False)
+
+    def open_host_dialog(self):
+        """The Add a host dialog (app.ui.host_dialog); a host that answered is listed at once."""
+        from app.ui.host_dialog import HostDialog
+
+        self.host_dialog = dlg = HostDialog(self)
+        dlg.sig_added.connect(lambda _name: self.spawn(self._list_host(dlg.host), "listing a new host's servers"))
+        dlg.finished.connect(lambda _r: setattr(self, "host_dialog", None))
+        dlg.open()
+        return dlg
+
+    async def _list_host(self, host) -> None:
+        if any(s.name == host.name for s in self.servers.sources):
+            await self.servers.remove(host.name)  # added again (a new port, a new path): the new one
+        self.add_source(RemoteServerSource(host))
 
     def add_host(self, name: str) -> None:
         """List host ``name``'s servers (app.remote over SSH, through its own kv-valet)."""
@@ -198,6 +219,11 @@ class ServerListPanel(RunsTasks, QWidget):
         self.menu = menu = QMenu(self)
         show = menu.addAction("Show in the tabs")
         show.triggered.connect(lambda: self.select(row.target_id))
+        if row.kind == "remote":
+            action = "stop" if row.state is not ServerState.STOPPED else "start"
+            unit = menu.addAction(f"{action.capitalize()} on {row.host}")
+            unit.setToolTip(f"Through its systemd user unit kv-valet-{row.profile} (kv-valet service {action} there)")
+            unit.triggered.connect(lambda: self.spawn(self.remote_unit(row, action), f"{action} {row.target_id}"))
         if h is not None and h.stoppable and row.state in (ServerState.STARTING, ServerState.LOADING, ServerState.READY):
             stop = menu.addAction("Stop")
             stop.triggered.connect(lambda: track(self.controller.service.stop(row.target_id), f"stopping {row.name}"))
@@ -206,6 +232,29 @@ class ServerListPanel(RunsTasks, QWidget):
             detach.triggered.connect(lambda: track(self.controller.service.remove(row.target_id),
                                                    f"detaching {row.name}"))
         menu.popup(self.table.viewport().mapToGlobal(pos))
+
+    async def remote_unit(self, row, action: str) -> dict | None:
+        """Start or stop a host's server (RemoteHost.systemd); the list shows its new state."""
+        from app.remote.host import RemoteError
+
+        source = next((s for s in self.servers.sources if s.name == row.host), None)
+        if source is None:
+            return None
+        self.hint.setText(f"{action.capitalize()}ing '{row.profile}' on {row.host}…")
+        try:
+            data = await source.host.systemd(action, row.profile)
+        except RemoteError as e:
+            self.sig_message.emit(f"{action.capitalize()} '{row.profile}' on {row.host} failed: {e}", False)
+            return None
+        finally:
+            await self.refresh()
+        state = "running" if data.get("active") else "stopped"
+        note = f" ({data['note']})" if data.get("note") else ""
+        self.sig_message.emit(f"'{row.profile}' on {row.host}: {state}, {data.get('manager', 'systemd')}{note}", True)
+        return data
+
+    def _task_failed(self, exc: BaseException) -> None:
+        self.sig_message.emit(f"Failed: {exc}", False)
 
     # -- closing ---------------------------------------------------------------------------------
     async def aclose(self) -> None:

@@ -1,10 +1,14 @@
-"""Move to… / Copy to… on a session row of the Sessions tab (issue #20).
+"""Move to… / Copy to… on a session row of the Sessions tab, and drag and drop (issue #20).
 
 The menu lists the other servers of the server list that run from a profile
-(:func:`app.jobs.server_list.move_targets`); the move itself is
+(:func:`app.jobs.server_list.move_targets`); a session row dragged onto a server row asks
+how (app.ui.move_dialog.MoveDialog: move or copy, then restore there and judge). The
+source is this machine's catalog, or the host whose server the Sessions tab shows
+(app.ui.remote_view). The move itself is
 :func:`app.jobs.move.move_session` (the compatibility rules first, then the copy with its
 SHA-256 check and the atomic rename at the target), with a progress bar that can cancel it
-and the outcome said on the tab's message line (:func:`app.jobs.server_list.move_verdict`).
+and the outcome said on the tab's message line (:func:`app.jobs.server_list.move_verdict`),
+with the restore's verdict when asked (app.jobs.remote_view.restore_and_judge).
 """
 
 from __future__ import annotations
@@ -16,27 +20,76 @@ from PySide6.QtWidgets import QMenu, QProgressDialog
 
 from app.jobs.server_list import THIS_MACHINE, ServerRow, move_targets, move_verdict
 from app.store.catalog import SessionRecord
+from app.ui.move_dialog import MoveDialog, ServerDropTarget, SessionDragger, session_mime
+from app.ui.session_dialogs import answer
 
 log = logging.getLogger(__name__)
 
 
 class SessionMoves(QObject):
     sig_done = Signal(bool, str)  # ok, the outcome as said to the user
+    sig_asking = Signal(object)  # the MoveDialog of a drop, open now
 
     def __init__(self, sessions_panel, server_list_panel):
         super().__init__(sessions_panel)
         self.panel = sessions_panel
+        self.list_panel = server_list_panel
         self.servers = server_list_panel.servers
         self.progress: QProgressDialog | None = None
         self.menu: QMenu | None = None
+        self.move_dialog: MoveDialog | None = None
         table = sessions_panel.table
         table.setContextMenuPolicy(Qt.CustomContextMenu)
         table.customContextMenuRequested.connect(self._on_menu)
+        self.dragger = SessionDragger(table, sessions_panel.selected, self.mime_of)
+        self.drop_target = ServerDropTarget(server_list_panel.table, self._target_at)
+        self.drop_target.sig_dropped.connect(self.on_drop)
+
+    def _source_host(self) -> str:
+        remote = getattr(self.panel, "remote", None)
+        return remote.host_name if remote is not None else THIS_MACHINE
 
     def targets(self, rec: SessionRecord) -> list[ServerRow]:
         """Where ``rec`` may go: every other server of the list that runs from a profile."""
+        here = self._source_host()
         return [r for r in move_targets(self.servers.rows(), None)
-                if not (r.host == THIS_MACHINE and r.profile == rec.profile)]
+                if not (r.host == here and r.profile == rec.profile)]
+
+    # -- drag and drop ----------------------------------------------------------------------
+    def mime_of(self, rec: SessionRecord):
+        return session_mime(rec.name, rec.profile, self._source_host())
+
+    def _target_at(self, pos) -> str | None:
+        index = self.list_panel.table.indexAt(pos)
+        if not index.isValid():
+            return None
+        return self.list_panel.model.rows[index.row()].target_id
+
+    def on_drop(self, session: dict, target_id: str) -> None:
+        """A session row dropped on a server row: ask how, then move (or copy) it there."""
+        rec = next((r for r in self.panel.source_model.records if r.name == session.get("name")
+                    and r.profile == session.get("profile")), None)
+        row = self.servers.row(target_id)
+        if rec is None or row is None or session.get("host") != self._source_host():
+            self.panel._say("That session is no longer listed here: drop it again from the Sessions tab.", ok=False)
+            return
+        if row.target_id not in {r.target_id for r in self.targets(rec)}:
+            self.panel._say(f"'{rec.name}' cannot go to '{row.name}': it is there already, or that server "
+                            "does not run from a profile.", ok=False)
+            return
+        self.panel.spawn(self.ask_and_move(rec, row), f"moving '{rec.name}' to {target_id}")
+
+    async def ask_and_move(self, rec: SessionRecord, row: ServerRow) -> tuple[bool, str] | None:
+        self.move_dialog = dlg = MoveDialog(self.panel, rec.name, row)
+        self.sig_asking.emit(dlg)  # answered after this task's next step opened it
+        try:
+            choice = await answer(dlg, dlg.choice)
+        finally:
+            self.move_dialog = None
+        if choice is None:
+            return None
+        copy, restore = choice
+        return await self.move_or_copy(rec, row, copy=copy, restore=restore)
 
     def menu_for(self, rec: SessionRecord) -> QMenu:
         menu = QMenu(self.panel)
@@ -75,9 +128,18 @@ class SessionMoves(QObject):
             raise MoveError(f"moving to {row.host} is not possible from the window yet")
         return make(row)
 
-    async def move_or_copy(self, rec: SessionRecord, row: ServerRow, *, copy: bool) -> tuple[bool, str]:
-        """Move (or copy) ``rec`` to ``row``'s profile, with a progress bar; the outcome is said."""
-        from app.jobs.move import LocalEndpoint, MoveCancelled, MoveError, move_session
+    def source_endpoint(self, rec: SessionRecord):
+        """Where ``rec`` is: this machine's catalog, or the host whose server the tab shows."""
+        from app.jobs.move import LocalEndpoint
+
+        remote = getattr(self.panel, "remote", None)
+        return remote.endpoint() if remote is not None else LocalEndpoint(self.panel.catalog, rec.profile)
+
+    async def move_or_copy(self, rec: SessionRecord, row: ServerRow, *, copy: bool,
+                           restore: bool = False) -> tuple[bool, str]:
+        """Move (or copy) ``rec`` to ``row``'s profile, with a progress bar; the outcome is said,
+        with the verdict of a restore there when ``restore``."""
+        from app.jobs.move import MoveCancelled, MoveError, move_session
 
         verb = "Copying" if copy else "Moving"
         self.progress = dialog = QProgressDialog(f"{verb} '{rec.name}' to '{row.name}'…", "Cancel", 0, 1000,
@@ -94,9 +156,11 @@ class SessionMoves(QObject):
                 raise MoveCancelled("cancelled")
             dialog.setValue(int(done * 1000 / max(total, 1)))
 
+        result, target = None, None
         try:
-            result = await move_session(LocalEndpoint(self.panel.catalog, rec.profile), rec.name, self.endpoint(row),
-                                        keep_source=copy, on_progress=on_progress)
+            target = self.endpoint(row)
+            result = await move_session(self.source_endpoint(rec), rec.name, target, keep_source=copy,
+                                        on_progress=on_progress)
         except MoveError as e:
             ok, text = move_verdict(rec.name, row, copy=copy, error=e)
         else:
@@ -105,8 +169,28 @@ class SessionMoves(QObject):
             dialog.close()
             dialog.deleteLater()
             self.progress = None
+        if result is not None and restore:
+            text += " " + await self._restore(target, result.record.name, row)
         self.panel._say(text, ok=ok, label="Move")
         self.panel.refresh()
+        if getattr(self.panel, "remote", None) is not None and self.panel.remote.view is not None:
+            await self.panel.remote.view.reload()  # the host's list without the session moved away
         self.panel.sig_changed.emit()
         self.sig_done.emit(ok, text)
         return ok, text
+
+    async def _restore(self, target, name: str, row: ServerRow) -> str:
+        """Restore ``name`` at ``target`` and judge a first query: the verdict, or why not."""
+        from app.jobs.remote_view import restore_and_judge, verdict_text
+
+        self.panel.busy.show()
+        try:
+            restored = await restore_and_judge(target, name, server_service=self.list_panel.controller.service,
+                                               target_id=row.target_id)
+        except Exception as e:  # report: the move stands; the restore's failure is said and logged
+            log.warning("restore of %r at %s after the move failed", name, row.target_id, exc_info=True)
+            return f"The restore there failed: {e}"
+        finally:
+            self.panel.busy.hide()
+        self.last_restore = restored
+        return verdict_text(restored)

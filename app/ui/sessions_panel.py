@@ -72,6 +72,7 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self.store = store or ProfileStore()
         self.service: SessionService | None = None
         self.controller = None
+        self.remote = None  # app.ui.remote_view.RemoteSessions while a host's server is shown
         # confirm(title, text) -> bool or awaitable bool; a test may replace the dialog.
         self.confirm = confirm or self._ask
         # ask_days() -> int or None (or awaitable): "Delete older than…"'s first question; a test may replace it.
@@ -178,6 +179,21 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self.resume_all_button.clicked.connect(lambda: self.spawn(self.resume_planned()))
 
     # -- catalog (the table's refresh, filter and selection: app.ui.sessions_table) ---------
+    def refresh(self) -> None:
+        """This machine's catalog, or a host's sessions while its server is shown (app.ui.remote_view)."""
+        if self.remote is None:
+            return super().refresh()
+        if not self._closed:
+            if self.source_model.set_records(self.remote.records):
+                self._show_counts()
+            self.usage_label.setText(self.remote.usage())
+
+    def _on_park(self) -> None:
+        return self.remote.on_park() if self.remote is not None else super()._on_park()
+
+    def _on_resume(self) -> None:
+        return self.remote.on_resume() if self.remote is not None else super()._on_resume()
+
     @property
     def profile_name(self) -> str | None:
         return self.service.profile_name if self.service else None
@@ -282,6 +298,9 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self.slot.set_rows(rows)
 
     def _set_connected(self, on: bool) -> None:
+        if self.remote is not None:  # a host's server: park and resume through its kv-valet
+            self.slots_timer.stop()
+            return self.remote.show_controls()
         if on:
             self.slots_timer.start()
         else:

@@ -65,6 +65,10 @@ def attach_panels(window) -> None:
     from app.ui.session_move import SessionMoves  # Move to… / Copy to… on a session row: the other servers
 
     window.session_moves = SessionMoves(sessions, window.server_list)
+    from app.ui.remote_view import RemoteView  # a host's row: its sessions, park and resume there
+
+    window.remote_view = RemoteView(window)
+    window.server_list.sig_message.connect(lambda text, _ok: window._message(text))
     window.health_panel = health
 
     _guard_shutdown(window, sessions)

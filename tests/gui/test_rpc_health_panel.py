@@ -23,10 +23,12 @@ class Controller(QObject):
     sig_plan = Signal(object)
     sig_crashed = Signal(object)
     sig_state = Signal(object, str)
+    sig_selected = Signal(str)
 
     def __init__(self, profile, supervisor):
         super().__init__()
         self.profile, self.supervisor, self.attached = profile, supervisor, None
+        self.target_id = f"profile:{profile.name}"
 
 
 class Supervisor:

@@ -1,0 +1,146 @@
+"""Benchmark: a click on a remote server's row in the window to its Sessions list filled.
+
+Not a test. Runs the SSH tests' sshd on loopback (tests/ssh/conftest.py ``running_sshd``: the
+second home standing in for the other machine, this checkout's real ``kv-valet`` there) with a
+profile ``there`` whose catalog holds ``--sessions`` parked sessions (rows only), and the real
+window offscreen (MainWindow + its panels, a qasync loop) with that host listed. Times, from the
+click on the row (``RemoteView.sig_loaded``'s seconds: the click's handler to the list shown):
+
+* **cold**: the host's SSH connection closed before the click (connect, verify the host key, log
+  in, then ``kv-valet sessions list --json`` and ``status --json`` there, at once);
+* **warm**: the connection kept (the list's refresh made it), the two commands only;
+
+``--runs`` of each (default 10), interleaved (a click on this machine's row between two), medians,
+and the cold/warm ratio. Prints one line, then one JSON object of every figure.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python tests/bench/bench_remote_click.py [--runs 10] [--sessions 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+SEED = """
+import sys, time
+from app import paths
+from app.store.catalog import Catalog, SessionRecord
+n, save_dir = int(sys.argv[1]), sys.argv[2]
+with Catalog(paths.catalog_path()) as c:
+    for i in range(n):
+        t = time.time() - i * 60
+        c.add_or_replace(SessionRecord(name=f"chat {i}", profile="there", state_file=f"chat-{i}.bin",
+                                       save_dir=save_dir, state_size=9_000_000, n_tokens=700 + i, created_at=t,
+                                       updated_at=t))
+"""
+
+
+def remote_env(sshd) -> dict:
+    env = {**os.environ, "HOME": str(sshd.remote_home), "XDG_CONFIG_HOME": str(sshd.remote_home / ".config"),
+           "XDG_DATA_HOME": str(sshd.remote_home / ".local/share"),
+           "XDG_STATE_HOME": str(sshd.remote_home / ".local/state")}
+    for k in ("KV_VALET_CONFIG_DIR", "KV_VALET_DATA_DIR", "KV_VALET_STATE_DIR"):
+        env.pop(k, None)
+    return env
+
+
+def seed(sshd, n: int) -> None:
+    from app.core.profile import LaunchProfile
+    from app.store.profiles import ProfileStore
+
+    save_dir = sshd.remote_home / "slots"
+    ProfileStore(sshd.remote_config / "profiles").save(
+        LaunchProfile(name="there", model="/models/m.gguf", port=18999, slot_save_path=str(save_dir) + "/"),
+        overwrite=True)
+    subprocess.run([sys.executable, "-c", SEED, str(n), str(save_dir)], env=remote_env(sshd), check=True,
+                   capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+
+
+async def clicks(window, source, runs: int, sessions: int) -> dict:
+    from app.jobs.server_list import COL_NAME
+    from tests.conftest import signal_future
+
+    panel = window.server_list
+
+    async def click(target_id: str) -> float:
+        loaded = signal_future(window.remote_view.sig_loaded, lambda tid, _s: tid == target_id)
+        row = panel.model.row_of(target_id)
+        panel.table.setCurrentIndex(panel.model.index(row, COL_NAME))  # the click's selection change
+        _tid, seconds = await asyncio.wait_for(loaded, 120)
+        assert len(window.sessions_panel.source_model.records) == sessions
+        return seconds
+
+    def away() -> None:
+        panel.table.clearSelection()
+        window.controller.select(None)
+
+    cold, warm = [], []
+    for _ in range(runs):
+        await source.host.close()
+        away()
+        cold.append(await click("box:there"))
+        away()
+        warm.append(await click("box:there"))
+    med = {"cold_ms": statistics.median(cold) * 1000, "warm_ms": statistics.median(warm) * 1000}
+    med["cold_vs_warm"] = med["cold_ms"] / med["warm_ms"]
+    print(f"click on a remote row to its Sessions list ({sessions} sessions, median of {runs}): cold "
+          f"{med['cold_ms']:.0f} ms, warm {med['warm_ms']:.0f} ms ({med['cold_vs_warm']:.1f}x)")
+    return {"runs": runs, "sessions": sessions, "median": med, "all_s": {"cold": cold, "warm": warm}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--sessions", type=int, default=50)
+    args = ap.parse_args()
+    if args.runs < 5:
+        ap.error("--runs must be at least 5")
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    with tempfile.TemporaryDirectory(prefix="kvv-bench-") as d:
+        for k, sub in (("KV_VALET_CONFIG_DIR", "config"), ("KV_VALET_DATA_DIR", "data"),
+                       ("KV_VALET_STATE_DIR", "state")):
+            os.environ[k] = os.path.join(d, sub)
+        import qasync
+        from PySide6.QtWidgets import QApplication
+
+        from app.jobs.server_list import RemoteServerSource
+        from app.ui.main_window import MainWindow
+        from app.ui.wiring import attach_panels
+        from tests.ssh.conftest import running_sshd
+
+        base = Path(d) / "sshd"
+        base.mkdir()
+        app = QApplication.instance() or QApplication([])
+        loop = qasync.QEventLoop(app)
+        asyncio.set_event_loop(loop)
+        with running_sshd(base) as sshd:
+            seed(sshd, args.sessions)
+            window = MainWindow()
+            window.confirm_quit = False
+            attach_panels(window)
+            window.show()
+            source = RemoteServerSource(sshd.remote_host())
+
+            async def go():
+                window.server_list.add_source(source)
+                await window.server_list.refresh()
+                try:
+                    return await clicks(window, source, args.runs, args.sessions)
+                finally:
+                    await window.shutdown()
+
+            figures = loop.run_until_complete(go())
+    print(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
