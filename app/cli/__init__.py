@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.cli.gui import open_window
 
         return open_window()
+    args.cli_argv = list(sys.argv[1:] if argv is None else argv)  # what `--host NAME` passes on (app.cli.hosts)
     try:
         return int(args.run(args))
     except KeyboardInterrupt:

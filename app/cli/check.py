@@ -48,7 +48,10 @@ def add_commands(sub) -> argparse.ArgumentParser:
                         "runs the server, else one process")
     p.add_argument("--export", action="append", default=[], metavar="FILE",
                    help="also write the report to FILE (.md, .csv, .json, or .png for the chart); may repeat")
-    p.set_defaults(run=run_check)
+    from app.cli.hosts import add_host_option, host_aware
+
+    add_host_option(p)
+    p.set_defaults(run=host_aware(run_check))
     return p
 
 

@@ -20,7 +20,10 @@ def add_commands(sub) -> None:
     dr = sub.add_parser("doctor", help="check a profile against the known crashes, stalls and wasted parks")
     dr.add_argument("name", help="profile name")
     dr.add_argument("--json", action="store_true", help="one JSON object")
-    dr.set_defaults(run=cmd_doctor)
+    from app.cli.hosts import add_host_option, host_aware
+
+    add_host_option(dr)
+    dr.set_defaults(run=host_aware(cmd_doctor))
 
 
 def cmd_doctor(args) -> int:

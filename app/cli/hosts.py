@@ -86,6 +86,50 @@ def _remote(name: str, work):
         raise CliError(str(e)) from None
 
 
+#: how long a command passed to a host may run (a check with --baseline restarts its server)
+FORWARD_TIMEOUT_S = 3600.0
+
+
+def add_host_option(parser) -> None:
+    """``--host NAME``: run the command on that host instead (:func:`host_aware`)."""
+    parser.add_argument("--host", default=None, metavar="NAME",
+                        help="run it on a remote host (kv-valet hosts): that host's kv-valet, profiles, sessions "
+                             "and servers; paths are the host's")
+
+
+def host_aware(run):
+    """``run``, or with ``--host NAME`` the same command line run by that host's kv-valet."""
+    return lambda args: forward(args) if getattr(args, "host", None) else run(args)
+
+
+def without_host(argv: list[str]) -> list[str]:
+    """``argv`` less its ``--host NAME`` (or ``--host=NAME``, or an abbreviation argparse took)."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return out + argv[i:]
+        opt = a.split("=", 1)[0]
+        if len(opt) >= 4 and "--host".startswith(opt):
+            i += 1 if "=" in a else 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def forward(args) -> int:
+    """Run this command line (less ``--host``) on host ``args.host`` through its kv-valet; its
+    stdout and stderr are printed as they are, and its exit status is this one's."""
+    argv = without_host(list(args.cli_argv))
+    status, out, err = _remote(args.host, lambda h: h.run_cli_as_is(argv, timeout=FORWARD_TIMEOUT_S))
+    sys.stdout.write(out)
+    sys.stdout.flush()
+    if err:
+        print(err, file=sys.stderr)
+    return status
+
+
 def _print_json(data) -> None:
     print(json.dumps(data, indent=1, ensure_ascii=False))
 

@@ -23,7 +23,8 @@ def add_commands(ssa) -> None:
             "'kv-valet hosts'). The compatibility rules run first (model, K/V types, flash attention, "
             "--swa-full, state-file and sidecar versions, --ctx-checkpoints, slot context, disk space, name); "
             "then the files are copied with a SHA-256 check and renamed into place at the target, which "
-            "lists the session only once it is whole."))
+            "lists the session only once it is whole. A move deletes the source only after the target "
+            "listed the session: interrupted in between, it leaves both copies, each whole and listed."))
         p.add_argument("name", help="the parked session")
         p.add_argument("--to", required=True, metavar="TARGET", help="PROFILE or HOST:PROFILE")
         p.add_argument("--from", dest="source", default=None, metavar="SOURCE",
@@ -100,6 +101,13 @@ def cmd_move(args, keep: bool) -> int:
     catalog = _catalog()
     hosts: dict = {}
     verb = "copy" if keep else "move"
+    committed: list = []
+
+    def on_committed(result) -> None:
+        committed.append(result)
+        if not keep and not args.json:
+            note(f"'{args.name}' is listed at {result.target}: deleting it at {result.source} "
+                 "(interrupted now, both copies remain)")
 
     async def go():
         try:
@@ -107,7 +115,7 @@ def cmd_move(args, keep: bool) -> int:
             target = _endpoint(args.to, catalog, hosts)
             progress = None if args.json else _Progress(f"{'copying' if keep else 'moving'} '{args.name}'")
             result = await move_session(source, args.name, target, keep_source=keep, new_name=args.rename,
-                                        on_progress=progress)
+                                        on_progress=progress, on_committed=on_committed)
             restored = await _restore(args, target, result.record.name) if args.restore else None
             return result, restored
         finally:
@@ -121,7 +129,13 @@ def cmd_move(args, keep: bool) -> int:
     except MoveError as e:
         raise CliError(f"{verb} of '{args.name}' failed: {e}") from None
     except KeyboardInterrupt:
-        note(f"{verb} interrupted: '{args.name}' is kept where it was, nothing was added at the target")
+        if committed:
+            r = committed[0]
+            note(f"{verb} interrupted after '{args.name}' was copied to {r.target} as '{r.record.name}' (listed, "
+                 f"SHA-256 checked): " + ("it is kept at the source too" if keep else
+                                          "both copies remain (kv-valet sessions rm to delete one)"))
+        else:
+            note(f"{verb} interrupted: '{args.name}' is kept where it was, nothing was added at the target")
         return Exit.INTERRUPTED
     except Exception as e:
         from app.remote.host import RemoteError
@@ -192,7 +206,7 @@ def cmd_facts(args) -> int:
 
 def cmd_receive(args) -> int:
     from app.jobs.move import (MoveError, adopt, check_move_id, describe_target, discard, receiving_folder,
-                               temp_name)
+                               recover_moves, temp_name)
 
     catalog = _catalog()
     try:
@@ -207,6 +221,8 @@ def cmd_receive(args) -> int:
         save_dir, model_path = receiving_folder(args.profile)
         if args.abort:
             removed = discard(save_dir, args.abort)
+            for msg in recover_moves(catalog, roll_back=args.abort):  # a commit of it a killed process left
+                note(msg)
             _print({"removed": [p.name for p in removed]})
             return Exit.OK
         manifest_path = save_dir / temp_name(args.commit, ".json")

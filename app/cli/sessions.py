@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from app.cli.errors import CliError, Exit, note
+from app.cli.hosts import add_host_option, forward, host_aware
 from app.cli.keys import add_key_option, key_from_args
 
 
@@ -27,7 +28,8 @@ def add_commands(sub) -> None:
     pk.add_argument("--and-stop", action="store_true", help="with --all: then stop the server and remember "
                                                            "the slots for resume-all")
     add_key_option(pk)
-    pk.set_defaults(run=lambda a: _run(cmd_park, a))
+    add_host_option(pk)
+    pk.set_defaults(run=host_aware(lambda a: _run(cmd_park, a)))
 
     rs = sub.add_parser("resume", help="restore a parked session into a slot")
     rs.add_argument("target", help="profile name or server URL")
@@ -37,12 +39,14 @@ def add_commands(sub) -> None:
     rs.add_argument("--yes", action="store_true", help="resume despite warnings (slot not empty, re-prefill)")
     rs.add_argument("--save-dir", default=None, help="the server's --slot-save-path (required for a URL)")
     add_key_option(rs)
-    rs.set_defaults(run=lambda a: _run(cmd_resume, a))
+    add_host_option(rs)
+    rs.set_defaults(run=host_aware(lambda a: _run(cmd_resume, a)))
 
     ra = sub.add_parser("resume-all", help="resume the sessions 'park --all --and-stop' left, into the same slots")
     ra.add_argument("profile")
     add_key_option(ra)
-    ra.set_defaults(run=lambda a: _run(cmd_resume_all, a))
+    add_host_option(ra)
+    ra.set_defaults(run=host_aware(lambda a: _run(cmd_resume_all, a)))
 
     ss = sub.add_parser("sessions", help="list, show, rename or delete parked sessions; disk usage")
     ssa = ss.add_subparsers(dest="action", required=True)
@@ -54,6 +58,7 @@ def add_commands(sub) -> None:
     sh.add_argument("name")
     sh.add_argument("--profile", default=None)
     sh.add_argument("--json", action="store_true")
+    add_host_option(sh)
     du = ssa.add_parser(
         "du", help="disk usage per profile: sessions, state files and sidecars",
         description="Disk usage of the parked sessions, one line per profile: 'profile X: N sessions, "
@@ -62,6 +67,7 @@ def add_commands(sub) -> None:
                     "under its table.")
     du.add_argument("--profile", default=None, help="only this profile")
     du.add_argument("--json", action="store_true", help="bytes per profile as JSON")
+    add_host_option(du)
     rm = ssa.add_parser(
         "rm", help="delete a session (or every session older than N days): catalog row, state file, sidecar",
         description="Delete one session by name, or with --older-than every session last parked more than "
@@ -72,10 +78,12 @@ def add_commands(sub) -> None:
     rm.add_argument("--older-than", type=float, default=None, metavar="DAYS",
                     help="every session last parked more than DAYS days ago (fractions allowed)")
     rm.add_argument("--yes", action="store_true", help="with --older-than: delete them (else: only list them)")
+    add_host_option(rm)
     rn = ssa.add_parser("rename", help="rename a session (the file keeps its name)")
     rn.add_argument("old")
     rn.add_argument("new")
     rn.add_argument("--profile", default=None)
+    add_host_option(rn)
     ss.set_defaults(run=cmd_sessions)
     rm.add_argument("--json", action="store_true", help="with a name: say what was deleted as JSON")
     from app.cli import move
@@ -272,8 +280,15 @@ def cmd_sessions(args) -> int:
         from app.cli.hosts import remote_sessions
 
         return remote_sessions(args.host, args.profile, args.json)
+    if getattr(args, "host", None):  # show, du, rm, rename: that host's kv-valet does it
+        return forward(args)
     catalog = open_catalog()
     try:
+        if any(kind == "move-in" for _id, kind, _p, _at in catalog.list_pending()):  # JournalKind.MOVE_IN
+            from app.jobs.move import recover_moves  # only then: a listing stays as quick as it was
+
+            for msg in recover_moves(catalog):  # a move into here a killed process left half-committed
+                note(msg)
         if args.action == "list":
             recs = list_sessions(catalog, args.profile, verify_hash=True)
             if args.json:

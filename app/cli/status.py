@@ -21,9 +21,10 @@ def add_commands(sub) -> None:
 
 
 def _remote_status(args) -> int:
-    from app.cli.hosts import remote_status
+    """``status PROFILE --host NAME``: the host's own ``kv-valet status``, its output and exit status as they are."""
+    from app.cli.hosts import forward
 
-    return remote_status(args.host, args.url, args.json)
+    return forward(args)
 
 
 async def cmd_status(args) -> int:

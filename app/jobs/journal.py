@@ -1,4 +1,4 @@
-"""One journal for file operations that must survive a crash: parks and A/B hides.
+"""One journal for file operations that must survive a crash: parks, A/B hides, moves in.
 
 Both a park (save to a temporary name, verify, swap files in) and an A/B check
 (move the sidecar aside for the second arm) leave the disk in an unusual state
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 class JournalKind(enum.StrEnum):
     PARK = "park"
     AB_HIDE = "ab-hide"
+    MOVE_IN = "move-in"  # a moved/copied session's files renamed into place, its row not yet written
 
 
 class ParkPhase(enum.StrEnum):
@@ -97,7 +98,23 @@ class HideJournal:
     owner: Owner
 
 
-Entry = ParkJournal | HideJournal
+@dataclass
+class MoveInJournal:
+    """The commit of a move into ``save_dir`` (app.jobs.move.adopt): the verified temporary
+    files (``kvv-move-<move_id>.<role>.part``) are renamed to ``final`` + suffix, then the row
+    ``record`` is written. ``files``: suffix ("" for the state file) -> {"size", "sha256",
+    "ino"} of each verified file (a rename keeps the inode)."""
+
+    save_dir: str
+    move_id: str
+    final: str
+    files: dict[str, dict[str, Any]]
+    record: dict[str, Any]
+    owner: Owner = Owner(0, 0.0)
+
+
+Entry = ParkJournal | HideJournal | MoveInJournal
+_KIND_OF = {ParkJournal: JournalKind.PARK, HideJournal: JournalKind.AB_HIDE, MoveInJournal: JournalKind.MOVE_IN}
 
 # Journal ids of operations running in this process.
 _IN_FLIGHT: set[int] = set()
@@ -121,6 +138,10 @@ def _decode(kind: str, payload: dict[str, Any]) -> Entry:
     if kind == JournalKind.AB_HIDE:
         return HideJournal(sidecar=str(p["sidecar"]), hidden=str(p["hidden"]), size=int(p.get("size", 0)),
                            owner=owner)
+    if kind == JournalKind.MOVE_IN:
+        return MoveInJournal(save_dir=str(p["save_dir"]), move_id=str(p["move_id"]), final=str(p["final"]),
+                             files={str(k): dict(v) for k, v in dict(p["files"]).items()},
+                             record=dict(p["record"]), owner=owner)
     raise ValueError(f"unknown journal kind {kind!r}")
 
 
@@ -145,7 +166,7 @@ class Journal:
         self.catalog = catalog
 
     def begin(self, entry: Entry) -> int:
-        kind = JournalKind.PARK if isinstance(entry, ParkJournal) else JournalKind.AB_HIDE
+        kind = _KIND_OF[type(entry)]
         jid = self.catalog.add_pending(str(kind), _payload(entry))
         _IN_FLIGHT.add(jid)
         return jid

@@ -16,6 +16,14 @@ folder and maybe its checkpoint sidecar (``<state>.ckpt``). A move:
    through its ``kv-valet sessions receive``);
 4. for a move (not a copy), deletes the source only after the target confirmed.
 
+The commit is journaled (``catalog.pending``, kind ``move-in``: app.jobs.journal) before the
+first rename: a process killed between the renames and the row leaves an entry that the
+next move, ``kv-valet sessions ...``, ``kv-valet receive`` and the app's connect
+(:func:`recover_moves`) finish (every file in place or still at its temporary name, size and
+SHA-256 as sent: the session is listed) or roll back (the files are removed). A move killed
+after the target listed the session and before the source was deleted leaves two copies:
+both are whole and listed, as after a copy; nothing is lost (the CLI says so).
+
 A failure or an interruption anywhere before the commit (an exception, a cancelled
 task, Ctrl-C, a checksum mismatch, a full disk) removes the temporary files and leaves
 the source as it was; nothing is listed at the target until its row is written. A
@@ -57,6 +65,10 @@ CHUNK = 4 << 20
 STALE_AFTER_S = 600.0
 _ID_RE = re.compile(r"[0-9a-f]{12}")
 _TEMP_RE = re.compile(r"kvv-move-[0-9a-f]{12}\.(state|ckpt|checkpoints|json)\.part")
+#: A remote commit (``receive --commit``) may take this long, plus a second per COMMIT_MIN_RATE bytes:
+#: past it the sender gives up and aborts (a commit whose process died there is rolled back then).
+COMMIT_TIMEOUT_S = 120.0
+COMMIT_MIN_RATE = 20e6
 #: Sidecar conventions stored next to the state file (as app.jobs.park.SIDECAR_SUFFIXES).
 SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
 
@@ -252,6 +264,8 @@ def _target_facts_sync(catalog: Catalog, profile, where: str) -> TargetFacts:
     from app.jobs.behaviour import identify_server
 
     profile, save_dir, model_path = _folder_and_model(profile)
+    for msg in recover_moves(catalog):
+        log.warning("move: %s", msg)
     clean_stale(save_dir)
     binary, keys = _binary_keys(profile)
     log_path = paths.server_log_path(profile.name)
@@ -290,7 +304,38 @@ async def describe_target(catalog: Catalog, profile_name: str, *, where: str | N
         raise MoveError(str(e)) from None
     facts = await asyncio.to_thread(_target_facts_sync, catalog, profile, where or f"profile '{profile_name}'")
     ident = await model_identity(facts.model_path, kind=False)
-    return replace(facts, model_size=ident.size, model_sha256=ident.sha256, model_quick_id=ident.quick_id)
+    facts = replace(facts, model_size=ident.size, model_sha256=ident.sha256, model_quick_id=ident.quick_id)
+    if facts.n_ctx_slot is None:  # the profile sets no -c: its running server knows what a slot holds
+        n_ctx = await running_slot_ctx(profile)
+        if n_ctx is not None:
+            facts = replace(facts, n_ctx_slot=n_ctx)
+    return facts
+
+
+#: how long a move waits for a running server's GET /slots (a server that does not run answers at once)
+SLOTS_TIMEOUT_S = 5.0
+
+
+def slots_ctx(slots: Any) -> int | None:
+    """Tokens a slot holds by a ``GET /slots`` answer (``n_ctx`` per slot; the smallest), or None."""
+    ns = [s["n_ctx"] for s in slots if isinstance(s, dict) and type(s.get("n_ctx")) is int and s["n_ctx"] > 0] \
+        if isinstance(slots, list) else []
+    return min(ns) if ns else None
+
+
+async def running_slot_ctx(profile) -> int | None:
+    """Tokens a slot of ``profile``'s server holds when that server runs here (its ``GET /slots``,
+    through the server service's resolver: the server an earlier KV Valet left running, else the
+    profile's URL); None when it does not run or does not say."""
+    from app.jobs.server_service import client_for
+    from app.server.client import ServerError, ServerUnreachable
+
+    try:
+        async with client_for(profile) as client:
+            return slots_ctx(await asyncio.wait_for(client.slots(), SLOTS_TIMEOUT_S))
+    except (ServerError, ServerUnreachable, OSError, asyncio.TimeoutError, ValueError) as e:
+        log.info("move: the server of profile %s does not say its slot context: %s", profile.name, e)
+        return None
 
 
 # --------------------------------------------------------------------------- the target's side
@@ -384,8 +429,9 @@ def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, mani
           model_path: str = "") -> SessionRecord:
     """The target's half of a move: check the temporary files (size, SHA-256 read back from
     this disk, state header), then rename them into place and write the catalog row, under
-    the catalog's files lock; returns the stored row. On any failure the temporary files
-    are removed and nothing is listed. ``model_path``: the target profile's model."""
+    the catalog's files lock and a journal entry (:func:`recover_moves`); returns the stored
+    row. On any failure the temporary files are removed and nothing is listed.
+    ``model_path``: the target profile's model."""
     folder = Path(save_dir)
     move_id = check_move_id(manifest.get("move_id", ""))
     try:
@@ -398,6 +444,8 @@ def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, mani
         from app.jobs.files_lock import files_locked
 
         with files_locked(catalog):
+            for msg in _recover_moves(catalog):  # a commit a killed process left: its name, its files
+                log.info("move %s: %s", move_id, msg)
             if catalog.get(profile_name, name) is not None:
                 raise MoveError(f"profile '{profile_name}' already has a session named '{name}'")
             final = _free_state_name(catalog, folder, name)
@@ -410,23 +458,146 @@ def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, mani
                           model_path=model_path or values.get("model_path", ""),
                           notes=f"copied from {manifest.get('source') or src.get('profile', '?')}")
             rec = SessionRecord(**values)
-            placed: list[Path] = []
-            try:
-                for f in sorted(files, key=lambda f: f["suffix"] == ""):  # the sidecar first, the state file last
-                    tmp, dest = folder / temp_name(move_id, f["suffix"]), folder / (final + f["suffix"])
-                    paths.make_private(tmp)
-                    os.replace(tmp, dest)
-                    placed.append(dest)
-                paths.fsync_dir(folder)
-                stored = catalog.add_or_replace(rec)
-            except BaseException:
-                for p in placed:
-                    with contextlib.suppress(FileNotFoundError):
-                        p.unlink()
-                raise
+            stored = _commit(catalog, folder, move_id, final, files, rec)
     finally:
         discard(folder, move_id)
     return stored
+
+
+def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: list[dict],
+            rec: SessionRecord) -> SessionRecord:
+    """Rename the verified temporary files to ``final`` (+ suffix) and write ``rec``, under a
+    journal entry written first (the files lock held by the caller)."""
+    from app.jobs.journal import Journal, MoveInJournal, Owner
+
+    journaled: dict[str, dict[str, Any]] = {}
+    for f in files:
+        tmp = folder / temp_name(move_id, f["suffix"])
+        paths.make_private(tmp)
+        _fsync_file(tmp)  # an SFTP upload is not on the disk yet: the row must never outlive the bytes
+        journaled[f["suffix"]] = {"size": int(f["size"]), "sha256": str(f["sha256"]), "ino": tmp.stat().st_ino}
+    journal = Journal(catalog)
+    jid = journal.begin(MoveInJournal(save_dir=str(folder), move_id=move_id, final=final, files=journaled,
+                                      record=asdict(rec), owner=Owner.me()))
+    placed: list[Path] = []
+    try:
+        for f in sorted(files, key=lambda f: f["suffix"] == ""):  # the sidecar first, the state file last
+            dest = folder / (final + f["suffix"])
+            os.replace(folder / temp_name(move_id, f["suffix"]), dest)
+            placed.append(dest)
+        paths.fsync_dir(folder)
+        stored = catalog.add_or_replace(rec)
+    except BaseException:
+        for p in placed:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        journal.end(jid)
+        raise
+    journal.end(jid)
+    return stored
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- after a crash
+
+
+def recover_moves(catalog: Catalog, *, roll_back: str | None = None) -> list[str]:
+    """Finish or roll back the commits of moves into this machine a killed process left
+    (journal ``move-in``; commits still running, here or in another live process, are left
+    alone); returns what was done, for the user. A commit whose files are all there (at the
+    final or the temporary name, the inode journaled, size and SHA-256 as sent) and whose
+    name is free is finished: renamed and listed. Any other is rolled back: its files are
+    removed. ``roll_back``: the move id of a move its sender gave up on (``receive --abort``):
+    rolled back whatever its state, so the sender's "nothing was added" stays true."""
+    from app.jobs.files_lock import files_locked
+
+    with files_locked(catalog):
+        return _recover_moves(catalog, roll_back=roll_back)
+
+
+def _recover_moves(catalog: Catalog, *, roll_back: str | None = None) -> list[str]:
+    """:func:`recover_moves`, the files lock held by the caller."""
+    from app.jobs.journal import Journal, JournalKind, MoveInJournal
+
+    journal = Journal(catalog)
+    messages: list[str] = []
+    for e in journal.entries(JournalKind.MOVE_IN):
+        m = e.entry
+        if not isinstance(m, MoveInJournal):
+            journal.end(e.id)
+            messages.append(f"dropped a malformed move journal entry #{e.id}")
+            continue
+        if e.active():
+            continue
+        known = {f.name for f in fields(SessionRecord)}
+        rec = SessionRecord(**{k: v for k, v in m.record.items() if k in known})
+        what = f"the move of '{rec.name}' into profile '{rec.profile}'"
+        try:
+            folder = Path(m.save_dir)
+            row = catalog.get(rec.profile, rec.name)
+            if row is not None and Path(row.save_dir) == folder and row.state_file == m.final:
+                pass  # the row was written: the commit was done, only its journal entry was left
+            elif m.move_id != roll_back and row is None and _finish_move(catalog, m, rec):
+                messages.append(f"{what} was interrupted after its files were copied and checked: finished "
+                                f"(listed, SHA-256 checked)")
+            else:
+                _roll_back_move(m)
+                messages.append(f"{what} was interrupted before it was listed: its files there were removed "
+                                f"(the source still has it)")
+            discard(folder, m.move_id)
+            journal.end(e.id)
+        except OSError as exc:
+            messages.append(f"could not recover {what}: {exc}")
+    return messages
+
+
+def _located(m, suffix: str, info: dict[str, Any]) -> Path | None:
+    """Where the journaled file ``suffix`` of commit ``m`` is now (its inode and size), or None."""
+    folder = Path(m.save_dir)
+    for p in (folder / (m.final + suffix), folder / temp_name(m.move_id, suffix)):
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if st.st_ino == info.get("ino") and st.st_size == int(info.get("size", -1)):
+            return p
+    return None
+
+
+def _finish_move(catalog: Catalog, m, rec: SessionRecord) -> bool:
+    """Complete the commit ``m``: True when its files are whole (SHA-256 read back) and it is listed."""
+    folder = Path(m.save_dir)
+    found = {s: _located(m, s, info) for s, info in m.files.items()}
+    if any(p is None for p in found.values()) or "" not in found:
+        return False
+    if any(r.state_file == m.final and Path(r.save_dir) == folder for r in catalog.list()):
+        return False  # the file name went to another session meanwhile
+    if any(_sha256(p) != m.files[s].get("sha256") for s, p in found.items()):
+        return False
+    for s, p in sorted(found.items(), key=lambda kv: kv[0] == ""):
+        dest = folder / (m.final + s)
+        if p != dest:
+            os.replace(p, dest)
+    paths.fsync_dir(folder)
+    catalog.add_or_replace(rec)
+    return True
+
+
+def _roll_back_move(m) -> None:
+    """Remove the files commit ``m`` put in place (the journaled inodes only) and its temporary files."""
+    folder = Path(m.save_dir)
+    for s, info in m.files.items():
+        p = _located(m, s, info)
+        if p is not None:
+            p.unlink()
+    discard(folder, m.move_id)
 
 
 # --------------------------------------------------------------------------- endpoints
@@ -531,6 +702,7 @@ class LocalEndpoint:
     async def abort(self, move_id: str) -> None:
         folder = await self._save_dir()
         await asyncio.to_thread(discard, folder, move_id)
+        await asyncio.to_thread(recover_moves, self.catalog, roll_back=move_id)
 
     async def delete(self, name: str) -> None:
         from app.jobs.sessions import delete_session
@@ -566,6 +738,16 @@ class RemoteEndpoint:
 
         data = await self.host.run_cli(["sessions", "receive", self.profile, "--describe", "--json"])
         self._facts = replace(TargetFacts.from_dict(data["target"]), where=self.where)
+        if self._facts.n_ctx_slot is None:  # no -c there, and the host did not reach its server: ask its status
+            from app.remote.host import RemoteError
+
+            try:
+                n_ctx = slots_ctx((await self.host.status(self.profile)).get("slots"))
+            except RemoteError as e:
+                log.info("move: the status of %s does not say its slot context: %s", self.where, e)
+                n_ctx = None
+            if n_ctx is not None:
+                self._facts = replace(self._facts, n_ctx_slot=n_ctx)
         return self._facts
 
     async def session(self, name: str) -> SourceSession:
@@ -600,7 +782,10 @@ class RemoteEndpoint:
             await w.write(json.dumps(manifest).encode())
         finally:
             await w.close()
-        data = await self.host.run_cli(["sessions", "receive", self.profile, "--commit", move_id, "--json"])
+        # the host reads every byte back (SHA-256) and syncs it to its disk: time for a slow disk
+        size = sum(int(f.get("size", 0)) for f in manifest.get("files", ()))
+        data = await self.host.run_cli(["sessions", "receive", self.profile, "--commit", move_id, "--json"],
+                                       timeout=COMMIT_TIMEOUT_S + size / COMMIT_MIN_RATE)
         known = {f.name for f in fields(SessionRecord)}
         return SessionRecord(**{k: v for k, v in data["record"].items() if k in known})
 
@@ -633,10 +818,15 @@ def _tell(on_progress: ProgressFn | None, done: int, total: int) -> None:
 
 async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_source: bool = False,
                        new_name: str | None = None, on_progress: ProgressFn | None = None,
-                       chunk: int = CHUNK) -> MoveResult:
+                       chunk: int = CHUNK, on_committed: Callable[[MoveResult], None] | None = None) -> MoveResult:
     """Copy session ``name`` from ``source`` to ``target`` (as ``new_name``), then, unless
     ``keep_source``, delete it at the source. Raises MoveRefused before anything is
-    copied, MoveError (or the callback's, or the task's cancellation) after cleaning up."""
+    copied, MoveError (or the callback's, or the task's cancellation) after cleaning up.
+
+    A cancellation that arrives while the target commits waits for the commit's outcome
+    (it renames and lists together, or not at all); ``on_committed(result)`` is called as
+    soon as the target listed the session, before the source is deleted: a caller that is
+    interrupted after that knows both copies exist."""
     src, facts, compat = await preview(source, name, target, new_name=new_name)
     if not compat.ok:
         raise MoveRefused(compat)
@@ -668,7 +858,14 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
             sent.append({"suffix": f.suffix, "size": n, "sha256": h.hexdigest()})
         manifest = {"move_id": move_id, "name": new_name or src.record.name, "source": source.where,
                     "record": asdict(src.record), "files": sent}
-        stored = await target.commit(manifest)
+        commit = asyncio.create_task(target.commit(manifest))  # awaited below, even when cancelled
+        try:
+            stored = await asyncio.shield(commit)
+        except asyncio.CancelledError:
+            stored = await commit  # its outcome decides what the move did; the cancellation goes on below
+            _committed(on_committed, MoveResult(stored, source.where, target.where, False, done,
+                                                [str(p) for p in compat.warnings]))
+            raise
     except BaseException as exc:
         await _abort(target, move_id)
         if isinstance(exc, OSError):
@@ -676,6 +873,7 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
                             "nothing was added there)") from None
         raise
     result = MoveResult(stored, source.where, target.where, False, done, [str(p) for p in compat.warnings])
+    _committed(on_committed, result)
     if not keep_source:
         try:
             await source.delete(src.record.name)
@@ -685,6 +883,15 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
                         exc_info=True)
             result.source_kept = f"copied, but the source could not be deleted: {e}"
     return result
+
+
+def _committed(on_committed: Callable[[MoveResult], None] | None, result: MoveResult) -> None:
+    if on_committed is None:
+        return
+    try:
+        on_committed(result)
+    except Exception:  # report: a broken display must not undo a committed move (logged)
+        log.exception("move: the on_committed callback failed")
 
 
 async def _next(chunks: AsyncIterator[bytes]) -> bytes | None:

@@ -171,9 +171,11 @@ class SessionService:
         return svc
 
     def recover(self) -> list[str]:
-        """Finish or undo parks and A/B hides a crash interrupted (never running ones)."""
+        """Finish or undo parks, A/B hides and moves into here a crash interrupted (never running ones)."""
+        from app.jobs.move import recover_moves
+
         msgs = [f"put back the sidecar {p} that an interrupted A/B check had hidden"
-                for p in recover_hidden_sidecars(self.catalog)]
+                for p in recover_hidden_sidecars(self.catalog)] + recover_moves(self.catalog)
         extra = [self.target.save_dir] if self.target.save_dir else []
         return msgs + recover_interrupted(self.catalog, known_save_dirs(self.catalog, extra))
 

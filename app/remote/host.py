@@ -232,6 +232,14 @@ class RemoteHost:
                               kind="output", host=self.cfg.name, exit_status=status, stderr=err)
         return parsed
 
+    async def run_cli_as_is(self, args: list[str], *, timeout: float = 60) -> tuple[int, str, str]:
+        """Run ``[kv_valet, *args]`` on the host and return (its exit status, stdout, stderr) as they
+        are, whatever the status (``kv-valet --host``'s pass-through); a missing kv-valet still
+        raises :class:`RemoteError` (``not-found``), as an SSH failure does."""
+        status, out, err, shown = await self._exec(args, None, timeout)
+        self._check_exit(shown, status, out, err, (status,), None)
+        return status, out, err
+
     async def run_cli_text(self, args: list[str], *, timeout: float = 60, ok_exits: Iterable[int] = (0,)) -> str:
         """:meth:`run_cli` for a command's text output (what the host prints for a person)."""
         status, out, err, shown = await self._exec(args, None, timeout)

@@ -8,6 +8,9 @@ checkpoint sidecar (turboquant PR #206). A state file also restores only into
 the same model file, hence the cached SHA-256.
 
 Metadata is read with ``gguf.GGUFReader`` (memory-mapped: tensors are not read).
+``gguf`` and ``numpy`` are imported only when a model's metadata is read (about 120 ms):
+the host-side CLI a move runs over SSH (``kv-valet sessions receive``) and the model
+identity (size + hashes) never need them.
 """
 
 from __future__ import annotations
@@ -18,9 +21,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-
-import gguf
-import numpy as np
 
 from app.core.states import MemoryKind
 
@@ -85,39 +85,60 @@ def classify_memory(architecture: str, keys, n_swa: int | None) -> MemoryKind:
     return MemoryKind.DENSE
 
 
-class _MetadataReader(gguf.GGUFReader):
-    """gguf's own reader, told not to unpack array *contents* item by item.
+_READER_CLASS: type | None = None
 
-    ``GGUFReader`` builds a numpy view per element of every metadata array: 12 s
-    for Gemma 3's 262,144-entry vocabulary, for keys KV Valet never reads. Here
-    numeric arrays are one view and string arrays are skipped by walking their
-    lengths; every scalar key is parsed by gguf exactly as before.
-    """
 
-    def _get_field_parts(self, orig_offs, raw_type):
-        gtype = gguf.GGUFValueType(raw_type)
-        if gtype != gguf.GGUFValueType.ARRAY:
-            return super()._get_field_parts(orig_offs, raw_type)
-        offs = orig_offs
-        raw_itype = self._get(offs, np.uint32)
-        offs += int(raw_itype.nbytes)
-        alen = self._get(offs, np.uint64)
-        offs += int(alen.nbytes)
-        itype = gguf.GGUFValueType(raw_itype[0])
-        count = int(alen[0])
-        nptype = self.gguf_scalar_to_np.get(itype)
-        if nptype is not None:
-            values = self._get(offs, nptype, count)
-            return offs + int(values.nbytes) - orig_offs, [raw_itype, alen, values], [2], [gtype, itype]
-        if itype == gguf.GGUFValueType.STRING:
-            data, end = self.data, len(self.data)
-            for _ in range(count):  # u64 length + bytes, per string
-                if offs + 8 > end:  # a count past the file's end (up to 2^64): refuse, do not spin
-                    raise ValueError(f"a string array of {count:,} items runs past the end of the file")
-                n = int.from_bytes(data[offs:offs + 8].tobytes(), "little")
-                offs += 8 + n
-            return offs - orig_offs, [raw_itype, alen], [], [gtype, itype]
-        return super()._get_field_parts(orig_offs, raw_type)  # nested arrays: rare, keep gguf's way
+def _metadata_reader_class() -> type:
+    """:class:`_MetadataReader`, made on first use (gguf and numpy are imported then)."""
+    global _READER_CLASS
+    if _READER_CLASS is not None:
+        return _READER_CLASS
+    import gguf
+    import numpy as np
+
+    class _MetadataReader(gguf.GGUFReader):
+        """gguf's own reader, told not to unpack array *contents* item by item.
+
+        ``GGUFReader`` builds a numpy view per element of every metadata array: 12 s
+        for Gemma 3's 262,144-entry vocabulary, for keys KV Valet never reads. Here
+        numeric arrays are one view and string arrays are skipped by walking their
+        lengths; every scalar key is parsed by gguf exactly as before.
+        """
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            gtype = gguf.GGUFValueType(raw_type)
+            if gtype != gguf.GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            offs = orig_offs
+            raw_itype = self._get(offs, np.uint32)
+            offs += int(raw_itype.nbytes)
+            alen = self._get(offs, np.uint64)
+            offs += int(alen.nbytes)
+            itype = gguf.GGUFValueType(raw_itype[0])
+            count = int(alen[0])
+            nptype = self.gguf_scalar_to_np.get(itype)
+            if nptype is not None:
+                values = self._get(offs, nptype, count)
+                return offs + int(values.nbytes) - orig_offs, [raw_itype, alen, values], [2], [gtype, itype]
+            if itype == gguf.GGUFValueType.STRING:
+                data, end = self.data, len(self.data)
+                for _ in range(count):  # u64 length + bytes, per string
+                    if offs + 8 > end:  # a count past the file's end (up to 2^64): refuse, do not spin
+                        raise ValueError(f"a string array of {count:,} items runs past the end of the file")
+                    n = int.from_bytes(data[offs:offs + 8].tobytes(), "little")
+                    offs += 8 + n
+                return offs - orig_offs, [raw_itype, alen], [], [gtype, itype]
+            return super()._get_field_parts(orig_offs, raw_type)  # nested arrays: rare, keep gguf's way
+
+    _READER_CLASS = _MetadataReader
+    return _MetadataReader
+
+
+def __getattr__(name: str):
+    """``_MetadataReader`` (app.jobs.diagnose reads it) without importing gguf at import time."""
+    if name == "_MetadataReader":
+        return _metadata_reader_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def read_model_info(path: str | os.PathLike) -> ModelInfo:
@@ -135,10 +156,9 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"not a GGUF model file (magic {magic!r}): {path}")
 
-    import gguf  # heavy import, only when a model is actually read
-
+    reader_class = _metadata_reader_class()  # gguf + numpy: imported only when a model is actually read
     try:
-        reader = _MetadataReader(path, "r")
+        reader = reader_class(path, "r")
     except Exception as exc:
         raise ModelFileError(f"cannot parse GGUF file {path}: {exc}") from exc
     try:

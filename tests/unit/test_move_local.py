@@ -219,3 +219,36 @@ def test_a_stray_sidecar_at_the_target_never_pairs_with_the_moved_file(two):
     stray.write_bytes(b"PKCL stale")
     result = move(cat, "plain")
     assert result.record.state_file == "plain-2.bin" and stray.read_bytes() == b"PKCL stale"
+
+
+def test_a_task_cancelled_while_the_target_commits_waits_for_the_commit(two):
+    """The commit renames and lists together: a cancellation arriving then waits for its outcome,
+    tells on_committed (both copies exist: the source was not deleted) and goes on as a cancellation."""
+    cat, a, b = two
+    rec = park_file(cat, a, "chat")
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class SlowTarget(LocalEndpoint):
+        async def commit(self, manifest):
+            started.set()
+            await release.wait()
+            return await super().commit(manifest)
+
+    seen = []
+
+    async def go():
+        task = asyncio.create_task(move_session(LocalEndpoint(cat, "a"), "chat", SlowTarget(cat, "b"),
+                                                on_committed=seen.append))
+        await started.wait()
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    [result] = seen
+    assert result.target == "profile 'b'" and not result.moved and result.record.name == "chat"
+    assert cat.get("a", "chat") is not None and rec.state_path.is_file()
+    [there] = cat.list("b")
+    assert digest(there.state_path) == digest(rec.state_path)
+    assert [p for p in cat.list_pending() if p[1] == "move-in"] == []
