@@ -221,10 +221,18 @@ class FakeProxy:
 
     def __init__(self, store: ConversationStore):
         self.store, self.profile = store, PROFILE
-        self.callbacks, self.forgotten = [], []
+        self.callbacks, self.explained_callbacks, self.forgotten = [], [], []
 
     def on_record(self, cb) -> None:
         self.callbacks.append(cb)
+
+    def notice(self) -> str:
+        """What the proxy says of its server's own caching (nothing: a plain server)."""
+        return ""
+
+    def on_explained(self, cb) -> None:
+        """The first divergent token arrives after the answer: the panel refreshes then too."""
+        self.explained_callbacks.append(cb)
 
     def list(self):
         return self.store.list(self.profile)
