@@ -101,10 +101,12 @@ async def test_cancel_mid_compile_leaves_no_entry_and_no_process(fake):
     options = BuildOptions(extra=("-DFAKE_HANG=ON",))  # the link never ends: the cancel is always mid-build
     running: list[psutil.Process] = []
     task: asyncio.Task | None = None
+    # processes the session already had (a shared real server, the SSH tests' sshd) are not the build's
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
 
     def on_progress(p: BuildProgress) -> None:
         if p.step == "compile" and p.done >= 1 and not running:
-            running.extend(psutil.Process().children(recursive=True))
+            running.extend(c for c in psutil.Process().children(recursive=True) if c.pid not in before)
             task.cancel()
 
     task = asyncio.ensure_future(build_server(request(sdist, patch, options=options), on_progress))
