@@ -101,7 +101,7 @@ def test_hit_partial_discarded_ab_and_ctx_checkpoints_0(sidecar_profile):
             ab = await srv.svc.ab("long chat", 1, force=True, baseline=True)
             assert [ab.row(a).verdict.kind for a in (ARM_WITH, ARM_HIDDEN)] == ["HIT", "DISCARDED"]
             assert ab.row(ARM_BASELINE).prompt_n >= rec.n_tokens
-            assert ab.delta_prefill_speedup > 5, ab  # tens of times on this machine; not a timing assert
+            assert ab.row(ARM_HIDDEN).prompt_n > 5 * ab.row(ARM_WITH).prompt_n, ab  # by tokens re-processed, not by time
             assert sidecar.read_bytes() == sidecar_bytes  # put back byte-identical
 
             # PARTIAL: a continuation that leaves the saved tokens after the first checkpoint
