@@ -78,6 +78,9 @@ async def cmd_serve(args) -> int:
         elif isinstance(ev, StateChanged):
             if ev.detail in ("checking the profile…", "refused"):  # the service's own steps, not the server's
                 return
+            h = service.get(ev.target_id)
+            if h is None or h.supervisor is None:
+                return  # a killed app's leftover server, attached only to be parked and stopped (its Notices say it)
             _say(f"server {ev.state.value}" + (f": {ev.outcome.summary()}" if ev.outcome is not None
                                                and ev.state is ServerState.CRASHED else ""))
             if ev.state is ServerState.CRASHED and ev.outcome is not None:
@@ -122,6 +125,13 @@ async def cmd_serve(args) -> int:
             if proxy.notice():
                 _say(proxy.notice())
         _say(f"ready at {proxy.http.url if proxy else handle.url}; Ctrl-C parks the slots and stops the server")
+        if proxy is not None:
+            # what the start-up made (modules, the stores, the server's plan) stays for the process's life:
+            # out of the collector's way, so a full collection does not pause a proxied stream for it
+            import gc
+
+            gc.collect()
+            gc.freeze()
         waiters = [loop.create_task(stop.wait()), loop.create_task(ended.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:

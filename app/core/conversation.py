@@ -106,6 +106,7 @@ class ServerCaching:
     idle_slots_cleared: bool = False  # ... and it clears the idle slots it saves (unified KV in build 11434)
     sleep_idle_seconds: int | None = None  # --sleep-idle-seconds N > 0: the context is destroyed when idle
     disk_cache: str | None = None  # the flag of a disk prompt cache the server persists prompts with
+    ram_cache: bool = False  # --cache-ram != 0: the server keeps RAM copies of prompts a slot lost (#28276)
     notes: tuple[str, ...] = ()  # how each was decided, for the log and a Notice
 
     @property

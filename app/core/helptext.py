@@ -246,7 +246,7 @@ def server_caching(argv: list[str], help_text: str) -> ServerCaching:
         notes.append(f"the server persists prompts on disk itself ({flag}: {text[:120]})")
         break
     return ServerCaching(idle_slots_saved=saved, idle_slots_cleared=cleared, sleep_idle_seconds=sleep,
-                         disk_cache=disk, notes=tuple(notes))
+                         disk_cache=disk, ram_cache=ram != 0, notes=tuple(notes))
 
 
 def _value_flags(help_text: str) -> frozenset[str]:

@@ -248,6 +248,15 @@ def _server_side(ctx: SlotContext) -> Explanation | None:
     return None
 
 
+def ram_cache_missed(ex: Explanation, ram_tokens: int) -> Explanation:
+    """``ex`` for a request the proxy left to the server's RAM cache (a copy of ``ram_tokens`` tokens,
+    longer than the park) that the server did not find there."""
+    text = (f"The proxy left the conversation to the server's RAM prompt cache, which likely held {ram_tokens:,} "
+            f"of its tokens (more than its park), but the server did not load them: the cache was too small for "
+            f"them (--cache-ram) or had dropped them.")
+    return dataclasses.replace(ex, detail=f"{ex.detail} {text}" if ex.detail else text)
+
+
 def explain(verdict: RequestVerdict, previous: list[Message] | None, current: list[Message],
             ctx: SlotContext) -> Explanation | None:
     """Why a request re-processed more than it had to: None for HIT and NEW. The slot's story

@@ -37,6 +37,19 @@ The rules (each one is tested in tests/unit/test_proxy_leases.py):
   The store is written synchronously on the loop (a
   WAL commit without fsync, well under a millisecond): the order of the journal is the order of
   the changes, which a write from a worker thread would not guarantee.
+* **The server's RAM cache as a restore source (#28276).** With ``ram_cache`` (the server runs
+  ``--cache-ram`` != 0) a conversation that left its slot through the server's own doing (idle-slot
+  caching cleared it, or another conversation's request took its slot: the server saves the slot's
+  prompt to its RAM cache then) is noted with the tokens it held. When it comes back and that copy
+  is longer than its park (no park, or a park older than its last request), the park is not
+  restored over it: a request pinned to a slot that holds another prompt makes the server look in
+  its RAM cache and load the longest match. A request pinned to an EMPTY slot never looks there
+  (server-context.cpp ``get_available_slot``), so such a conversation takes an idle slot that holds
+  another conversation (LRU) over a FREE one when that costs nothing (``idle_slots_cleared``: the
+  server clears that idle slot when the task starts anyway) or when no slot is FREE; in a FREE slot
+  the (shorter) park is restored, the best the server can be given. The copy is only likely (the
+  cache may be too small for it, or have evicted it): the request's verdict says what happened. A
+  restart or a sleep empties the RAM cache: the notes go.
 * **Disk budget.** After each save, when the parks of this profile exceed the budget, the
   parks of the conversations not in a slot are deleted, least recently used first.
 
@@ -133,6 +146,7 @@ class SlotContext:
     restored_tokens: int = 0
     restore_skipped: bool = False  # it had a park, but re-prefilling was estimated cheaper
     expected_tokens: int = 0  # tokens of this conversation in the slot when the request starts
+    ram_tokens: int = 0  # > 0: its park was left for the server's RAM-cache copy of this many tokens
 
 
 @dataclass
@@ -245,6 +259,14 @@ class SlotLeases:
         # restart is noticed after the failure (a killed server breaks the stream first), it is the cause
         self._failed: set[str] = set()
         self._journal_writes = 0
+        # the server's RAM prompt cache (#28276): on (--cache-ram != 0), whether it clears idle slots (so
+        # taking an idle slot costs nothing), the conversations it likely holds copies of (tokens), the
+        # tokens of each park, and how many requests were sent to the RAM copy instead of the park
+        self.ram_cache = False
+        self.idle_slots_cleared = False
+        self._ram: OrderedDict[str, int] = OrderedDict()
+        self._park_tokens: dict[str, int] = {}
+        self.ram_chosen = 0
 
     # -- what the faces read
 
@@ -288,9 +310,15 @@ class SlotLeases:
             slot = next((s for s in self._slots if s.state is SlotState.FREE), None)
             evicted = None
             dropped = False
+            idle = sorted((s for s in self._slots if s.state in _IDLE), key=self._lru_key)
+            candidates = [s for s in idle if tried.get(s.index) != s.version]
+            if slot is not None and self.idle_slots_cleared and self.ram_longer(conv):
+                # only pinned to a slot that holds a prompt does the server look in its RAM cache; the server
+                # clears that idle slot when this task starts anyway
+                holding = [s for s in candidates if s.n_tokens > 0]
+                if holding:
+                    slot, candidates = None, holding
             if slot is None:
-                idle = sorted((s for s in self._slots if s.state in _IDLE), key=self._lru_key)
-                candidates = [s for s in idle if tried.get(s.index) != s.version]
                 if not candidates:
                     if not idle or any(s.state in _ACTIVE for s in self._slots):
                         await self._changed()  # a slot will be released
@@ -330,6 +358,7 @@ class SlotLeases:
             conv.slot, conv.n_tokens = slot.index, n_tokens
             conv.last_used = max(conv.last_used, self._clock())
             self._lost.pop(conv.id, None)
+            self._ram.pop(conv.id, None)  # its slot holds it: a RAM copy of it is older
             self._journal("released", slot, touched=[conv])
         else:
             self._empty(slot, lease.interrupted or Cause.UNKNOWN)
@@ -368,8 +397,10 @@ class SlotLeases:
         s = self._slots[slot]
         if s.state not in _IDLE:
             return  # a slot in use is not idle: idle-slot caching leaves it alone
-        conv_id = s.holder
+        conv_id, n = s.holder, s.n_tokens
         conv = self._empty(s, Cause.IDLE_SLOT_CLEARED)
+        if conv_id is not None:
+            self._note_ram(conv_id, n)  # idle-slot caching saved it to the RAM cache before clearing it
         self._journal("cleared", s, conv_id=conv_id, touched=[conv])
         self._wake()
 
@@ -384,6 +415,10 @@ class SlotLeases:
     def _reset_all(self, cause: Cause) -> None:
         self._epoch += 1
         self._reset_cause = cause
+        for conv_id in self._ram:  # cleared into the RAM cache, which is gone now: lost by this
+            if self._lost.get(conv_id, (None, None))[0] is Cause.IDLE_SLOT_CLEARED:
+                self._note_lost(conv_id, cause, None)
+        self._ram.clear()  # a new server process, or a slept one: its RAM cache is empty too
         for conv_id in self._failed:  # failed just before: the restart emptied their slot all the same
             if self._lost.get(conv_id, (None, None))[0] is Cause.UNKNOWN:
                 self._note_lost(conv_id, cause, None)
@@ -491,6 +526,7 @@ class SlotLeases:
             self._delete_park(conv.parked_as)
             conv.parked_as = None
         self._lost.pop(conv_id, None)
+        self._ram.pop(conv_id, None)
         self._holders.pop(conv_id, None)
         return self._store.forget(conv_id) if self._store is not None else conv
 
@@ -506,6 +542,8 @@ class SlotLeases:
     async def _lease_new(self, slot: _Slot, conv: Conversation, prompt_tokens: int, evicted: str | None,
                          dropped: bool) -> Lease:
         touched = [conv]
+        held_prompt = slot.n_tokens > 0 and slot.holder not in (None, conv.id)  # what the server sees pinned
+        ram = self.ram_longer(conv)
         if evicted is not None and evicted != conv.id:
             other = self._conv(evicted)
             if other is not None:
@@ -513,6 +551,8 @@ class SlotLeases:
                 touched.append(other)
             self._note_lost(evicted, Cause.SLOT_TAKEN, conv.id)
             self._holders.pop(evicted, None)
+            # a pinned request over another prompt: the server saves that prompt to its RAM cache first
+            self._note_ram(evicted, slot.n_tokens)
         slot.set_holder(conv.id)
         previous = slot.last_holder if slot.last_holder != conv.id else None
         lost, taken_by = self._lost.get(conv.id, (None, None))
@@ -523,7 +563,12 @@ class SlotLeases:
             self._journal("dropped", slot, conv_id=evicted, detail="no save succeeded and no slot is in use",
                           touched=touched[1:])
         restored, restored_tokens, skipped = False, 0, False
-        if conv.parked_as:
+        ram_tokens = self._ram.pop(conv.id, 0) if ram and held_prompt else 0
+        if ram_tokens:
+            self.ram_chosen += 1
+            log.info("slot %d: conversation %s is left to the server's RAM cache (%d tokens there, its park %d)",
+                     slot.index, conv.id, ram_tokens, self._parked_tokens(conv))
+        if conv.parked_as and not ram_tokens:
             name = conv.parked_as
             if self._restore_pays(conv, prompt_tokens):
                 slot.set(SlotState.RESTORING)
@@ -537,7 +582,8 @@ class SlotLeases:
                 skipped = True
         lease.slot_context = SlotContext(
             previous_owner=previous, lost=lost, taken_by=taken_by, restored=restored,
-            restored_tokens=restored_tokens, restore_skipped=skipped, expected_tokens=slot.n_tokens)
+            restored_tokens=restored_tokens, restore_skipped=skipped, expected_tokens=slot.n_tokens,
+            ram_tokens=ram_tokens)
         lease.evicted = evicted if evicted != conv.id else None
         slot.set(SlotState.BUSY)
         if not restored:
@@ -610,6 +656,7 @@ class SlotLeases:
         conv.parked_as = name
         if n > 0:
             conv.n_tokens = slot.n_tokens = n
+        self._park_tokens[conv.id] = n if n > 0 else slot.n_tokens
         if claimant is not None:
             conv.slot = None  # leaving: the claimant's lease takes the slot right after this
         else:
@@ -667,6 +714,26 @@ class SlotLeases:
                           detail=f"disk budget {self.disk_budget_bytes} bytes", touched=[conv])
 
     # -- plumbing
+
+    def ram_longer(self, conv: Conversation) -> bool:
+        """Whether the server's RAM cache likely holds a longer copy of ``conv`` than its park (or it has
+        no park): then its park is not restored over it (the module's doc)."""
+        n = self._ram.get(conv.id, 0) if self.ram_cache else 0
+        return n > 0 and n > self._parked_tokens(conv)
+
+    def _parked_tokens(self, conv: Conversation) -> int:
+        if not conv.parked_as:
+            return 0
+        # a park saved by an earlier run of the app: its token count is not known here, its conversation's is
+        return self._park_tokens.get(conv.id, conv.n_tokens)
+
+    def _note_ram(self, conv_id: str, n_tokens: int) -> None:
+        if not self.ram_cache or n_tokens <= 0:
+            return
+        self._ram[conv_id] = n_tokens
+        self._ram.move_to_end(conv_id)
+        while len(self._ram) > LOST_NOTES_KEPT:
+            self._ram.popitem(last=False)
 
     def _restore_pays(self, conv: Conversation, prompt_tokens: int) -> bool:
         rate = self._prefill_rate()

@@ -31,7 +31,7 @@ from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
 from app.proxy.leases import Lease, SlotLeases
-from app.proxy.model import Cause, Conversation, Message, RequestRecord, RequestVerdict
+from app.proxy.model import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
 from app.store.conversations import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,10 @@ CHARS_PER_TOKEN = 4
 #: The last request bodies kept (one per conversation, most recent): the previous prompt a token
 #: comparison renders. Past them (and after an app restart) it is rebuilt from the stored messages.
 BODIES_KEPT = 256
+#: After a request cut short, /slots is read until the slot stops processing: this many reads at most,
+#: this far apart (the server stops the task at its next token, a few milliseconds)
+CUT_SHORT_READS = 50
+CUT_SHORT_READ_EVERY_S = 0.02
 
 
 class SessionBackend:
@@ -52,6 +56,9 @@ class SessionBackend:
     def __init__(self, handle: ServerHandle, servers: ServerService):
         self.handle, self.servers = handle, servers
         self.checkpoints_loaded: dict[int, bool | None] = {}
+        # a restore with no usable sidecar into a slot holding another chat's checkpoints, on a build
+        # that keeps them across a restore (the turboquant fork): the session service's warning, or None
+        self.hazards: dict[int, str | None] = {}
 
     async def _svc(self):
         return await self.servers.sessions(self.handle.id)
@@ -65,6 +72,7 @@ class SessionBackend:
         # did the restore bring context checkpoints back (a sidecar this build loads)? None: not known
         # or not needed (a dense model keeps every position)
         self.checkpoints_loaded[slot] = result.prediction.loads if result.prediction is not None else None
+        self.hazards[slot] = result.hazard
         return result.n_restored
 
     async def erase(self, slot: int) -> None:
@@ -94,6 +102,7 @@ class _Pending:
     started: float = field(default_factory=time.time)
     body: dict | None = None  # the request as the client sent it
     previous_body: dict | None = None  # the conversation's previous request (for the token comparison)
+    restore_hazard: str | None = None  # restored into another chat's checkpoints (the fork keeps them)
 
 
 class ProxyService:
@@ -156,6 +165,9 @@ class ProxyService:
                                  restore_ms_estimate=self._restore_ms, disk_budget_bytes=self.disk_budget_bytes)
         self.leases.recover(server_same_process=False)
         self.caching = await watch_mod.read_caching(h)
+        # the server's RAM cache as a restore source (#28276): see app.proxy.leases
+        self.leases.ram_cache = self.caching.ram_cache
+        self.leases.idle_slots_cleared = self.caching.idle_slots_cleared
         self.watch = watch_mod.ServerWatch(h.client, self.leases, self.caching,
                                            save_before_clear=self.save_before_idle_clear)
         for note in self.caching.notes:
@@ -262,8 +274,10 @@ class ProxyService:
         lease = await self.leases.acquire(conv, estimate)
         if self.watch is not None:
             await self.watch.before_dispatch()  # the server clears idle slots: the others are saved first
+        hazard = None
         if lease.restored_from:
             lease.restore_had_checkpoints = self._backend.checkpoints_loaded.get(lease.slot)
+            hazard = self._backend.hazards.get(lease.slot)
         # what this request could have reused: what the conversation held after its last reply (a slot
         # taken meanwhile, a failed restore or a restart do not lower it: they are the causes said)
         expected = 0 if new else max(lease.slot_context.expected_tokens, held_before)
@@ -272,7 +286,7 @@ class ProxyService:
         out["cache_prompt"] = True
         conv.messages, conv.chain = messages, chain
         return out, _Pending(conv, lease, messages, previous, expected, new, path, stream, body=body,
-                             previous_body=previous_body)
+                             previous_body=previous_body, restore_hazard=hazard)
 
     def _remember(self, conv_id: str, body: dict) -> dict | None:
         """Keep ``body`` as the conversation's last request; the one before it (None: not kept)."""
@@ -333,6 +347,11 @@ class ProxyService:
             slept=lease.slept and not lease.restored_from, restored_from=lease.restored_from,
             restore_had_checkpoints=lease.restore_had_checkpoints, restore_failed=lease.restore_failed)
         why = explain_mod.explain(verdict, p.previous, p.messages, ctx_slot)
+        if why is not None and lease.slot_context.ram_tokens and why.cause in (Cause.IDLE_SLOT_CLEARED,
+                                                                              Cause.SLOT_TAKEN):
+            why = explain_mod.ram_cache_missed(why, lease.slot_context.ram_tokens)
+        if p.restore_hazard and lease.restore_had_checkpoints is False and (t.cache_n or 0) > explain_mod.SLACK:
+            why = _foreign_checkpoint(lease.restored_from, t.cache_n, p.restore_hazard)
         rate = self._prefill_ms_per_token()
         wasted = None
         if verdict in (RequestVerdict.PARTIAL, RequestVerdict.MISS) and rate:
@@ -409,13 +428,24 @@ class ProxyService:
         self.store.save(conv, self.profile)
 
     async def _tokens_in(self, slot: int) -> int | None:
-        try:
-            svc = await self.servers.sessions(self.target_id)
-            rows = await svc.slot_rows()
-        except Exception:  # report: the slot's content is unknown: the lease frees it
-            log.warning("cannot read /slots after a cut-short request on slot %s", slot, exc_info=True)
-            return None
-        row = next((r for r in rows if r.id == slot), None)
+        """What the slot holds after a request cut short. The server stops the task only when it next
+        writes to the closed connection: while /slots still shows it processing, its count grows, so it
+        is read again (at most ``CUT_SHORT_READS`` times) before it is taken."""
+        row = None
+        for attempt in range(CUT_SHORT_READS):
+            if attempt:
+                await asyncio.sleep(CUT_SHORT_READ_EVERY_S)
+            try:
+                svc = await self.servers.sessions(self.target_id)
+                rows = await svc.slot_rows()
+            except Exception as e:  # report: the slot's content is unknown: the lease frees it (one line: a
+                # server killed mid-request is an expected way to get here, not a bug worth a traceback)
+                log.warning("cannot read /slots after a cut-short request on slot %s: %s", slot,
+                            str(e) or type(e).__name__)
+                return None
+            row = next((r for r in rows if r.id == slot), None)
+            if row is None or not row.busy:
+                break
         return row.tokens_held if row is not None else None
 
     def _on_server_state(self, state, outcome) -> None:
@@ -450,22 +480,30 @@ class ProxyService:
 
 
 
+def _foreign_checkpoint(restored_from: str | None, cache_n: int, hazard: str) -> Explanation:
+    """A restore that brought no checkpoints of its own, followed by a reuse all the same: the build
+    kept the slot's earlier checkpoints (the turboquant fork) and the server rolled back onto another
+    chat's, whose sliding-window state now stands in for this conversation's."""
+    return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS,
+                       f"The restore of {restored_from!r} brought no context checkpoints of its own (no usable "
+                       f"sidecar), yet the server reused {cache_n:,} tokens: it rolled back onto a checkpoint the "
+                       f"slot kept from another chat ({hazard.split(':')[0]}), so their sliding-window state is "
+                       f"that chat's and the answer may be wrong. Restart the server or give the park a sidecar.")
+
+
 async def launch_with_proxy(servers: ServerService, profile) -> tuple[ServerHandle | None, ProxyService | None]:
     """Launch ``profile``'s server, behind the conversation proxy when the profile says so
     (``proxy = true``) : the proxy takes the profile's host and port, the server a private
     loopback port; the proxy's conversations are saved under their own names before any stop.
+    A server of the profile that an earlier, killed KV Valet left running is adopted first
+    (:func:`adopt_leftovers`: its slots parked, then it stops), never duplicated.
     The one launch path of the window and ``kv-valet serve``."""
+    await adopt_leftovers(servers, profile)
     if not profile.proxy:
         return await servers.launch(profile), None
-    from app.jobs.server_service import Notice, free_loopback_port, profile_target_id
+    from app.jobs.server_service import free_loopback_port
     from app.server.launcher import resolve_api_key
 
-    for rec in servers.leftovers([profile.name]):
-        # an earlier app was killed: its server (a child in its own session) runs on, on a private port
-        # nobody else knows; the journal does not trust its slots (recover() below), so it is stopped
-        servers._emit(Notice(profile_target_id(profile.name), f"Stopping the leftover server of "
-                             f"'{profile.name}' (pid {rec.pid}, {rec.url}) that an earlier KV Valet left running."))
-        await servers.stop_leftover(rec)
     behind = profile.replace(host="127.0.0.1", port=free_loopback_port())
     handle = await servers.launch(behind)
     if handle is None:
@@ -488,6 +526,72 @@ async def launch_with_proxy(servers: ServerService, profile) -> tuple[ServerHand
     if notice:
         servers._emit(Notice(handle.id, notice))
     return handle, proxy
+
+
+async def adopt_leftovers(servers: ServerService, profile) -> list[str]:
+    """Adopt the servers of ``profile`` that an earlier KV Valet launched and left running (it was
+    killed: its server, a child in its own session, runs on). Each is attached (its pid and start
+    time match its record), its slots are parked, then it stops, so the launch that follows takes
+    its place with nothing lost and never runs twice on one port. A server that was behind the
+    conversation proxy (the lease journal was written since it started) has its conversations
+    recovered as they were in its slots (``server_same_process=True``) and saved under their own
+    park names first: they come back from their parks into the new server. Any other slot that
+    holds tokens is parked as a dated session (``kv-valet resume-all PROFILE`` puts it back).
+
+    Restarting rather than keeping it: a leftover is not this app's child, so it could only be
+    watched (``/health``), not supervised (no exit status, no log for Cache health or the
+    verdicts, no auto-restart), and its flags and private port are the killed app's. The
+    messages said to the user; the conversations saved."""
+    from app.core.lifecycle import StopTrigger
+    from app.jobs.server_service import Notice, profile_target_id
+
+    said: list[str] = []
+    tid = profile_target_id(profile.name)
+    for rec in servers.leftovers([profile.name]):
+        servers._emit(Notice(tid, f"Adopting the leftover server of '{profile.name}' (pid {rec.pid}, {rec.url}) "
+                                  "that an earlier KV Valet left running: parking its slots, then restarting it."))
+        try:
+            handle = await servers.attach(rec.url, leftover=rec)
+        except Exception as e:  # report: it cannot be reached: it is stopped as before (nothing to save)
+            log.warning("cannot attach to the leftover server %s: %s", rec.url, e)
+            await servers.stop_leftover(rec)
+            said.append(f"stopped the unreachable leftover server pid {rec.pid}")
+            continue
+        store = ConversationStore()
+        try:
+            saved = await _save_leftover_conversations(servers, handle, profile, rec, store)
+            report = await servers.park_then_stop(handle.id, StopTrigger.SERVE)
+        finally:
+            store.close()
+        await servers.remove(handle.id)
+        if rec.is_alive():  # the park or the stop failed: it must not run on beside the new one
+            await servers.stop_leftover(rec)
+        parked = [r for r in report.results if r.ok and not r.unchanged]
+        msg = (f"Leftover server pid {rec.pid} adopted: {len(saved)} conversation(s) saved to come back from "
+               f"their parks, {len(parked)} other slot(s) parked"
+               + (f" ('kv-valet resume-all {profile.name}' puts them back)" if parked else "")
+               + (f"; {report.error or report.interrupted}" if report.error or report.interrupted else ""))
+        servers._emit(Notice(tid, msg, ok=not (report.error or report.interrupted)))
+        said.append(msg)
+    return said
+
+
+async def _save_leftover_conversations(servers: ServerService, handle: ServerHandle, profile, rec,
+                                       store: ConversationStore) -> list[str]:
+    """The proxy's conversations in a leftover server's slots, saved under their own names (none when
+    the lease journal was not written by a proxy in front of this very server process)."""
+    entries = store.journal_entries(profile.name)
+    if not entries or min(e.at for e in entries) < rec.create_time:
+        return []  # the journal predates this server process: it says nothing about its slots
+    from app.settings import load_or_defaults
+
+    prefs, _problem = load_or_defaults()
+    slots = await handle.client.slots()
+    leases = SlotLeases(len(slots), SessionBackend(handle, servers), store=store, profile=profile.name,
+                        prefill_ms_per_token=lambda: None, restore_ms_estimate=lambda n: 0.0,
+                        disk_budget_bytes=prefs.proxy_disk_budget_bytes())
+    leases.recover(server_same_process=True)
+    return await leases.save_dirty()
 
 
 def forget_stored(conv_id: str, store: ConversationStore | None = None):

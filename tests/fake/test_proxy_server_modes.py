@@ -1,11 +1,12 @@
 """The proxy in front of a server that caches prompts by itself, on the fake llama-server.
 
-Why the fake: the real build 11434 in this project cannot run on this machine's CPU (its binary
-traps on AMX instructions), and the fake models the same code paths from
-tools/server/server-context.cpp: idle-slot caching that clears the idle slots of a unified KV
-cache when a task starts ([TAG_IDLE_SLOT_CLEAR]), and a pinned request to an emptied slot not
-looking in the RAM cache. A disk prompt cache exists in no build the tests have: a wrapper
-binary adds one to the fake's --help (the proxy reads the help text, not the flag alone)."""
+The same cases run on the real build 11434 in tests/real/test_real_proxy_modes.py (started through
+the app's launcher, which avoids the AMX kernels on this VM). Here the fake, which models the same
+code paths from tools/server/server-context.cpp (idle-slot caching that clears the idle slots of a
+unified KV cache when a task starts, [TAG_IDLE_SLOT_CLEAR]; a pinned request to an emptied slot not
+looking in the RAM cache, one to a slot holding another prompt loading from it), runs them in
+seconds. A disk prompt cache exists in no build the tests have: a wrapper binary adds one to the
+fake's --help (the proxy reads the help text, not the flag alone)."""
 
 from __future__ import annotations
 
@@ -65,14 +66,27 @@ async def test_idle_slots_the_server_clears_are_saved_first_and_come_back(unifie
         assert back.verdict is RequestVerdict.HIT, back
 
 
-async def test_without_the_save_first_the_next_request_is_explained_by_the_clearing(unified):
+async def test_without_the_save_first_the_ram_cache_brings_it_back(unified):
+    """Not saved first, the cleared conversation's only copy is in the server's RAM cache: the proxy pins
+    it to the other idle slot (which holds a prompt: only there does the server look in its RAM cache)."""
     settings.update(proxy_save_before_idle_clear=False)
     async with Proxied(unified) as p:
         assert "--no-cache-idle-slots" in p.proxy.notice()
         back = await abab(p)
+        assert back.restored_from is None and p.proxy.leases.ram_chosen == 1
+        assert back.verdict is RequestVerdict.HIT, back
+
+
+async def test_without_the_save_first_a_ram_cache_too_small_is_explained_by_the_clearing(tmp_path, monkeypatch):
+    settings.update(proxy_save_before_idle_clear=False)
+    monkeypatch.setenv("FAKE_SIDECAR", "1")
+    monkeypatch.setenv("FAKE_STATE_BYTES_PER_TOKEN", "4096")  # a conversation's state over 1 MiB
+    async with Proxied(fake_profile(tmp_path, kv_unified=True, cache_ram=1).replace(proxy=True)) as p:
+        back = await abab(p)
         assert back.restored_from is None
         assert back.verdict is RequestVerdict.MISS, back
         assert back.explanation.cause is Cause.IDLE_SLOT_CLEARED, back.explanation
+        assert "RAM prompt cache" in back.explanation.detail
 
 
 async def test_a_server_without_unified_kv_is_left_alone(tmp_path, monkeypatch):

@@ -262,9 +262,10 @@ class Serve:
         self.lines: list[str] = []
 
     @classmethod
-    async def start(cls, profile_name: str) -> "Serve":
+    async def start(cls, profile_name: str, proxy: bool = True) -> "Serve":
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app.cli", "serve", profile_name, "--proxy", "--quiet", cwd=str(ROOT),
+            sys.executable, "-m", "app.cli", "serve", profile_name, *(["--proxy"] if proxy else []), "--quiet",
+            cwd=str(ROOT),
             env=os.environ.copy(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE)
         s = cls(proc)
@@ -300,6 +301,17 @@ class Serve:
         self.proc.send_signal(signal.SIGINT)
         await asyncio.wait_for(self.proc.communicate(), 120)
 
+    async def end(self, profile_name: str, *leftovers) -> None:
+        """The test's cleanup: stop this app if it runs, and any server it or a killed one left."""
+        from app.server.launcher import pid_record_path
+        from app.server.supervisor import find_leftover_server, terminate_leftover
+
+        if self.proc.returncode is None:
+            await self.stop()
+        for rec in (find_leftover_server(pid_record_path(profile_name)), *leftovers):
+            if rec is not None:
+                terminate_leftover(rec)
+
 
 REQUEST_LINE = re.compile(r"\[kv-valet\] request (?P<verdict>\w+) conversation (?P<conv>\S+) slot (?P<slot>\d+) "
                           r"\([^)]*?(?:, restored from '(?P<restored>[^']+)')?\)(?:: (?P<cause>.+?) \()?")
@@ -313,11 +325,12 @@ async def chat(client: openai.AsyncOpenAI, messages: list[dict]) -> str:
 def test_app_killed_with_dirty_slots_then_restarted(v2_profile):
     """SIGKILL ``kv-valet serve --proxy`` while two slots hold conversations never saved (dirty) and
     a third is parked. The server, a child in its own session, outlives it; the next ``serve``
-    stops that leftover (its slots are not trusted, nothing else would ever stop it) and starts a
-    new one. The journal's recovery keeps the park (it comes back warm: HIT on the v2 build), the
-    two that were only in slots are explained as SERVER_RESTARTED, nothing is half-restored."""
+    adopts that leftover: it attaches to it, recovers the journal's slot owners (the same server
+    process), saves the two dirty slots under their conversations' park names, stops it and starts
+    a new one under its supervision. All three come back from their parks warm (HIT on the v2
+    build), the two that were only in slots included; nothing is half-restored or run twice."""
     from app.server.launcher import pid_record_path
-    from app.server.supervisor import find_leftover_server, terminate_leftover
+    from app.server.supervisor import find_leftover_server
     from app.store.profiles import ProfileStore
 
     profile = v2_profile
@@ -345,23 +358,58 @@ def test_app_killed_with_dirty_slots_then_restarted(v2_profile):
 
             app = await Serve.start(profile.name)
             assert not leftover.is_alive(), "the restarted app left the killed app's server running"
-            assert any("leftover" in line for line in app.lines), app.lines
+            assert any("adopted: 2 conversation(s) saved" in line for line in app.lines), app.lines
             for name in ("A", "B", "C"):
                 await chat(client, turn(SYSTEMS[name], ("What is the first word?", replies[name]),
                                         question="And the second?"))
                 rec = await app.request()
                 assert rec["conv"] == convs[name], (name, rec)
-                if name == "A":  # parked before the kill: restored whole, with its checkpoints
-                    assert rec["restored"] == f"proxy-{convs['A']}" and rec["verdict"] == "HIT", rec
-                else:  # only in a slot of the killed app's server
-                    assert rec["restored"] is None and rec["verdict"] == "MISS", rec
-                    assert rec["cause"] == Cause.SERVER_RESTARTED.value, rec
+                # A parked before the kill, B and C saved from the leftover's slots by the adoption:
+                # each restored whole, with its checkpoints
+                assert rec["restored"] == f"proxy-{convs[name]}" and rec["verdict"] == "HIT", (name, rec)
         finally:
             await client.close()
-            if app.proc.returncode is None:
-                await app.stop()
-            for rec in (find_leftover_server(pid_record_path(profile.name)), leftover):
-                if rec is not None:
-                    terminate_leftover(rec)
+            await app.end(profile.name, leftover)
+
+    asyncio.run(go())
+
+
+def test_plain_serve_adopts_a_killed_apps_server(real_profile):
+    """``kv-valet serve PROFILE`` without the proxy, killed while a slot holds a prompt: the next
+    ``serve`` of the profile finds that leftover on the profile's own port, parks its slot as a
+    dated session (in the resume plan, for ``resume-all``), stops it and starts its own server on
+    the same port: never two servers, nothing lost."""
+    from app.jobs.resume_plan import load_resume_plan
+    from app.server.launcher import pid_record_path
+    from app.server.supervisor import find_leftover_server
+    from app.store.profiles import ProfileStore
+
+    profile = real_profile.replace(name="plain")
+    ProfileStore().save(profile)
+
+    async def go():
+        app = await Serve.start(profile.name, proxy=False)
+        leftover = None
+        try:
+            async with httpx.AsyncClient(base_url=profile.url, trust_env=False, timeout=60) as h:
+                r = await h.post("/completion", json={"prompt": SYSTEMS["A"], "n_predict": 2, "id_slot": 0,
+                                                      "cache_prompt": True})
+                assert r.status_code == 200 and r.json()["timings"]["prompt_n"] > 100
+                leftover = find_leftover_server(pid_record_path(profile.name))
+                assert leftover is not None and leftover.url.endswith(f":{profile.port}")
+                await app.kill()
+                assert leftover.is_alive()
+
+                app = await Serve.start(profile.name, proxy=False)
+                assert not leftover.is_alive(), "the restarted app left the killed app's server running"
+                assert any("adopted: 0 conversation(s) saved" in line and "1 other slot(s) parked" in line
+                           for line in app.lines), app.lines
+                plan = load_resume_plan(profile.name)
+                assert [e.slot for e in plan] == [0], plan
+                now = find_leftover_server(pid_record_path(profile.name))
+                assert now is not None and now.pid != leftover.pid and now.url == leftover.url
+                assert (await h.get("/health")).status_code == 200  # the new server, on the same port
+        finally:
+            await app.end(profile.name, leftover)
 
     asyncio.run(go())

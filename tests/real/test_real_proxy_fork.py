@@ -1,0 +1,118 @@
+"""The conversation proxy on the turboquant fork's behaviour (KV Valet's sidecar build run with
+KVV_SIDECAR_MODE=fork), driven by the real `openai` client: three conversations over two slots,
+server restarts, each returning conversation judged from the server's own ``cache_n``/``prompt_n``.
+
+What the fork at #206 does (``shared/reference/llama-server.md``, "The turboquant fork itself"):
+it writes PKCL v1 sidecars and loads them on a restore (the park comes back with its checkpoints:
+HIT); with no usable sidecar it silently makes a tip checkpoint over the restored tokens, which a
+chat client's re-rendered tail cannot use (a full re-prefill: MISS); and a restore KEEPS the slot's
+earlier checkpoints, so a park without a sidecar restored into a slot another chat used in the same
+process rolls back onto that chat's checkpoint (a reuse of the wrong sliding-window state, which
+the proxy must name, not call a restore "without checkpoints" that could not reuse anything).
+
+A missing sidecar is made by deleting a park's ``.ckpt`` (as after "failed to write checkpoint
+sidecar"); everything else is the real server's own doing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from app.core.conversation import Cause, RequestVerdict
+from app.proxy.explain import SLACK
+from app.server.sidecar import read_facts
+from tests.conftest import free_port
+from tests.real.test_real_proxy import SYSTEMS, Proxied, rotate, turn
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.real_server
+
+
+@pytest.fixture
+def fork_profile(real_profile, sidecar_server_bin, monkeypatch):
+    monkeypatch.setenv("KVV_SIDECAR_MODE", "fork")
+    return real_profile.replace(name="fork", server_binary=str(sidecar_server_bin), proxy=True)
+
+
+def park_of(profile, conv_id: str) -> Path:
+    return Path(profile.slot_save_path) / f"proxy-{conv_id}.bin"
+
+
+def hide_sidecar(profile, conv_id: str) -> None:
+    """The park loses its sidecar (a write that failed): the state file alone is restored."""
+    ckpt = park_of(profile, conv_id).with_name(park_of(profile, conv_id).name + ".ckpt")
+    assert ckpt.is_file(), ckpt
+    ckpt.unlink()
+
+
+def log_since(p: Proxied, seq: int) -> list[str]:
+    return [line.event.line for line in p.handle.supervisor.log.since(seq)]
+
+
+def last_seq(p: Proxied) -> int:
+    lines = p.handle.supervisor.log.since(0)
+    return lines[-1].seq if lines else 0
+
+
+def test_fork_conversations_after_restarts_are_judged_as_the_fork_behaves(fork_profile):
+    async def go():
+        # -- server 1: A, B, C over two slots; A comes back from its park (PKCL v1 sidecar loaded)
+        async with Proxied(fork_profile) as p:
+            first, back_a, _ = await rotate(p)
+            assert back_a.verdict is RequestVerdict.HIT, back_a
+            assert p.proxy._backend.checkpoints_loaded[back_a.slot] is True  # predicted: the fork loads it
+            report = await p.stop()  # park every conversation before the restart
+            assert report.stopped and report.complete
+        convs = {name: rec.conversation for name, (_, rec) in first.items()}
+        for name, conv in convs.items():
+            facts = read_facts(park_of(fork_profile, conv))
+            assert (facts.kind, facts.version) == ("PKCL", 1) and facts.count, (name, facts)  # the fork's v1
+        msgs = {name: turn(SYSTEMS[name], ("What is the first word?", first[name][0]), ("And the second?", "x"),
+                           question="And then?") for name in "ABC"}
+        hide_sidecar(fork_profile, convs["A"])
+
+        # -- server 2 (a new process, a new app): B and C come back warm; A, without its sidecar, goes
+        # into B's slot, whose checkpoints the fork kept across the restore
+        async with Proxied(fork_profile.replace(port=free_port())) as p2:
+            _, rb = await p2.ask(msgs["B"])
+            _, rc = await p2.ask(msgs["C"])
+            for rec, name in ((rb, "B"), (rc, "C")):
+                assert rec.conversation == convs[name] and rec.restored_from == f"proxy-{convs[name]}", rec
+                assert rec.verdict is RequestVerdict.HIT, rec
+                assert rec.cache_n >= rec.expected_reuse - SLACK and rec.prompt_n < 100, rec  # a small delta
+                assert p2.proxy._backend.checkpoints_loaded[rec.slot] is True
+            assert any("restored" in line and "context checkpoints from sidecar" in line for line in log_since(p2, 0))
+            seq = last_seq(p2)
+            _, ra = await p2.ask(msgs["A"])
+            assert ra.conversation == convs["A"] and ra.restored_from == f"proxy-{convs['A']}", ra
+            assert ra.slot == rb.slot  # the least recently used slot: B's, with B's checkpoints in it
+            assert p2.proxy._backend.checkpoints_loaded[ra.slot] is False  # predicted: no sidecar to load
+            # the fork rolled back onto B's checkpoint: a reuse no checkpoint of A's could give
+            assert any("restored context checkpoint" in line for line in log_since(p2, seq)), log_since(p2, seq)
+            assert ra.cache_n > SLACK and ra.verdict is not RequestVerdict.MISS, ra
+            assert ra.explanation is not None and ra.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS, ra
+            assert "kept from another chat" in ra.explanation.detail, ra.explanation
+            assert f"proxy-{convs['B']}" in ra.explanation.detail, ra.explanation
+            report = await p2.stop()
+            assert report.stopped and report.complete
+        hide_sidecar(fork_profile, convs["A"])  # A's new park holds checkpoints again: hidden once more
+
+        # -- server 3: A alone, into a slot no chat used in this process: the silent tip, a full re-prefill
+        async with Proxied(fork_profile.replace(port=free_port())) as p3:
+            seq = last_seq(p3)
+            a_msgs = turn(SYSTEMS["A"], ("What is the first word?", first["A"][0]), ("And the second?", "x"),
+                          ("And then?", "y"), question="And after that?")
+            _, ra3 = await p3.ask(a_msgs)
+            assert ra3.conversation == convs["A"] and ra3.restored_from == f"proxy-{convs['A']}", ra3
+            assert p3.proxy._backend.checkpoints_loaded[ra3.slot] is False
+            assert p3.proxy._backend.hazards[ra3.slot] is None  # no other chat's checkpoints in that slot
+            assert any("created context checkpoint" in line and "task -1" in line for line in log_since(p3, seq))
+            assert ra3.verdict is RequestVerdict.MISS and ra3.cache_n <= SLACK, ra3
+            assert ra3.prompt_n >= ra3.expected_reuse - SLACK, ra3  # everything processed again
+            assert ra3.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS, ra3.explanation
+            assert "kept from another chat" not in ra3.explanation.detail
+
+    asyncio.run(go())

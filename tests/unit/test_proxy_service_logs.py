@@ -1,0 +1,25 @@
+"""The proxy's log after a server kill: a request cut short by it finds /slots unreachable, which is
+an expected way for a request to end, said in one line (no traceback)."""
+
+from __future__ import annotations
+
+import logging
+
+from app.proxy.service import ProxyService
+from app.server.client import ServerUnreachable
+
+
+class _GoneServers:
+    async def sessions(self, target_id):
+        raise ServerUnreachable("http://127.0.0.1:9", "connection refused")
+
+
+async def test_slots_unreachable_after_a_kill_is_one_log_line(caplog):
+    proxy = ProxyService.__new__(ProxyService)  # only what _tokens_in touches
+    proxy.servers, proxy.target_id = _GoneServers(), "profile:real"
+    with caplog.at_level(logging.WARNING, logger="app.proxy.service"):
+        assert await proxy._tokens_in(1) is None
+    [rec] = caplog.records
+    assert rec.exc_info is None and "\n" not in rec.getMessage()
+    assert rec.getMessage() == ("cannot read /slots after a cut-short request on slot 1: "
+                                "cannot reach http://127.0.0.1:9: connection refused")
