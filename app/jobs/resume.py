@@ -48,6 +48,16 @@ class ResumeNeedsConfirmation(Exception):
         super().__init__("; ".join(self.warnings))
 
 
+class ResumeHazard(ResumeRefused):
+    """Refused because the restore would roll back onto another chat's context checkpoints (a build
+    that keeps a slot's checkpoints across a restore, and no usable sidecar): asked for by a caller
+    that re-processes instead (the conversation proxy)."""
+
+    def __init__(self, hazard: str):
+        self.hazard = hazard
+        super().__init__([hazard])
+
+
 class ResumeFailed(Exception):
     """The server refused the restore (the slot is now empty: a failed restore clears it)."""
 
@@ -273,7 +283,7 @@ def clean_slot(target: ServerTarget, rows: list[SlotRow], record: SessionRecord)
 
 
 async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
-                         force: bool = False) -> ResumeResult:
+                         force: bool = False, avoid_hazard: bool = False) -> ResumeResult:
     """Restore session ``name`` into ``slot_id`` (None: :func:`app.jobs.slots.default_slot`).
 
     Raises ResumeRefused (cannot work), ResumeNeedsConfirmation (would work, with
@@ -281,10 +291,11 @@ async def resume_session(target: ServerTarget, name: str, slot_id: int | None = 
     """
     record = find_session(target.catalog, target.profile_name, name)
     label = f"Resume '{name}'" + (f" into slot {slot_id}" if slot_id is not None else "")
-    return await target.queue.run(label, lambda: _resume(target, record, slot_id, force))
+    return await target.queue.run(label, lambda: _resume(target, record, slot_id, force, avoid_hazard))
 
 
-async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool) -> ResumeResult:
+async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool,
+                  avoid_hazard: bool = False) -> ResumeResult:
     rows = await target.slot_rows()
     chosen = slot_id is None
     if slot_id is None:
@@ -300,6 +311,8 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
             pf = await preflight(target, record, slot_id, rows=rows)
     if pf.refusals:
         raise ResumeRefused(pf.refusals)
+    if avoid_hazard and pf.hazard:
+        raise ResumeHazard(pf.hazard)
     if pf.warnings and not force:
         raise ResumeNeedsConfirmation(pf.warnings, pf)
     id_task_before = pf.slot.id_task if pf.slot is not None else None

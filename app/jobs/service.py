@@ -349,14 +349,15 @@ class SessionService:
         return await self.park_then_stop(prefix)
 
     # -- resume ------------------------------------------------------------------
-    async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False) -> ResumeResult:
+    async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
+                     avoid_hazard: bool = False) -> ResumeResult:
         """Restore session ``name`` into ``slot_id`` (None: the default slot).
 
         Raises ResumeRefused (cannot work), ResumeNeedsConfirmation (works, with
         costs: pass force=True), ResumeFailed (the server refused). On success the
         session's verdict is UNKNOWN until the next query on the slot is judged.
         """
-        result = await resume_session(self.target, name, slot_id, force=force)
+        result = await resume_session(self.target, name, slot_id, force=force, avoid_hazard=avoid_hazard)
         rec = result.record
         if rec.id is not None:
             self.catalog.update_verdict(rec.id, VerdictKind.UNKNOWN, "no query on this slot since the restore yet")

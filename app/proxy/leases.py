@@ -121,6 +121,11 @@ class SlotBackend(Protocol):
         ...
 
 
+class RestoreAvoided(Exception):
+    """The backend did not restore the park, on purpose (the restore would have been unsafe): unlike
+    a failed restore the slot is untouched and the park is kept for a later, safe restore."""
+
+
 class SlotState(enum.Enum):
     FREE = "free"  # holds nothing the proxy knows of
     RESTORING = "restoring"  # leased; a park is being restored into it
@@ -157,6 +162,7 @@ class Lease:
     conversation: str
     restored_from: str | None = None  # the park restored into the slot first
     restore_failed: bool = False  # a restore was tried and failed: the slot was emptied
+    restore_avoided: str | None = None  # why the park was not restored although it pays (the request re-processes)
     evicted: str | None = None  # the conversation this lease took the slot from
     slot_context: SlotContext = field(default_factory=SlotContext)
     interrupted: Cause | None = None  # the server restarted / slept while the slot was leased
@@ -575,7 +581,7 @@ class SlotLeases:
                 self._journal("restoring", slot, park=name, touched=touched)
                 touched = []
                 restored_tokens = await self._restore(slot, conv, lease, name)
-                restored = not lease.restore_failed
+                restored = not lease.restore_failed and lease.restore_avoided is None
                 if restored:
                     lease.restored_from = name
             else:
@@ -596,6 +602,12 @@ class SlotLeases:
         epoch = self._epoch
         try:
             n = await self._backend.restore(slot.index, name)
+        except RestoreAvoided as e:  # the park stays; the request processes its prompt anew
+            log.info("slot %d: park %s of conversation %s not restored: %s", slot.index, name, conv.id, e)
+            lease.restore_avoided = str(e)
+            slot.n_tokens = 0
+            self._journal("restore_avoided", slot, park=name, detail=str(e), touched=[conv], state=SlotState.BUSY)
+            return 0
         except asyncio.CancelledError:
             self._restore_failed(slot, conv, lease, name, "cancelled")
             self._leases.pop(lease.id, None)  # the request will not run: the slot is given back, empty

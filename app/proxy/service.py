@@ -30,7 +30,8 @@ from app.proxy import explain as explain_mod
 from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
-from app.proxy.leases import Lease, SlotLeases
+from app.jobs.resume import ResumeHazard
+from app.proxy.leases import Lease, RestoreAvoided, SlotLeases
 from app.proxy.model import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
 from app.store.conversations import ConversationStore
 
@@ -68,7 +69,11 @@ class SessionBackend:
         return result.record.n_tokens if result.record is not None else 0
 
     async def restore(self, slot: int, name: str) -> int:
-        result = await (await self._svc()).resume(name, slot, force=True)
+        try:
+            # never onto another chat's checkpoints (the fork keeps a slot's across a restore): re-process
+            result = await (await self._svc()).resume(name, slot, force=True, avoid_hazard=True)
+        except ResumeHazard as e:
+            raise RestoreAvoided(e.hazard) from None
         # did the restore bring context checkpoints back (a sidecar this build loads)? None: not known
         # or not needed (a dense model keeps every position)
         self.checkpoints_loaded[slot] = result.prediction.loads if result.prediction is not None else None
@@ -350,6 +355,8 @@ class ProxyService:
         if why is not None and lease.slot_context.ram_tokens and why.cause in (Cause.IDLE_SLOT_CLEARED,
                                                                               Cause.SLOT_TAKEN):
             why = explain_mod.ram_cache_missed(why, lease.slot_context.ram_tokens)
+        if lease.restore_avoided and verdict is not RequestVerdict.HIT:
+            why = _restore_avoided(conv.parked_as, lease.restore_avoided)
         if p.restore_hazard and lease.restore_had_checkpoints is False and (t.cache_n or 0) > explain_mod.SLACK:
             why = _foreign_checkpoint(lease.restored_from, t.cache_n, p.restore_hazard)
         rate = self._prefill_ms_per_token()
@@ -478,6 +485,15 @@ class ProxyService:
             return await self.leases.forget(conv_id)
         return self.store.forget(conv_id)
 
+
+
+def _restore_avoided(park: str | None, hazard: str) -> Explanation:
+    """A park not restored because it would have rolled back onto another chat's checkpoints."""
+    return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS,
+                       f"The park {park!r} has no context checkpoints this build loads, and {hazard.split(':')[0]}: "
+                       f"restoring it there could answer from the wrong conversation, so the proxy did not restore "
+                       f"it and the prompt was processed anew. A restart of the server, or a park with a sidecar, "
+                       f"makes it safe again.")
 
 
 def _foreign_checkpoint(restored_from: str | None, cache_n: int, hazard: str) -> Explanation:

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from app.proxy.leases import (
+from app.proxy.leases import (RestoreAvoided, 
     SlotLeases,
     SlotState,
     open_conversation_store,
@@ -31,6 +31,7 @@ class FakeBackend:
         self.calls: list[tuple] = []
         self.fail_save: set[int] = set()
         self.fail_restore: set[str] = set()
+        self.avoid_restore: dict[str, str] = {}  # park -> why the backend will not restore it (slot untouched)
         self.gates: dict[tuple[str, int], asyncio.Event] = {}
         self.store = store
         self.journal_at_call: list[tuple[str, str | None]] = []
@@ -55,6 +56,8 @@ class FakeBackend:
         self._note("restore")
         if gate := self.gates.get(("restore", slot)):
             await gate.wait()
+        if name in self.avoid_restore:
+            raise RestoreAvoided(self.avoid_restore[name])
         if name in self.fail_restore or name not in self.parks:
             self.slot_tokens[slot] = 0  # a failed restore empties the slot
             raise RuntimeError("Unable to restore slot: No available space in KV cache or invalid slot save file")
@@ -215,6 +218,31 @@ async def test_a_failed_restore_empties_the_slot_and_the_request_reprefills(stor
     assert entries[-2:] == [("restore_failed", "free"), ("acquired", "busy")]
     leases.release(lease, 110, ok=True)
     assert leases.state(0) is SlotState.IDLE_DIRTY and a.slot == 0
+
+
+async def test_an_avoided_restore_keeps_the_park_and_the_request_reprocesses(store):
+    """The backend declines a restore that would be unsafe (the fork would roll back onto another
+    chat's checkpoints): unlike a failure the park is kept, and restored later where it is safe."""
+    be = FakeBackend(store)
+    leases = make(1, backend=be, store=store)
+    a, b = conv("A"), conv("B")
+    await turn(leases, be, a, 100)
+    await turn(leases, be, b, 100)
+    be.avoid_restore["proxy-A"] = "slot 0 still holds the context checkpoints of session 'proxy-B': ..."
+    lease = await leases.acquire(a, 110)
+    assert lease.restore_avoided and "proxy-B" in lease.restore_avoided
+    assert lease.restored_from is None and not lease.restore_failed and not lease.slot_context.restored
+    assert a.parked_as == "proxy-A" and ("delete", "proxy-A") not in be.calls  # kept
+    assert [(e.event, e.state) for e in store.journal_entries(PROFILE)][-2:] == [("restore_avoided", "busy"),
+                                                                                 ("acquired", "busy")]
+    leases.release(lease, 110, ok=True)
+    assert leases.state(0) is SlotState.IDLE_DIRTY and a.slot == 0
+    # later, where it is safe, the park is restored as usual
+    del be.avoid_restore["proxy-A"]
+    await turn(leases, be, b, 120)
+    again = await leases.acquire(a, 120)
+    assert again.restored_from == "proxy-A" and again.restore_avoided is None
+    leases.release(again, 120, ok=True)
 
 
 async def test_a_failed_save_takes_the_next_lru_slot(store):
