@@ -99,6 +99,18 @@ class Sshd:
                           ssh_config=[], use_agent=False)
 
 
+@pytest.fixture(autouse=True)
+def _a_fresh_remote_machine(request):
+    """Each test that uses the sshd finds the "other machine" as a new user would: no kv-valet
+    profiles, sessions or state there (the sshd itself is shared by the session). Every test stops
+    the remote servers it starts, so nothing runs from these folders between tests."""
+    if "sshd" in request.fixturenames:
+        server: Sshd = request.getfixturevalue("sshd")
+        for folder in (server.remote_config, server.remote_data, server.remote_home / ".local" / "state" / "kv-valet"):
+            shutil.rmtree(folder, ignore_errors=True)
+    yield
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory) -> Sshd:
     with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
