@@ -34,6 +34,7 @@ class Cause(enum.StrEnum):
     SERVER_SLEPT = "the server slept (its context was destroyed)"
     RESTORE_WITHOUT_CHECKPOINTS = "the restore brought no context checkpoints back (no usable sidecar)"
     RESTORE_FAILED = "the restore failed: the slot was emptied"
+    PARK_NOT_ITS_OWN = "its park held other tokens than the request's (not restored)"
     UNKNOWN = "not known"
 
 

@@ -13,6 +13,7 @@ re-processed more than it had to, says why (:mod:`app.proxy.explain`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -31,7 +32,10 @@ from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
 from app.jobs.resume import ResumeHazard
-from app.proxy.leases import Lease, RestoreAvoided, SlotLeases
+from app.jobs.watch import common_prefix
+from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name
+from app.server.client import ServerError, ServerUnreachable
+from app.server.statefile import StateFileError, read_state_tokens
 from app.proxy.model import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
 from app.store.conversations import ConversationStore
 
@@ -60,6 +64,8 @@ class SessionBackend:
         # a restore with no usable sidecar into a slot holding another chat's checkpoints, on a build
         # that keeps them across a restore (the turboquant fork): the session service's warning, or None
         self.hazards: dict[int, str | None] = {}
+        # park name -> (path, body) of the request a restore of that park is for: the final check
+        self.requests: dict[str, tuple[str, dict]] = {}
 
     async def _svc(self):
         return await self.servers.sessions(self.handle.id)
@@ -69,6 +75,8 @@ class SessionBackend:
         return result.record.n_tokens if result.record is not None else 0
 
     async def restore(self, slot: int, name: str) -> int:
+        if name in self.requests:
+            await self._check_tokens(name, *self.requests[name])
         try:
             # never onto another chat's checkpoints (the fork keeps a slot's across a restore): re-process
             result = await (await self._svc()).resume(name, slot, force=True, avoid_hazard=True)
@@ -79,6 +87,33 @@ class SessionBackend:
         self.checkpoints_loaded[slot] = result.prediction.loads if result.prediction is not None else None
         self.hazards[slot] = result.hazard
         return result.n_restored
+
+    async def _check_tokens(self, name: str, path: str, body: dict) -> None:
+        """The final check before a restore: the park's own tokens (its state file) against the request's
+        prompt as the server tokenises it. A park that shares next to nothing with the request is not this
+        conversation's (an identity the messages got wrong): not restored (RestoreAvoided). When the check
+        cannot be made (no endpoint, an unreadable file) the restore goes on as decided."""
+        svc = self.handle.sessions
+        rec = svc.catalog.get(svc.profile_name, name) if svc is not None else None
+        if rec is None:
+            return
+        try:
+            saved = await asyncio.to_thread(read_state_tokens, rec.state_path)
+            if path in CHAT_PATHS:
+                text = await self.handle.client.apply_template(
+                    {k: v for k, v in body.items() if k in ("messages", "tools", "chat_template_kwargs")})
+            else:
+                text = body.get("prompt")
+                if not isinstance(text, str):
+                    return
+            prompt = [t for t, _piece in await self.handle.client.tokenize_pieces(text)]
+        except (StateFileError, OSError, ServerError, ServerUnreachable, KeyError, TypeError) as e:
+            log.info("park %s: its tokens were not checked against the request (%s)", name, e)
+            return
+        shared = shared_prefix(saved, prompt)
+        if len(saved) > explain_mod.SLACK and shared <= explain_mod.SLACK:
+            raise RestoreAvoided(f"the park's own tokens are not this request's: they share {shared} of its "
+                                 f"{len(saved):,} tokens with the prompt")
 
     async def erase(self, slot: int) -> None:
         await self.handle.client.erase_slot(slot)
@@ -276,7 +311,11 @@ class ProxyService:
         estimate = max(1, len(json.dumps(body.get("messages") or body.get("prompt") or "")) // CHARS_PER_TOKEN)
         held_before = conv.n_tokens  # what it held after its last reply, wherever that is now
         assert self.leases is not None
-        lease = await self.leases.acquire(conv, estimate)
+        self._backend.requests[park_name(conv.id)] = (path, body)  # for the final check of a restore
+        try:
+            lease = await self.leases.acquire(conv, estimate)
+        finally:
+            self._backend.requests.pop(park_name(conv.id), None)
         if self.watch is not None:
             await self.watch.before_dispatch()  # the server clears idle slots: the others are saved first
         hazard = None
@@ -356,7 +395,9 @@ class ProxyService:
                                                                               Cause.SLOT_TAKEN):
             why = explain_mod.ram_cache_missed(why, lease.slot_context.ram_tokens)
         if lease.restore_avoided and verdict is not RequestVerdict.HIT:
-            why = _restore_avoided(conv.parked_as, lease.restore_avoided)
+            # what the messages say changed comes first: had the slot been kept, it would have cost the same
+            found = explain_mod.explain_messages(p.previous, p.messages) if p.previous is not None else None
+            why = _restore_avoided(conv.parked_as, lease.restore_avoided, found or why)
         if p.restore_hazard and lease.restore_had_checkpoints is False and (t.cache_n or 0) > explain_mod.SLACK:
             why = _foreign_checkpoint(lease.restored_from, t.cache_n, p.restore_hazard)
         rate = self._prefill_ms_per_token()
@@ -486,9 +527,22 @@ class ProxyService:
         return self.store.forget(conv_id)
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Tokens ``a`` and ``b`` share from the start; one leading token may be the other's BOS alone."""
+    return max(common_prefix(a, b), common_prefix(a[1:], b), common_prefix(a, b[1:]))
 
-def _restore_avoided(park: str | None, hazard: str) -> Explanation:
-    """A park not restored because it would have rolled back onto another chat's checkpoints."""
+
+def _restore_avoided(park: str | None, why: str, found: Explanation | None) -> Explanation:
+    """A park not restored on purpose: its tokens are not the request's (``found``: what the messages
+    say changed, kept as the cause when they say it), or it would have rolled back onto another chat's
+    checkpoints."""
+    if why.startswith("the park's own tokens"):
+        text = (f"The proxy did not restore {park!r}: {why}. The prompt was processed anew, and the park is "
+                f"replaced at the next save.")
+        if found is not None and found.cause is not Cause.UNKNOWN:
+            return dataclasses.replace(found, detail=f"{found.detail} {text}" if found.detail else text)
+        return Explanation(Cause.PARK_NOT_ITS_OWN, text)
+    hazard = why
     return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS,
                        f"The park {park!r} has no context checkpoints this build loads, and {hazard.split(':')[0]}: "
                        f"restoring it there could answer from the wrong conversation, so the proxy did not restore "
