@@ -27,6 +27,7 @@ def add_commands(sub) -> None:
     pk.add_argument("--save-dir", default=None, help="the server's --slot-save-path (required for a URL)")
     pk.add_argument("--and-stop", action="store_true", help="with --all: then stop the server and remember "
                                                            "the slots for resume-all")
+    pk.add_argument("--json", action="store_true", help="print one JSON object (errors too, same exit status)")
     add_key_option(pk)
     add_host_option(pk)
     pk.set_defaults(run=host_aware(lambda a: _run(cmd_park, a)))
@@ -38,6 +39,7 @@ def add_commands(sub) -> None:
                     help="slot id (default: the slot it was parked from if empty, else the first empty slot)")
     rs.add_argument("--yes", action="store_true", help="resume despite warnings (slot not empty, re-prefill)")
     rs.add_argument("--save-dir", default=None, help="the server's --slot-save-path (required for a URL)")
+    rs.add_argument("--json", action="store_true", help="print one JSON object (errors too, same exit status)")
     add_key_option(rs)
     add_host_option(rs)
     rs.set_defaults(run=host_aware(lambda a: _run(cmd_resume, a)))
@@ -99,11 +101,52 @@ def open_catalog():
 
 
 def _run(cmd, args) -> int:
+    if getattr(args, "json", False):
+        return _json_errors(lambda: _call(cmd, args))
+    return _call(cmd, args)
+
+
+def _call(cmd, args) -> int:
     catalog = open_catalog()
     try:
         return asyncio.run(cmd(args, catalog))
     finally:
         catalog.close()
+
+
+def _json_errors(run) -> int:
+    """``run()`` for a command given ``--json``: a failure is one JSON object on stdout too
+    (``{"ok": false, "error", "details", "exit"}``), and the exit status stays what it would be."""
+    try:
+        return run()
+    except CliError as e:
+        return _json_error(str(e), e.details, e.exit)
+    except Exception as e:  # report: as JSON, as app.cli.main reports it on stderr (a profile's errors too)
+        return _json_error(str(e), [], Exit.FAIL)
+
+
+def _json_error(message: str, details: list[str], status: int) -> int:
+    print(json.dumps({"ok": False, "error": message, "details": list(details), "exit": int(status)},
+                     ensure_ascii=False))
+    return status
+
+
+def _sizes_and_files(rec) -> dict:
+    """A session's sizes and the files it is made of, as ``park|resume --json`` print them."""
+    return {"state_size": rec.state_size, "sidecar_size": rec.sidecar_size, "size": rec.state_size + rec.sidecar_size,
+            "files": [str(rec.state_path)] + ([str(Path(rec.save_dir) / rec.sidecar_file)] if rec.sidecar_file else [])}
+
+
+def park_json(r, profile: str) -> dict:
+    """One park's outcome (app.jobs.park.ParkResult) as ``park --json`` prints it."""
+    rec = r.record
+    d = {"ok": r.ok, "slot": r.slot_id,
+         "error": r.error, "warnings": list(r.warnings), "unchanged": r.unchanged, "profile": profile}
+    if rec is not None:
+        d.update(session=rec.name, slot=rec.slot_id, tokens=rec.n_tokens, **_sizes_and_files(rec),
+                 save_ms=rec.save_ms, sidecar={"status": str(rec.sidecar_status), "reason": rec.sidecar_reason,
+                                                "checkpoints": rec.sidecar_count})
+    return d
 
 
 async def connect(catalog, target_arg: str, *, save_dir: str | None = None, api_key: str | None = None,
@@ -151,6 +194,13 @@ async def cmd_park(args, catalog) -> int:
                 results = [await svc.park(args.slot, args.name)]
             except ServiceError as e:
                 results = [ParkResult(None, None, [], args.slot, str(e))]
+        if args.json:
+            if stopped is False:
+                raise CliError("not stopping the server: a slot was not parked (its tokens would be lost)")
+            parked = [park_json(r, svc.profile_name) for r in results]
+            print(json.dumps({"ok": all(r.ok for r in results), "profile": svc.profile_name, "sessions": parked,
+                              "stopped": stopped, **(parked[0] if len(parked) == 1 else {})}, ensure_ascii=False))
+            return Exit.FAIL if any(not r.ok for r in results) else Exit.OK
         if not results:
             print("no slot holds tokens: nothing to park")
         for r in results:
@@ -184,6 +234,12 @@ async def cmd_resume(args, catalog) -> int:
                            details=e.warnings) from None
         except ResumeFailed as e:
             raise CliError(str(e)) from None
+        if args.json:
+            rec = res.record
+            print(json.dumps({"ok": True, "session": rec.name, "profile": svc.profile_name, "slot": res.slot_id,
+                              "tokens": res.n_restored, "restore_ms": res.restore_ms, **_sizes_and_files(rec),
+                              "warnings": list(res.warnings), "hazard": res.hazard}, ensure_ascii=False))
+            return Exit.OK
         print(f"resumed '{res.record.name}' into slot {res.slot_id}: {res.n_restored:,} tokens "
               f"in {res.restore_ms:,.1f} ms")
         for w in res.warnings:

@@ -7,8 +7,10 @@ what these decide:
   log in, run its ``kv-valet --version`` and list its profiles; the outcome in one sentence,
   a refusal with its remedy (app.remote.host.RemoteError's message).
 * :func:`session_records` / :func:`slot_rows_of` — the host's ``sessions list --json`` and
-  ``status --json`` as the Sessions tab's records and the slot chooser's rows.
-* :func:`park` / :func:`resume` — through the host's own ``kv-valet park|resume``.
+  ``status --json`` as the Sessions tab's records and the slot chooser's rows;
+  :func:`snapshot_of` — that status as the Monitor tab's snapshot; :func:`remote_state` /
+  :func:`state_text` — the status bar's "Ready on gpu-box".
+* :func:`park` / :func:`resume` — through the host's own ``kv-valet park|resume --json``.
 * :func:`restore_and_judge` — after a move, the session restored at the target and judged by a
   first query: ``SessionService.check`` here, ``kv-valet check --json`` on a host.
 """
@@ -88,16 +90,104 @@ def status_line(host: str, profile: str, status: dict) -> str:
     return " · ".join(parts)
 
 
+def remote_state(status: dict | None, row_state) -> "ServerState":
+    """The state of a host's server: Ready when its ``status --json`` says health ok, Loading
+    while it loads, else Stopped; ``row_state`` (the server list's) until the host answered."""
+    from app.core.states import ServerState
+
+    if not status:
+        return row_state
+    health = str(status.get("health") or "")
+    return ServerState.READY if health == "ok" else ServerState.LOADING if health == "loading" else \
+        ServerState.STOPPED
+
+
+def state_text(state, host: str) -> str:
+    """The status bar's words for a host's server: "Ready on gpu-box", "Stopped on gpu-box"."""
+    return f"{state} on {host}"
+
+
+def snapshot_of(status: dict, *, host: str, profile: str, taken_at: float):
+    """A host's ``kv-valet status PROFILE --json`` (app.monitor.snapshot.snapshot_to_dict) as the
+    Monitor tab's Snapshot: its slots (fill, tokens, state), its GPUs (VRAM used/total, the
+    server's share), its process and host RAM. Fields an older kv-valet lacks stay empty."""
+    from app.monitor.gpu import GpuSample, GpuSnapshot
+    from app.monitor.process import HostSample, ProcessSample
+    from app.monitor.snapshot import Snapshot
+    from app.monitor.warnings import MonitorWarning
+
+    g = status.get("gpu") or {}
+    gpus = tuple(GpuSample(**_known(GpuSample, d)) for d in g.get("gpus") or () if isinstance(d, dict))
+    gpu = GpuSnapshot(bool(g.get("available")), str(g.get("message") or ""), gpus, g.get("driver_version"))
+    p = status.get("process")
+    proc = ProcessSample(**{**_known(ProcessSample, p), "children_pids": tuple(p.get("children_pids") or ())}) \
+        if isinstance(p, dict) and "pid" in p else None
+    h = status.get("host") if isinstance(status.get("host"), dict) else {}
+    warnings = tuple(MonitorWarning(**_known(MonitorWarning, w)) for w in status.get("warnings") or ()
+                     if isinstance(w, dict))
+    return Snapshot(taken_at=taken_at, url=f"{profile} on {host}", health=str(status.get("health") or "not running"),
+                    slots=tuple(slot_rows_of(status)), slots_error=status.get("slots_error"), gpu=gpu, process=proc,
+                    host=HostSample(h.get("ram_total"), h.get("ram_used"), h.get("ram_available")),
+                    cache_ram_mib=status.get("cache_ram_mib"), warnings=warnings, error=status.get("error"))
+
+
+def _known(cls, d: dict) -> dict:
+    """``d``'s entries that are fields of dataclass ``cls``, the others absent: their defaults (or None)."""
+    missing = dataclasses.MISSING
+    return {f.name: d.get(f.name) for f in dataclasses.fields(cls)
+            if f.name in d or (f.default is missing and f.default_factory is missing)}
+
+
 async def park(host, profile: str, slot: int | None, name: str | None) -> str:
-    """Park ``slot`` of the host's ``profile`` server through its own ``kv-valet park``: what it said."""
-    argv = ["park", profile] + (["--slot", str(slot)] if slot is not None else []) + (["--name", name] if name else [])
-    return (await host.run_cli_text(argv, timeout=600)).strip()
+    """Park ``slot`` of the host's ``profile`` server through its own ``kv-valet park --json``:
+    the outcome in one sentence; a refusal raises RemoteError with the host's reason."""
+    argv = ["park", profile, "--json"] + (["--slot", str(slot)] if slot is not None else []) + \
+        (["--name", name] if name else [])
+    return park_text(host.name, await _json_of(host, argv))
 
 
 async def resume(host, profile: str, name: str, slot: int | None) -> str:
-    """Resume ``name`` into the host's ``profile`` server through its own ``kv-valet resume``."""
-    argv = ["resume", profile, name, "--yes"] + (["--slot", str(slot)] if slot is not None else [])
-    return (await host.run_cli_text(argv, timeout=600)).strip()
+    """Resume ``name`` into the host's ``profile`` server through its own ``kv-valet resume --json``."""
+    argv = ["resume", profile, name, "--yes", "--json"] + (["--slot", str(slot)] if slot is not None else [])
+    return resume_text(host.name, await _json_of(host, argv))
+
+
+async def _json_of(host, argv: list[str]) -> dict:
+    """What the host's ``kv-valet … --json`` answered; its refusal (``"ok": false``) as RemoteError."""
+    from app.remote.host import RemoteError
+
+    d = await host.run_cli(argv, timeout=600, ok_exits=(0, 1))
+    if not isinstance(d, dict):
+        raise RemoteError(f"`kv-valet {argv[0]} --json` on {host.name} answered no JSON object",
+                          kind="output", host=host.name)
+    if not d.get("ok", False):
+        reasons = [str(x) for x in d.get("details") or ()]
+        failed = [str(s.get("error")) for s in d.get("sessions") or () if s.get("error")]
+        raise RemoteError(" ".join([str(d.get("error") or "; ".join(failed) or "failed"), *reasons]),
+                          kind="command", host=host.name, exit_status=d.get("exit", 1), output=d)
+    return d
+
+
+def park_text(host_name: str, d: dict) -> str:
+    """A host's ``park --json`` answer in one sentence (per slot parked), with its warnings."""
+    from app.core.units import fmt_bytes
+
+    parts = []
+    for s in d.get("sessions") or ():
+        if s.get("unchanged"):
+            parts.append(f"Slot {s.get('slot')} on {host_name} is already parked as '{s.get('session')}' (unchanged).")
+        else:
+            parts.append(f"Parked slot {s.get('slot')} of '{s.get('profile')}' on {host_name} as '{s.get('session')}': "
+                         f"{s.get('tokens', 0):,} tokens, {fmt_bytes(s.get('size') or 0)}.")
+        parts += [f"Warning: {w}" for w in s.get("warnings") or ()]
+    return " ".join(parts) or f"No slot of '{d.get('profile')}' on {host_name} holds tokens: nothing to park."
+
+
+def resume_text(host_name: str, d: dict) -> str:
+    """A host's ``resume --json`` answer in one sentence, with its warnings."""
+    return " ".join([f"Resumed '{d.get('session')}' into slot {d.get('slot')} of '{d.get('profile')}' on {host_name}: "
+                     f"{d.get('tokens', 0):,} tokens in {d.get('restore_ms', 0):,.1f} ms.",
+                     *[f"Warning: {w}" for w in d.get("warnings") or ()]])
 
 
 async def restore_and_judge(endpoint, name: str, slot: int | None = None, *, server_service=None,

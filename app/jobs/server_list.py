@@ -474,3 +474,19 @@ def move_verdict(name: str, target: ServerRow, *, copy: bool, result=None, error
     if result.warnings:
         text += " Note: " + "; ".join(result.warnings) + "."
     return not result.source_kept, text
+
+
+def move_cancelled(name: str, target: ServerRow, *, copy: bool, committed=None) -> tuple[bool, str]:
+    """What a move or copy of ``name`` to ``target`` that the user cancelled left. ``committed``:
+    the result (app.jobs.move.MoveResult) ``move_session`` passed to ``on_committed`` when the
+    target had listed the session before the cancel landed (then both copies exist), else None."""
+    verb, where = ("copy" if copy else "move"), f"'{target.name}'" + (
+        f" on {target.host}" if target.host != THIS_MACHINE else "")
+    if committed is None:
+        return False, (f"Not {'copied' if copy else 'moved'} '{name}' to {where}: cancelled. "
+                       "The session is where it was; nothing was added there.")
+    done = (f"The {verb} of '{name}' was cancelled after it was copied to {where} as '{committed.record.name}' "
+            "(listed there, SHA-256 checked): ")
+    if copy:
+        return True, done + "the copy is complete."
+    return False, done + "both copies remain (delete one from the Sessions tab)."

@@ -353,6 +353,11 @@ class MonitorPanel(PausesWhenHidden, QWidget):
                                   f"(worst: {worst}) — open")
         self.health_badge.show()
 
+    def clear_shown(self, why: str) -> None:
+        """No snapshot for the server shown now (a host's, not answered yet): say why, no stale slots."""
+        self.slots_model.set_rows([])
+        _set_text(self.status_label, why)
+
     def request_tick(self) -> None:
         """Sample now (after a park/resume changed ``restored``)."""
         if self.sampler is not None:

@@ -18,7 +18,7 @@ import logging
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QMenu, QProgressDialog
 
-from app.jobs.server_list import THIS_MACHINE, ServerRow, move_targets, move_verdict
+from app.jobs.server_list import THIS_MACHINE, ServerRow, move_cancelled, move_targets, move_verdict
 from app.store.catalog import SessionRecord
 from app.ui.move_dialog import MoveDialog, ServerDropTarget, SessionDragger, session_mime
 from app.ui.session_dialogs import answer
@@ -137,8 +137,11 @@ class SessionMoves(QObject):
 
     async def move_or_copy(self, rec: SessionRecord, row: ServerRow, *, copy: bool,
                            restore: bool = False) -> tuple[bool, str]:
-        """Move (or copy) ``rec`` to ``row``'s profile, with a progress bar; the outcome is said,
-        with the verdict of a restore there when ``restore``."""
+        """Move (or copy) ``rec`` to ``row``'s profile, with a progress bar whose Cancel stops it; the
+        outcome is said, with the verdict of a restore there when ``restore``. A cancel that lands
+        after the target listed the session says that both copies remain (``on_committed``)."""
+        import asyncio
+
         from app.jobs.move import MoveCancelled, MoveError, move_session
 
         verb = "Copying" if copy else "Moving"
@@ -149,6 +152,16 @@ class SessionMoves(QObject):
         dialog.setMinimumDuration(0)
         dialog.setAutoClose(False)
         dialog.setAutoReset(False)
+        task, committed, cancel = asyncio.current_task(), [], {"asked": False, "moving": True}
+
+        def on_cancel() -> None:  # Cancel, Escape or the close box, while the move runs: stop it
+            if not cancel["moving"] or cancel["asked"]:
+                return
+            cancel["asked"] = True
+            if not committed:  # landing in the commit, the move waits for its outcome: on_committed says it
+                task.cancel()  # (once listed there, the source's deletion runs on: stopping it could lie)
+
+        dialog.canceled.connect(on_cancel)
         dialog.show()
 
         def on_progress(done: int, total: int) -> None:
@@ -160,16 +173,24 @@ class SessionMoves(QObject):
         try:
             target = self.endpoint(row)
             result = await move_session(self.source_endpoint(rec), rec.name, target, keep_source=copy,
-                                        on_progress=on_progress)
+                                        on_progress=on_progress, on_committed=committed.append)
         except MoveError as e:
             ok, text = move_verdict(rec.name, row, copy=copy, error=e)
+        except asyncio.CancelledError:
+            if not cancel["asked"]:
+                raise  # the window closes: not the user's Cancel
+            task.uncancel()
+            ok, text = move_cancelled(rec.name, row, copy=copy, committed=committed[0] if committed else None)
         else:
             ok, text = move_verdict(rec.name, row, copy=copy, result=result)
+            if cancel["asked"]:
+                text += " (Cancel came after the session was listed there: too late to stop.)"
         finally:
+            cancel["moving"] = False  # closing the dialog emits canceled: not a cancel any more
             dialog.close()
             dialog.deleteLater()
             self.progress = None
-        if result is not None and restore:
+        if result is not None and restore and not cancel["asked"]:
             text += " " + await self._restore(target, result.record.name, row)
         self.panel._say(text, ok=ok, label="Move")
         self.panel.refresh()

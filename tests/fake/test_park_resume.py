@@ -636,3 +636,36 @@ def test_cli_resume_resets_the_verdict_and_uses_the_one_slot_rule(fake_server, t
             after = cat.get(rec.profile, "v")
         assert after.last_verdict is VerdictKind.UNKNOWN
         assert after.last_verdict_reason == "no query on this slot since the restore yet"
+
+
+def test_cli_park_resume_json(fake_server, tmp_path, capsys):
+    """``park|resume --json``: one JSON object each, errors included, exit status unchanged."""
+    write_model(tmp_path, dense=True)
+    slots = str(tmp_path / "slots")
+    with fake_server(FAKE_MODEL_KIND="dense") as (url, _):
+        run(_fill(url, 0))
+        assert cli_main(["park", url, "--slot", "0", "--name", "j one", "--save-dir", slots, "--json"]) == 0
+        p = json.loads(capsys.readouterr().out)
+        assert p["ok"] and p["session"] == "j one" and p["slot"] == 0 and p["tokens"] > 300
+        assert p["size"] == p["state_size"] + p["sidecar_size"]
+        assert p["state_size"] == Path(p["files"][0]).stat().st_size
+        assert p["sidecar"]["status"] == "not needed" and [s["session"] for s in p["sessions"]] == ["j one"]
+        assert cli_main(["park", url, "--slot", "7", "--save-dir", slots, "--json"]) == 1
+        bad = json.loads(capsys.readouterr().out)
+        assert not bad["ok"] and "slot 7 does not exist" in bad["error"] and bad["slot"] == 7
+        run(_fill(url, 1))
+        assert cli_main(["resume", url, "j one", "--slot", "1", "--save-dir", slots, "--json"]) == 1
+        out = capsys.readouterr()
+        e = json.loads(out.out)
+        assert not e["ok"] and e["exit"] == 1 and "--yes" in e["error"]
+        assert any("slot 1 holds" in d for d in e["details"])
+        assert out.err == ""
+        assert cli_main(["resume", url, "j one", "--slot", "1", "--yes", "--save-dir", slots, "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert r["ok"] and r["session"] == "j one" and r["slot"] == 1 and r["tokens"] == p["tokens"]
+        assert r["restore_ms"] >= 0 and r["files"] == p["files"] and isinstance(r["warnings"], list)
+        assert cli_main(["resume", url, "nope", "--save-dir", slots, "--json"]) == 1
+        nope = json.loads(capsys.readouterr().out)
+        assert "cannot resume 'nope'" in nope["error"] and "no parked session named 'nope'" in nope["details"][0]
+    assert cli_main(["resume", "no-such-profile", "x", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["ok"] is False

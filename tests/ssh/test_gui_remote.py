@@ -6,7 +6,8 @@ Driven as a user does: the host added through the Add a host dialog (refused fir
 key is not in known_hosts, with the remedy; added once it is), its row listed; its server
 started from the row's menu (the host's ``kv-valet service start``); a chat there parked by the
 host's own ``kv-valet park``; the remote row clicked: the Sessions tab lists the host's parked
-session; Park on that tab parks on the host; the session dragged onto this machine's row, moved
+session, the status bar says "Ready on box" and the Monitor tab shows the host's slots; Park on
+that tab parks on the host; the session dragged onto this machine's row, moved
 with "restore there and judge": it lands in this machine's catalog and folder (same SHA-256),
 leaves the host (its file gone), and the verdict is said (stock build, sliding-window model:
 DISCARDED, see tests/ssh/test_ssh_end_to_end.py). Cache health follows the selected server.
@@ -31,7 +32,7 @@ from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from tests.conftest import free_port, signal_future
 from tests.fake.gui_helpers import make_window
-from tests.fake.test_gui_server_list import click_row, listed, start_by_click
+from tests.fake.test_gui_server_list import click_row, listed, open_tab, start_by_click
 from tests.real.helpers import TEXT
 
 pytestmark = [pytest.mark.real_server, pytest.mark.gui]
@@ -122,6 +123,15 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             assert sessions.park_button.isEnabled() and "'there' on box: Ready" in sessions.hint.text()
             assert "not shown here" in w.log_panel.view.toPlainText()
             assert w.health_panel.shown == "box:there" and w.health_panel.table.rowCount() == 0
+            assert "Ready on box" in w.state_label.text() and "Server Stopped" not in w.state_label.text()
+
+            # the Monitor tab: the host's slots from its `kv-valet status there --json`, asked while seen
+            monitored = signal_future(w.remote_view.sig_monitor, lambda tid: tid == "box:there")
+            open_tab(qtbot, w, w.monitor_panel)
+            await asyncio.wait_for(monitored, 60)
+            assert w.monitor_panel.slots_model.rowCount() == there.parallel
+            assert "there on box" in w.monitor_panel.status_label.text() and "ok" in w.monitor_panel.status_label.text()
+            open_tab(qtbot, w, sessions)
 
             # Park on that tab parks on the host
             sessions.slot.setCurrentIndex(sessions.slot.findData(0))
