@@ -18,7 +18,10 @@ checkout's real ``kv-valet`` there), in throw-away config/data folders, and time
 
 Prints one line per figure and, last, one JSON object of every figure.
 
-    .venv/bin/python tests/bench/bench_move.py [--runs 5] [--mib 128] [--list-runs 10]
+``--ci`` is the quick mode CI runs (.ci/run): 5 runs of a 32 MiB session, 5 list runs; ``--json PATH``
+also writes the figures there.
+
+    .venv/bin/python tests/bench/bench_move.py [--runs 5] [--mib 128] [--list-runs 10] [--ci] [--json PATH]
 """
 
 from __future__ import annotations
@@ -173,9 +176,15 @@ async def listing(sshd, runs: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--mib", type=int, default=128, help="the session's size (64-256 MiB)")
-    ap.add_argument("--list-runs", type=int, default=10)
+    ap.add_argument("--mib", type=int, default=None, help="the session's size (64-256 MiB; 32 with --ci)")
+    ap.add_argument("--list-runs", type=int, default=None, help="default 10; 5 with --ci")
+    ap.add_argument("--ci", action="store_true", help="the quick mode CI runs: a 32 MiB session, 5 list runs")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures there")
     args = ap.parse_args()
+    if args.mib is None:
+        args.mib = 32 if args.ci else 128
+    if args.list_runs is None:
+        args.list_runs = 5 if args.ci else 10
     if args.runs < 5:
         ap.error("--runs must be at least 5")
     with tempfile.TemporaryDirectory(prefix="kvv-bench-") as d:
@@ -190,7 +199,10 @@ def main() -> None:
         with running_sshd(base) as sshd:
             figures = {"move": asyncio.run(transfers(sshd, args.runs, args.mib, work)),
                        "sessions_list": asyncio.run(listing(sshd, args.list_runs))}
-    print(json.dumps(figures, indent=1))
+    text = json.dumps(figures, indent=1)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
 
 
 if __name__ == "__main__":

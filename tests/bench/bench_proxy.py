@@ -39,10 +39,16 @@ ratio, on KV Valet's sidecar build (``KVV_SIDECAR_MODE=v2``, built by tests/side
 skipped with a note when it is missing) and on the stock build, where Gemma 3's sliding window
 cannot use a park restored without its checkpoints: no saving is expected there, only the restore.
 
-All figures go out as one JSON object (stdout's last block, and ``--json PATH``).
+All figures go out as one JSON object (stdout's last block, and ``--json PATH``). The exit status is 1
+when a request was lost (a stream without its final chunk, a failed parallel stream).
+
+``--ci`` is the quick mode CI runs (.ci/run): 10 latency runs, 1 round of the 16 parallel streams, 3
+conversations with a ~700-token system prompt (still past Gemma 3's 512-token sliding window), and the
+sidecar build required (its absence fails instead of skipping its figures). ``seconds`` in the JSON
+says how long each part took.
 
     .venv/bin/python tests/bench/bench_proxy.py [--runs 50] [--rounds 2] [--threads N] [--gc-freeze]
-                                                [--convs 4] [--json PATH] [--skip-latency] [--skip-restart]
+                                                [--convs 4] [--json PATH] [--skip-latency] [--skip-restart] [--ci]
 """
 
 from __future__ import annotations
@@ -277,18 +283,21 @@ async def latency(runs: int, rounds: int, threads: int | None, freeze: bool) -> 
 
 # -- time saved per returning conversation after a restart ----------------------------------------------
 
-SAVING_TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
-               "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 30
+SAVING_SENTENCES = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
+                    "When the owner returns, the valet reads the ticket and fetches the car without searching. ")
+SAVING_REPEAT, SAVING_REPEAT_CI = 30, 20  # ~1,000 tokens; ~700 in --ci (still past Gemma 3's 512-token window)
 
 
-def _turns(i: int, *exchanges: tuple[str, str], question: str) -> list[dict]:
-    msgs = [{"role": "system", "content": f"You are valet number {i}. Learn this manual by heart. " + SAVING_TEXT}]
+def _turns(i: int, *exchanges: tuple[str, str], question: str, repeat: int = SAVING_REPEAT) -> list[dict]:
+    manual = SAVING_SENTENCES * repeat
+    msgs = [{"role": "system", "content": f"You are valet number {i}. Learn this manual by heart. " + manual}]
     for q, a in exchanges:
         msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
     return msgs + [{"role": "user", "content": question}]
 
 
-async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int) -> dict:
+async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int,
+                         repeat: int = SAVING_REPEAT) -> dict:
     """``n_convs`` conversations over 2 slots behind the real proxy, a server restart, then each one's
     next turn: restored from its park (through the proxy) vs re-prefilled (no park); medians, ratio."""
     import httpx
@@ -321,7 +330,8 @@ async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int
         assert proxy is not None, "the server did not start"
         async with httpx.AsyncClient(trust_env=False, timeout=600) as h:
             for i in range(n_convs):  # more conversations than slots: they rotate through their parks
-                first[i], _, _ = await ask(h, proxy.http.url, _turns(i, question="What is the first word?"))
+                msgs = _turns(i, question="What is the first word?", repeat=repeat)
+                first[i], _, _ = await ask(h, proxy.http.url, msgs)
         await servers.park_then_stop(handle.id, StopTrigger.SERVE)
     finally:
         await servers.aclose()
@@ -335,14 +345,16 @@ async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int
         proxy.on_record(judged.put_nowait)
         async with httpx.AsyncClient(trust_env=False, timeout=600) as h:
             for i in range(n_convs):
-                msgs = _turns(i, ("What is the first word?", first[i]), question="And the second?")
+                msgs = _turns(i, ("What is the first word?", first[i]), question="And the second?",
+                              repeat=repeat)
                 _, ms, _ = await ask(h, proxy.http.url, msgs)
                 rec = await asyncio.wait_for(judged.get(), 60)
                 restored.append({"wall_ms": ms, "prompt_ms": rec.prompt_ms, "cache_n": rec.cache_n,
                                  "prompt_n": rec.prompt_n, "verdict": rec.verdict.value,
                                  "restored_from": rec.restored_from})
             for i in range(n_convs):  # the same turns with no park: the whole prompt processed again
-                msgs = _turns(i, ("What is the first word?", first[i]), question="And the second?")
+                msgs = _turns(i, ("What is the first word?", first[i]), question="And the second?",
+                              repeat=repeat)
                 _, ms, body = await ask(h, handle.url, msgs, cache_prompt=False)
                 t = body.get("timings") or {}
                 reprefill.append({"wall_ms": ms, "prompt_ms": t.get("prompt_ms"), "cache_n": t.get("cache_n"),
@@ -371,21 +383,30 @@ async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int
 
 
 async def main(args) -> dict:
-    figures: dict = {"uptime": _load()}
+    figures: dict = {"uptime": _load(), "seconds": {}}
+    t0 = time.perf_counter()
     if not args.skip_latency:
         figures["latency"] = await latency(args.runs, args.rounds, args.threads, args.gc_freeze)
+        figures["seconds"]["latency"] = round(time.perf_counter() - t0, 1)
     if not args.skip_restart:
         from app.server.discovery import find_server_binary
         from tests.real.sidecar_bin import sidecar_server_path
 
         saving = {}
+        repeat = SAVING_REPEAT_CI if args.ci else SAVING_REPEAT
         side = sidecar_server_path()
+        if side is None and args.ci:
+            raise SystemExit("sidecar build missing (tests/sidecar-server/build): --ci needs its restart figures")
         if side is None:
             print("sidecar build missing (tests/sidecar-server/build): its restart figures are skipped")
             saving["v2"] = None
         else:
-            saving["v2"] = await restart_saving("sidecar v2", str(side), "v2", args.convs)
-        saving["stock"] = await restart_saving("stock", find_server_binary("").path, None, args.convs)
+            t0 = time.perf_counter()
+            saving["v2"] = await restart_saving("sidecar v2", str(side), "v2", args.convs, repeat)
+            figures["seconds"]["restart_v2"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        saving["stock"] = await restart_saving("stock", find_server_binary("").path, None, args.convs, repeat)
+        figures["seconds"]["restart_stock"] = round(time.perf_counter() - t0, 1)
         if saving["stock"] is not None:
             print("stock: a park restored without its checkpoints buys nothing on Gemma 3's sliding window (the "
                   "verdicts say MISS): the restore is pure cost there, as expected")
@@ -403,17 +424,22 @@ def _load() -> str:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=50)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=None, help="latency runs (default 50; 10 with --ci)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of the parallel streams (default 2; 1 with --ci)")
     ap.add_argument("--threads", type=int, default=None, help="llama-server -t (default: its own choice)")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the set-up")
-    ap.add_argument("--convs", type=int, default=4, help="conversations over 2 slots for the restart figures")
+    ap.add_argument("--convs", type=int, default=None,
+                    help="conversations over 2 slots for the restart figures (default 4; 3 with --ci)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures there")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-restart", action="store_true")
+    ap.add_argument("--ci", action="store_true", help="the quick mode CI runs (see above)")
     args = ap.parse_args()
-    if args.runs < 20:
-        ap.error("--runs must be at least 20")
+    for name, full, quick in (("runs", 50, 10), ("rounds", 2, 1), ("convs", 4, 3)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.ci else full)
+    if args.runs < (5 if args.ci else 20):
+        ap.error("--runs must be at least 20 (5 with --ci)")
     if args.convs < 3:
         ap.error("--convs must be at least 3 (more conversations than the 2 slots)")
     with tempfile.TemporaryDirectory(prefix="kvv-bench-") as d:
@@ -425,3 +451,7 @@ if __name__ == "__main__":
     print(text)
     if args.json is not None:
         args.json.write_text(text + "\n")
+    lat = result.get("latency")
+    lost = 0 if lat is None else lat["streams_lost"] + sum(v["lost"] for v in lat["parallel_16"].values())
+    if lost:
+        sys.exit(f"{lost} request(s) lost")

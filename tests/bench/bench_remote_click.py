@@ -13,7 +13,10 @@ click on the row (``RemoteView.sig_loaded``'s seconds: the click's handler to th
 ``--runs`` of each (default 10), interleaved (a click on this machine's row between two), medians,
 and the cold/warm ratio. Prints one line, then one JSON object of every figure.
 
+``--ci`` is the quick mode CI runs (.ci/run): 5 runs; ``--json PATH`` also writes the figures there.
+
     QT_QPA_PLATFORM=offscreen .venv/bin/python tests/bench/bench_remote_click.py [--runs 10] [--sessions 50]
+                                                                           [--ci] [--json PATH]
 """
 
 from __future__ import annotations
@@ -99,9 +102,13 @@ async def clicks(window, source, runs: int, sessions: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=None, help="clicks of each kind (default 10; 5 with --ci)")
     ap.add_argument("--sessions", type=int, default=50)
+    ap.add_argument("--ci", action="store_true", help="the quick mode CI runs: 5 runs")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures there")
     args = ap.parse_args()
+    if args.runs is None:
+        args.runs = 5 if args.ci else 10
     if args.runs < 5:
         ap.error("--runs must be at least 5")
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -122,7 +129,8 @@ def main() -> None:
         app = QApplication.instance() or QApplication([])
         loop = qasync.QEventLoop(app)
         asyncio.set_event_loop(loop)
-        with running_sshd(base) as sshd:
+        # ``with loop``: closing it joins its executor's QThreads (left running, Qt aborts the process at exit)
+        with loop, running_sshd(base) as sshd:
             seed(sshd, args.sessions)
             window = MainWindow()
             window.confirm_quit = False
@@ -139,7 +147,10 @@ def main() -> None:
                     await window.shutdown()
 
             figures = loop.run_until_complete(go())
-    print(json.dumps(figures, indent=1))
+    text = json.dumps(figures, indent=1)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
 
 
 if __name__ == "__main__":
