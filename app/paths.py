@@ -19,6 +19,7 @@ import json
 import os
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
@@ -75,10 +76,23 @@ def chosen_data_dir() -> Path | None:
     a catalog and its sessions never move under a running app."""
     key = settings_path()
     if key not in _chosen_data_dirs:
-        from app.settings import load_or_defaults  # the same top layer; imported late (it imports us)
-
-        _chosen_data_dirs[key] = load_or_defaults(key)[0].data_path()
+        _chosen_data_dirs[key] = _data_folder_setting(key)
     return _chosen_data_dirs[key]
+
+
+def _data_folder_setting(path: Path) -> Path | None:
+    """``data_folder`` of the settings file (app.settings writes it), read here without the
+    settings module, which builds on this one: a missing file, an unreadable one or a value that is
+    not an absolute path is "none chosen" (the Preferences say what is wrong). Another key's bad value
+    does not move the data folder."""
+    try:
+        with open(path, "rb") as f:
+            value = tomllib.load(f).get("data_folder", "")
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(value, str) or not value or not os.path.isabs(os.path.expanduser(value)):
+        return None
+    return Path(os.path.expanduser(value))
 
 
 def data_dir() -> Path:

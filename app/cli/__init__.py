@@ -2,7 +2,7 @@
 
 One module per command group; each adds its parser and sets ``run``. The
 commands are thin: the workflows (park, resume, check) are the same Qt-free
-:class:`app.jobs.service.SessionService` the window uses, so a shutdown hook
+:class:`app.sessions.service.SessionService` the window uses, so a shutdown hook
 can park sessions without a display. Exit codes: :class:`app.cli.errors.Exit`.
 """
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit
     except Exception as e:  # report: a clear message on stderr, not a traceback (-v raises it)
         from app.core.profile import ProfileError
-        from app.jobs.service import ServiceError
+        from app.sessions.service import ServiceError
         from app.store.catalog import CatalogError
 
         if isinstance(e, ProfileError):

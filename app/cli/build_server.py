@@ -80,7 +80,7 @@ class _Progress:
 def cmd_build_server(args) -> int:
     from pathlib import Path
 
-    from app.jobs.server_build import BuildError, BuildRequest, built_status, detect_options, estimate_text
+    from app.tools.server_build import BuildError, BuildRequest, built_status, detect_options, estimate_text
 
     if args.status:
         built, line = built_status()
@@ -138,13 +138,13 @@ def cmd_build_server(args) -> int:
 
 
 async def _build(request, progress):
-    from app.jobs.server_build import build_server
+    from app.tools.server_build import build_server
 
     return await build_server(request, progress)
 
 
 def _use_in(name: str) -> str:
-    from app.jobs.server_build import use_built_server
+    from app.tools.server_build import use_built_server
     from app.store.profiles import DEFAULT_PROFILE_NAME, ProfileStore
 
     store = ProfileStore()
@@ -156,7 +156,7 @@ def _use_in(name: str) -> str:
 
 def _hint_default(used: list[str]) -> None:
     from app.core.profile import ProfileError
-    from app.jobs.server_build import needs_checkpoints
+    from app.tools.server_build import needs_checkpoints
     from app.store.profiles import DEFAULT_PROFILE_NAME, ProfileStore
 
     if DEFAULT_PROFILE_NAME in used:

@@ -56,7 +56,7 @@ def add_commands(sub) -> argparse.ArgumentParser:
 
 
 def run_check(args) -> int:
-    from app.cli.sessions import open_catalog
+    from app.cli.connect import open_catalog
 
     catalog = open_catalog()
     try:
@@ -66,15 +66,15 @@ def run_check(args) -> int:
 
 
 async def _run(args, catalog) -> int:
-    from app.cli.sessions import connect
-    from app.jobs.check import DEFAULT_QUESTION, to_csv, to_json, to_markdown
-    from app.jobs.service import NeedsConfirmation, ServiceError
-    from app.jobs.watch import FileLogBuffer
+    from app.cli.connect import connect
+    from app.sessions.check import DEFAULT_QUESTION, to_csv, to_json, to_markdown
+    from app.sessions.service import NeedsConfirmation, ServiceError
+    from app.sessions.watch import FileLogBuffer
 
     for f in args.export:
         if Path(f).suffix.lower() not in (".md", ".csv", ".json", ".png"):
             raise CliError(f"cannot export to {Path(f).name}: use .md, .csv, .json or .png", Exit.USAGE)
-    from app.jobs.server_service import resolve_target
+    from app.servers.service import resolve_target
 
     # the given log file, else the one KV Valet writes for every server it launches (serve, the window)
     log_path = resolve_target(args.target, log_file=args.log_file).log_path
@@ -126,7 +126,9 @@ async def _own_server(catalog, name: str):
     restart it between probes: (SessionService, its ServerService)."""
     import sys
 
-    from app.jobs.server_service import LaunchRefused, ServerService, load_profile
+    from app.servers.service import ServerService, load_profile
+
+    from app.servers.events import LaunchRefused
 
     profile = load_profile(name)
     print(f"[kv-valet] the server of '{profile.name}' is not running: starting it for this check "

@@ -30,7 +30,7 @@ def cmd_doctor(args) -> int:
     from app.core.findings import Severity
     from app.core.profile import ProfileError
     from app.core.rules import diagnose
-    from app.jobs.diagnose import gather_facts
+    from app.tools.diagnose import gather_facts
     from app.store.profiles import ProfileStore
 
     store = ProfileStore()

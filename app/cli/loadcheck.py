@@ -33,7 +33,7 @@ def _bounded(kind, lo, hi, what):
 
 
 def add_commands(sub) -> argparse.ArgumentParser:
-    from app.jobs.loadcheck import MAX_N_PREDICT, MAX_SECONDS, MAX_STREAMS, MIN_SECONDS
+    from app.tools.loadcheck import MAX_N_PREDICT, MAX_SECONDS, MAX_STREAMS, MIN_SECONDS
 
     p = sub.add_parser(
         "loadcheck", help="N parallel streams for T seconds: inter-token gaps and stalls per stream",
@@ -61,7 +61,7 @@ def add_commands(sub) -> argparse.ArgumentParser:
 def resolve_target(target: str) -> tuple[str, str | None]:
     """(URL, API key) of a URL (key: $LLAMA_API_KEY) or a profile (its key, else $LLAMA_API_KEY):
     the server service's one resolver."""
-    from app.jobs.server_service import resolve_target as resolve
+    from app.servers.service import resolve_target as resolve
 
     spec = resolve(target)
     return spec.url, spec.api_key
@@ -93,8 +93,8 @@ class _Progress:
 
 
 async def cmd_loadcheck(args) -> int:
-    from app.jobs.loadcheck import LoadCheckError, check_loopback, run_load_check, to_dict, to_markdown
-    from app.jobs.server_service import client_for
+    from app.tools.loadcheck import LoadCheckError, check_loopback, run_load_check, to_dict, to_markdown
+    from app.servers.service import client_for
 
     url, _key = resolve_target(args.target)
     try:

@@ -1,6 +1,6 @@
 """``kv-valet sessions move|copy|facts|receive``: a parked session to another profile or host.
 
-``move``/``copy`` run here (app.jobs.move); ``facts`` and ``receive`` are what another
+``move``/``copy`` run here (app.move.move); ``facts`` and ``receive`` are what another
 machine's ``kv-valet`` asks this one over SSH: the source's session and files, and the
 target's facts, commit and abort (the same code a local move runs).
 """
@@ -51,7 +51,7 @@ def add_commands(ssa) -> None:
 
 
 def _catalog():
-    from app.cli.sessions import open_catalog
+    from app.cli.connect import open_catalog
 
     return open_catalog()
 
@@ -80,7 +80,7 @@ class _Progress:
 
 
 def _endpoint(spec: str | None, catalog, hosts: dict):
-    from app.jobs.move import LocalEndpoint, MoveError, RemoteEndpoint, parse_target
+    from app.move.move import LocalEndpoint, MoveError, RemoteEndpoint, parse_target
 
     try:
         host, profile = parse_target(spec) if spec else (None, None)
@@ -96,7 +96,7 @@ def _endpoint(spec: str | None, catalog, hosts: dict):
 
 
 def cmd_move(args, keep: bool) -> int:
-    from app.jobs.move import MoveError, MoveRefused, move_session
+    from app.move.move import MoveError, MoveRefused, move_session
 
     catalog = _catalog()
     hosts: dict = {}
@@ -166,12 +166,12 @@ def cmd_move(args, keep: bool) -> int:
 
 async def _restore(args, target, name: str) -> dict:
     """Restore ``name`` at the target and judge a first query (``kv-valet check`` there)."""
-    from app.jobs.move import LocalEndpoint
+    from app.move.move import LocalEndpoint
 
     if isinstance(target, LocalEndpoint):
-        from app.cli.sessions import connect
-        from app.jobs.check import report_dict
-        from app.jobs.service import NeedsConfirmation, ServiceError
+        from app.cli.connect import connect
+        from app.sessions.check import report_dict
+        from app.sessions.service import NeedsConfirmation, ServiceError
 
         svc = await connect(target.catalog, target.profile)
         try:
@@ -190,7 +190,7 @@ async def _restore(args, target, name: str) -> dict:
 
 
 def cmd_facts(args) -> int:
-    from app.jobs.move import MoveError, source_session
+    from app.move.move import MoveError, source_session
 
     catalog = _catalog()
     try:
@@ -205,7 +205,7 @@ def cmd_facts(args) -> int:
 
 
 def cmd_receive(args) -> int:
-    from app.jobs.move import (MoveError, adopt, check_move_id, describe_target, discard, receiving_folder,
+    from app.move.move import (MoveError, adopt, check_move_id, describe_target, discard, receiving_folder,
                                recover_moves, temp_name)
 
     catalog = _catalog()

@@ -28,8 +28,8 @@ def add_commands(sub) -> None:
 def cmd_profiles(args) -> int:
     from app.core.argv import parse_command_line, preview
     from app.core.hazards import hazard_prefix, hazards
-    from app.core.profile import check
-    from app.jobs.server_service import DiscoveryError, binary_info, find_server_binary, slot_save_path_for
+    from app.core.profile_check import check
+    from app.servers.service import DiscoveryError, binary_info, find_server_binary, slot_save_path_for
     from app.store.profiles import ProfileStore
 
     store = ProfileStore()

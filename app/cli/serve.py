@@ -36,21 +36,23 @@ def _say(text: str) -> None:
 
 
 async def cmd_serve(args) -> int:
-    """The server service (app.jobs.server_service) in the foreground: it launches the server,
+    """The server service (app.servers.service) in the foreground: it launches the server,
     connects the session service when it is Ready (verdicts, also of resumes other processes
     do, the time-saved ledger, the prefill-rate samples), and ends in its one park-then-stop."""
     import os
 
     from app.core.lifecycle import POLICY, StopTrigger
     from app.core.states import ServerState
-    from app.jobs.cache_health import CacheHealth
-    from app.jobs.server_service import (LaunchPlanned, LaunchRefused, Notice, Progress, ServerService,
-                                         SessionsChanged, StateChanged, load_profile, profile_target_id)
+    from app.tools.cache_health import CacheHealth
+    from app.servers.service import ServerService, load_profile, profile_target_id
+    from app.servers.events import LaunchPlanned, LaunchRefused, Notice, Progress, SessionsChanged, StateChanged
 
     profile = load_profile(args.profile)
     if getattr(args, "proxy", False):
         profile = profile.replace(proxy=True)
-    service = ServerService(park_timeout_s=args.park_timeout)
+    from app.proxy.service import ProxyFront  # the proxy in front when the profile says so
+
+    service = ServerService(park_timeout_s=args.park_timeout, front=ProxyFront())
     tid = profile_target_id(profile.name)
     # The Cache health detectors, as in the window: findings with the known issue and the remedy.
     health = CacheHealth()
@@ -110,9 +112,9 @@ async def cmd_serve(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal)
     try:
-        from app.proxy.service import launch_with_proxy
+        from app.servers.launch import launch_profile
 
-        handle, proxy = await launch_with_proxy(service, profile)
+        handle, proxy = await launch_profile(service, profile)
         if handle is None:
             h = service.get(tid)
             outcome = h.supervisor.outcome if h is not None and h.supervisor is not None else None
@@ -175,7 +177,7 @@ def _print_verdict(slot_id: int, session: str | None, verdict) -> None:
 
 
 def _report_parks(report, profile_name: str) -> None:
-    from app.jobs.park import describe
+    from app.sessions.park import describe
 
     if report.interrupted:
         _say(f"parking interrupted by {report.interrupted}: stopping now")

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from app.cli.connect import connect, open_catalog
 from app.cli.errors import CliError, Exit, note
 from app.cli.hosts import add_host_option, forward, host_aware
 from app.cli.keys import add_key_option, key_from_args
@@ -88,16 +89,9 @@ def add_commands(sub) -> None:
     add_host_option(rn)
     ss.set_defaults(run=cmd_sessions)
     rm.add_argument("--json", action="store_true", help="with a name: say what was deleted as JSON")
-    from app.cli import move
+    from app.cli.move import add_commands
 
-    move.add_commands(ssa)  # move, copy, and the other machine's side of a move (facts, receive)
-
-
-def open_catalog():
-    from app import paths
-    from app.store.catalog import Catalog
-
-    return Catalog(paths.catalog_path())
+    add_commands(ssa)  # move, copy, and the other machine's side of a move (facts, receive)
 
 
 def _run(cmd, args) -> int:
@@ -138,7 +132,7 @@ def _sizes_and_files(rec) -> dict:
 
 
 def park_json(r, profile: str) -> dict:
-    """One park's outcome (app.jobs.park.ParkResult) as ``park --json`` prints it."""
+    """One park's outcome (app.sessions.park.ParkResult) as ``park --json`` prints it."""
     rec = r.record
     d = {"ok": r.ok, "slot": r.slot_id,
          "error": r.error, "warnings": list(r.warnings), "unchanged": r.unchanged, "profile": profile}
@@ -149,33 +143,12 @@ def park_json(r, profile: str) -> dict:
     return d
 
 
-async def connect(catalog, target_arg: str, *, save_dir: str | None = None, api_key: str | None = None,
-                  log_buffer=None):
-    """The session service of a profile's server or a server URL, through the server service
-    (app.jobs.server_service: the one target resolver); recovery notes go to stderr."""
-    from app.jobs.server_service import ServerService
-
-    if "://" in target_arg and not save_dir:
-        raise CliError("--save-dir is required with a server URL (the server's --slot-save-path)", Exit.USAGE)
-    servers = ServerService(catalog, connect_sessions=False)
-    try:
-        handle = servers.reach(target_arg, save_dir=save_dir, api_key=api_key)
-        svc = await servers.sessions(handle.id, log_buffer=log_buffer)
-    except BaseException:
-        await servers.aclose()
-        raise
-    svc.close_with(servers.aclose)
-    for msg in svc.recovery_messages:
-        note(msg)
-    return svc
-
-
 # -- park --------------------------------------------------------------------
 
 
 async def cmd_park(args, catalog) -> int:
-    from app.jobs.park import ParkResult, describe
-    from app.jobs.service import ServiceError
+    from app.sessions.park import ParkResult, describe
+    from app.sessions.service import ServiceError
 
     if args.and_stop and not args.all:
         raise CliError("--and-stop parks every slot: use it with --all", Exit.USAGE)
@@ -221,7 +194,7 @@ async def cmd_park(args, catalog) -> int:
 
 
 async def cmd_resume(args, catalog) -> int:
-    from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
+    from app.sessions.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
 
     svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args))
     try:
@@ -250,7 +223,7 @@ async def cmd_resume(args, catalog) -> int:
 
 
 async def cmd_resume_all(args, catalog) -> int:
-    from app.jobs.resume_plan import load_resume_plan
+    from app.sessions.resume_plan import load_resume_plan
 
     if not load_resume_plan(args.profile):
         print(f"no resume plan for profile '{args.profile}' (made by 'park --all --and-stop')")
@@ -299,7 +272,7 @@ def _rm_older_than(args, catalog) -> int:
     import time
 
     from app.core.units import fmt_bytes
-    from app.jobs.sessions import cutoff, delete_older_than, older_than, usage_of
+    from app.sessions.records import cutoff, delete_older_than, older_than, usage_of
 
     if args.name is not None:
         raise CliError("give a session name or --older-than, not both", Exit.USAGE)
@@ -330,7 +303,7 @@ def _rm_older_than(args, catalog) -> int:
 
 
 def cmd_sessions(args) -> int:
-    from app.jobs.sessions import delete_session, get_session, list_sessions, rename_session
+    from app.sessions.records import delete_session, get_session, list_sessions, rename_session
 
     if args.action == "list" and args.host:
         from app.cli.hosts import remote_sessions
@@ -341,7 +314,7 @@ def cmd_sessions(args) -> int:
     catalog = open_catalog()
     try:
         if any(kind == "move-in" for _id, kind, _p, _at in catalog.list_pending()):  # JournalKind.MOVE_IN
-            from app.jobs.move import recover_moves  # only then: a listing stays as quick as it was
+            from app.sessions.move_in import recover_moves  # only then: a listing stays as quick as it was
 
             for msg in recover_moves(catalog):  # a move into here a killed process left half-committed
                 note(msg)
@@ -382,7 +355,7 @@ def cmd_sessions(args) -> int:
                 print(f"{k + ':':<13}{v}")
             return Exit.OK
         if args.action == "du":
-            from app.jobs.sessions import describe_usage, disk_usage, total_usage
+            from app.sessions.records import describe_usage, disk_usage, total_usage
 
             usage = disk_usage(catalog, args.profile)
             if args.json:

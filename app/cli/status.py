@@ -31,7 +31,7 @@ async def cmd_status(args) -> int:
     from app.monitor.gpu import GpuMonitor
     from app.monitor.process import ProcessMonitor
     from app.monitor.snapshot import format_snapshot, snapshot_to_dict, take_snapshot
-    from app.jobs.server_service import client_for
+    from app.servers.service import client_for
 
     url, api_key, cache_ram, pid = _resolve_target(args.url)
     async with client_for(args.url, api_key=key_from_args(args)) as client:
@@ -63,9 +63,9 @@ async def cmd_status(args) -> int:
 
 
 async def _sidecar_behaviour(client, target: str):
-    """What the server's build does with checkpoint sidecars (app.jobs.behaviour)."""
+    """What the server's build does with checkpoint sidecars (app.sessions.behaviour)."""
     from app import paths
-    from app.jobs.behaviour import identify_server
+    from app.sessions.behaviour import identify_server
     from app.server.client import ServerError, ServerUnreachable
     from app.store.catalog import Catalog
 
@@ -73,7 +73,7 @@ async def _sidecar_behaviour(client, target: str):
         build = str((await client.props()).get("build_info") or "unknown")
     except (ServerError, ServerUnreachable):
         return None
-    from app.jobs.server_service import resolve_target
+    from app.servers.service import resolve_target
 
     spec = resolve_target(target)
     binary = (spec.profile.server_binary or None) if spec.profile is not None else None
@@ -84,7 +84,7 @@ async def _sidecar_behaviour(client, target: str):
 async def _rpc_workers(target: str, pid: int | None):
     """The profile's RPC workers (``--rpc``), checked once, with what its log said about them;
     None when the target is not a profile using --rpc (app.monitor.rpc)."""
-    from app.jobs.server_service import resolve_target
+    from app.servers.service import resolve_target
     from app.monitor.rpc import RpcWatcher, feed_log_file
 
     spec = resolve_target(target)
@@ -99,8 +99,8 @@ async def _rpc_workers(target: str, pid: int | None):
 
 def _resolve_target(target: str):
     """A URL, or a profile name (then its URL, key, cache budget and live pid): the server
-    service's one resolver (app.jobs.server_service.resolve_target)."""
-    from app.jobs.server_service import listening_pid, resolve_target
+    service's one resolver (app.servers.service.resolve_target)."""
+    from app.servers.service import listening_pid, resolve_target
 
     spec = resolve_target(target)
     cache_ram = spec.profile.effective_cache_ram if spec.profile is not None else None

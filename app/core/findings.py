@@ -1,7 +1,7 @@
 """What KV Valet tells a user about a profile or a running server: findings with remedies.
 
 A :class:`Finding` comes from a profile rule (app.core.rules, before launch) or
-from a runtime detector (app.jobs.cache_health, while the server runs). Both
+from a runtime detector (app.tools.cache_health, while the server runs). Both
 say the same things: what is wrong in the user's words, how bad it is, where it
 is known from (a seed report, an upstream issue), and, when there is one, the
 :class:`Remedy`: a change to the profile that KV Valet can apply for the user.

@@ -1,6 +1,6 @@
 """What may stop a server, and what each does to its chats first: one table.
 
-Every trigger ends in :meth:`app.jobs.server_service.ServerService.park_then_stop`
+Every trigger ends in :meth:`app.servers.service.ServerService.park_then_stop`
 with the one timeout of the preferences (``park_timeout_s``); this table says
 whether the server stops afterwards and whether a slot that failed to park holds
 the stop up.

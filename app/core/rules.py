@@ -5,7 +5,7 @@ nothing) with the condition that triggers it, its message in the user's words,
 the profile changes that avoid it and where it is known from (a seed report, an
 upstream issue). :func:`diagnose` runs them all on a profile and the
 :class:`Facts` the caller gathered (the binary, the model, the slot-save folder,
-the catalog: see ``app.jobs.diagnose.gather_facts``); a fact nobody could
+the catalog: see ``app.tools.diagnose.gather_facts``); a fact nobody could
 gather is ``None`` and the rules that need it stay quiet.
 
 Pure: no I/O. The server defaults the rules rely on are those of llama.cpp
@@ -23,7 +23,7 @@ from app.core.findings import Finding, Remedy, Severity
 from app.core.helptext import BinaryCaps
 from app.core.profile import LaunchProfile, exposure_warning, is_loopback, parse_rpc_workers
 from app.core.units import fmt_bytes
-from app.serverbuild.cache import BUILT_MARKER
+from app.core.profile import BUILT_MARKER
 
 # -- server defaults (build 11434) ------------------------------------------------
 

@@ -37,7 +37,7 @@ import psutil
 from app.core.background import track
 from app.core.findings import Finding, Remedy, Severity
 from app.core.profile import RpcWorker, parse_rpc_workers
-from app.serverbuild.cache import BUILT_MARKER
+from app.core.profile import BUILT_MARKER
 
 __all__ = ["RpcWorker", "WorkerStatus", "RpcLogEvent", "RpcWatcher", "parse_rpc_workers", "parse_rpc_line",
            "probe_connect", "unreachable_finding", "parse_ss_rtt"]

@@ -1,7 +1,7 @@
 """The conversation proxy of one server: identity, slot leases, judgment, in one place.
 
 ``kv-valet serve PROFILE --proxy`` and the window's proxy switch are faces of this class.
-It sits on a server of :class:`app.jobs.server_service.ServerService` (its one HTTP client,
+It sits on a server of :class:`app.servers.service.ServerService` (its one HTTP client,
 its session service for parks and restores) and is the HTTP layer's interceptor
 (:class:`app.proxy.http.ProxyServer`): before a chat request it finds the conversation
 (:mod:`app.proxy.identity`), leases it a slot (:mod:`app.proxy.leases`: restored from its
@@ -26,13 +26,13 @@ from typing import Callable, Mapping
 from app.core.background import track
 from app.core.conversation import ServerCaching
 from app.core.timings import Timings
-from app.jobs.server_service import ServerHandle, ServerService
+from app.servers.service import ServerHandle, ServerService
 from app.proxy import explain as explain_mod
 from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
-from app.jobs.resume import ResumeHazard
-from app.jobs.watch import common_prefix
+from app.sessions.resume import ResumeHazard
+from app.sessions.watch import common_prefix
 from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name
 from app.server.client import ServerError, ServerUnreachable
 from app.server.statefile import StateFileError, read_state_tokens
@@ -222,6 +222,11 @@ class ProxyService:
     def steps_aside(self) -> bool:
         """The server persists prompts on disk itself: requests pass through unchanged, judged only."""
         return self.caching.steps_aside
+
+    @property
+    def url(self) -> str:
+        """Where clients reach the proxy (``http://host:port``)."""
+        return self.http.url if self.http is not None else ""
 
     def notice(self) -> str | None:
         """What the user should know of the server's own caching behind this proxy (None: nothing)."""
@@ -561,114 +566,47 @@ def _foreign_checkpoint(restored_from: str | None, cache_n: int, hazard: str) ->
                        f"that chat's and the answer may be wrong. Restart the server or give the park a sidecar.")
 
 
-async def launch_with_proxy(servers: ServerService, profile) -> tuple[ServerHandle | None, ProxyService | None]:
-    """Launch ``profile``'s server, behind the conversation proxy when the profile says so
-    (``proxy = true``) : the proxy takes the profile's host and port, the server a private
-    loopback port; the proxy's conversations are saved under their own names before any stop.
-    A server of the profile that an earlier, killed KV Valet left running is adopted first
-    (:func:`adopt_leftovers`: its slots parked, then it stops), never duplicated.
-    The one launch path of the window and ``kv-valet serve``."""
-    await adopt_leftovers(servers, profile)
-    if not profile.proxy:
-        return await servers.launch(profile), None
-    from app.jobs.server_service import free_loopback_port
-    from app.server.launcher import resolve_api_key
+class ProxyFront:
+    """The conversation proxy as the front the server service puts before a server whose profile says
+    ``proxy = true`` (:class:`app.servers.launch.Front`): the window and ``kv-valet serve`` give it to
+    their :class:`ServerService`; :func:`app.servers.launch.launch_profile` decides the rest."""
 
-    behind = profile.replace(host="127.0.0.1", port=free_loopback_port())
-    handle = await servers.launch(behind)
-    if handle is None:
-        return None, None
-    from app.settings import load_or_defaults
+    async def start(self, servers: ServerService, handle: ServerHandle, host: str, port: int,
+                    api_key: str | None) -> ProxyService:
+        from app.settings import load_or_defaults
 
-    prefs, _problem = load_or_defaults()  # a broken settings file is said by the window and `settings`
-    proxy = ProxyService(servers, handle.id, disk_budget_bytes=prefs.proxy_disk_budget_bytes(),
-                         save_before_idle_clear=prefs.proxy_save_before_idle_clear)
-    await proxy.start(profile.host.split(",")[0].strip() or "127.0.0.1", profile.port,
-                      api_key=resolve_api_key(profile))
-    handle.before_park.append(proxy.park_before_stop)
-    handle.proxy = proxy
-    from app.jobs.server_service import Notice, ProxyChanged
+        prefs, _problem = load_or_defaults()  # a broken settings file is said by the window and `settings`
+        proxy = ProxyService(servers, handle.id, disk_budget_bytes=prefs.proxy_disk_budget_bytes(),
+                             save_before_idle_clear=prefs.proxy_save_before_idle_clear)
+        await proxy.start(host, port, api_key=api_key)
+        return proxy
 
-    servers._emit(ProxyChanged(handle.id, proxy))
-    servers._emit(Notice(handle.id, f"Conversation proxy at {proxy.http.url}: clients talk to it; the server "
-                                    f"listens on {handle.url} (loopback only)."))
-    notice = proxy.notice()
-    if notice:
-        servers._emit(Notice(handle.id, notice))
-    return handle, proxy
-
-
-async def adopt_leftovers(servers: ServerService, profile) -> list[str]:
-    """Adopt the servers of ``profile`` that an earlier KV Valet launched and left running (it was
-    killed: its server, a child in its own session, runs on). Each is attached (its pid and start
-    time match its record), its slots are parked, then it stops, so the launch that follows takes
-    its place with nothing lost and never runs twice on one port. A server that was behind the
-    conversation proxy (the lease journal was written since it started) has its conversations
-    recovered as they were in its slots (``server_same_process=True``) and saved under their own
-    park names first: they come back from their parks into the new server. Any other slot that
-    holds tokens is parked as a dated session (``kv-valet resume-all PROFILE`` puts it back).
-
-    Restarting rather than keeping it: a leftover is not this app's child, so it could only be
-    watched (``/health``), not supervised (no exit status, no log for Cache health or the
-    verdicts, no auto-restart), and its flags and private port are the killed app's. The
-    messages said to the user; the conversations saved."""
-    from app.core.lifecycle import StopTrigger
-    from app.jobs.server_service import Notice, profile_target_id
-
-    said: list[str] = []
-    tid = profile_target_id(profile.name)
-    for rec in servers.leftovers([profile.name]):
-        servers._emit(Notice(tid, f"Adopting the leftover server of '{profile.name}' (pid {rec.pid}, {rec.url}) "
-                                  "that an earlier KV Valet left running: parking its slots, then restarting it."))
-        try:
-            handle = await servers.attach(rec.url, leftover=rec)
-        except Exception as e:  # report: it cannot be reached: it is stopped as before (nothing to save)
-            log.warning("cannot attach to the leftover server %s: %s", rec.url, e)
-            await servers.stop_leftover(rec)
-            said.append(f"stopped the unreachable leftover server pid {rec.pid}")
-            continue
+    async def save_leftover(self, servers: ServerService, handle: ServerHandle, profile, rec) -> list[str]:
+        """The proxy's conversations in a leftover server's slots, saved under their own names (none
+        when the lease journal was not written by a proxy in front of this very server process)."""
         store = ConversationStore()
         try:
-            saved = await _save_leftover_conversations(servers, handle, profile, rec, store)
-            report = await servers.park_then_stop(handle.id, StopTrigger.SERVE)
+            entries = store.journal_entries(profile.name)
+            if not entries or min(e.at for e in entries) < rec.create_time:
+                return []  # the journal predates this server process: it says nothing about its slots
+            from app.settings import load_or_defaults
+
+            prefs, _problem = load_or_defaults()
+            slots = await handle.client.slots()
+            leases = SlotLeases(len(slots), SessionBackend(handle, servers), store=store, profile=profile.name,
+                                prefill_ms_per_token=lambda: None, restore_ms_estimate=lambda n: 0.0,
+                                disk_budget_bytes=prefs.proxy_disk_budget_bytes())
+            leases.recover(server_same_process=True)
+            return await leases.save_dirty()
         finally:
             store.close()
-        await servers.remove(handle.id)
-        if rec.is_alive():  # the park or the stop failed: it must not run on beside the new one
-            await servers.stop_leftover(rec)
-        parked = [r for r in report.results if r.ok and not r.unchanged]
-        msg = (f"Leftover server pid {rec.pid} adopted: {len(saved)} conversation(s) saved to come back from "
-               f"their parks, {len(parked)} other slot(s) parked"
-               + (f" ('kv-valet resume-all {profile.name}' puts them back)" if parked else "")
-               + (f"; {report.error or report.interrupted}" if report.error or report.interrupted else ""))
-        servers._emit(Notice(tid, msg, ok=not (report.error or report.interrupted)))
-        said.append(msg)
-    return said
-
-
-async def _save_leftover_conversations(servers: ServerService, handle: ServerHandle, profile, rec,
-                                       store: ConversationStore) -> list[str]:
-    """The proxy's conversations in a leftover server's slots, saved under their own names (none when
-    the lease journal was not written by a proxy in front of this very server process)."""
-    entries = store.journal_entries(profile.name)
-    if not entries or min(e.at for e in entries) < rec.create_time:
-        return []  # the journal predates this server process: it says nothing about its slots
-    from app.settings import load_or_defaults
-
-    prefs, _problem = load_or_defaults()
-    slots = await handle.client.slots()
-    leases = SlotLeases(len(slots), SessionBackend(handle, servers), store=store, profile=profile.name,
-                        prefill_ms_per_token=lambda: None, restore_ms_estimate=lambda n: 0.0,
-                        disk_budget_bytes=prefs.proxy_disk_budget_bytes())
-    leases.recover(server_same_process=True)
-    return await leases.save_dirty()
 
 
 def forget_stored(conv_id: str, store: ConversationStore | None = None):
     """Forget a conversation no running proxy holds: its records, and its park (a catalog session).
     Returns (the conversation or None, the files deleted). The CLI's and the window's forget."""
     from app import paths
-    from app.jobs.sessions import delete_session
+    from app.sessions.records import delete_session
     from app.store.catalog import Catalog, CatalogError
 
     own = store is None

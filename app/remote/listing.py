@@ -14,7 +14,7 @@ from app.core.profile import LaunchProfile
 
 
 def profile_summary(profile: LaunchProfile) -> dict[str, Any]:
-    from app.jobs.server_service import slot_save_path_for
+    from app.server.launcher import slot_save_path_for
 
     out = {f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.name != "api_key"}
     out["extra_args"] = list(profile.extra_args)

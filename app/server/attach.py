@@ -31,7 +31,7 @@ class AttachedServer:
         self.leftover = leftover
         self.state = ServerState.STOPPED
         self.outcome: Outcome | None = None
-        self._owns_client = client is None  # else the server's shared client (app.jobs.server_service)
+        self._owns_client = client is None  # else the server's shared client (app.servers.service)
         self.client = client if client is not None else LlamaClient(self.url, api_key)
         self._cbs: list[Callable[[ServerState, Outcome | None], None]] = []
         self._task: asyncio.Task | None = None

@@ -21,7 +21,8 @@ from typing import Callable
 from app import paths
 from app.paths import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (imported from here too)
 from app.core.helptext import BinaryCaps, parse_help
-from app.serverbuild.cache import BUILT_MARKER, find_built
+from app.core.profile import BUILT_MARKER
+from app.serverbuild.cache import find_built
 
 ProgressFn = Callable[[int, int], None]
 

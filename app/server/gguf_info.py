@@ -135,7 +135,7 @@ def _metadata_reader_class() -> type:
 
 
 def __getattr__(name: str):
-    """``_MetadataReader`` (app.jobs.diagnose reads it) without importing gguf at import time."""
+    """``_MetadataReader`` (app.tools.diagnose reads it) without importing gguf at import time."""
     if name == "_MetadataReader":
         return _metadata_reader_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -231,7 +231,7 @@ def _read_any(path: Path) -> tuple[str, int | None, int | None, tuple[Checkpoint
 
 def fnv1a64_file(path: str | os.PathLike, chunk: int = 1 << 20) -> int:
     """64-bit FNV-1a of every byte of ``path`` (PKCL v2's state hash). About 16 MB/s
-    in Python: call it off the GUI thread, and cache it (app.jobs.sidecar_check)."""
+    in Python: call it off the GUI thread, and cache it (app.sessions.sidecar_check)."""
     h, prime, mask = FNV_OFFSET, FNV_PRIME, (1 << 64) - 1
     with open(path, "rb") as f:
         while True:

@@ -249,7 +249,7 @@ class Supervisor:
         self.proc: asyncio.subprocess.Process | None = None
         self.started_at: float | None = None
         self.restart_times: list[float] = []
-        # the server's one HTTP client, shared with whoever else talks to it (app.jobs.server_service)
+        # the server's one HTTP client, shared with whoever else talks to it (app.servers.service)
         self._owns_client = client is None
         self._client = client if client is not None else LlamaClient(url, api_key)
         self._state_cbs: list[StateCallback] = []

@@ -5,7 +5,7 @@
 both apply it. The built server picks its checkpoint-sidecar behaviour from the
 environment variable ``KVV_SIDECAR_MODE`` (``v2`` by default, ``fork``, ``port``).
 The build cache (keys, options, pointers, build-info) is :mod:`app.serverbuild.cache`;
-the build itself is ``app.jobs.server_build``.
+the build itself is ``app.tools.server_build``.
 """
 
 from pathlib import Path

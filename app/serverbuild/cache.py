@@ -1,7 +1,7 @@
 """The cache of checkpoint-persisting llama-server builds: keys, options, pointers, build-info.
 
 Standard library and :mod:`app.paths` only (this package sits below every app layer): the build job
-(``app.jobs.server_build``), the launcher's binary lookup, ``doctor`` and the
+(``app.tools.server_build``), the launcher's binary lookup, ``doctor`` and the
 test build script all read the cache through here.
 
 Layout, under ``<cache>/sidecar-server/`` (app.paths.cache_dir(): ``${XDG_CACHE_HOME:-~/.cache}/kv-valet``)::
@@ -42,9 +42,6 @@ RPC_BY_DEFAULT = True
 INFO_NAME = "build-info.json"
 SELECTED_NAME = "selected"
 LOCK_NAME = ".lock"
-#: ``LaunchProfile.server_binary`` value meaning "the checkpoint-persisting server KV Valet built":
-#: resolved at launch (app.server.discovery), so a rebuild after an upgrade needs no profile change.
-BUILT_MARKER = "kvv-built"
 
 # CPU build of llama-server only, static; an option the tree does not define is not passed.
 WANTED_OPTIONS = (
@@ -206,7 +203,7 @@ def write_pointer(version: str, key: str, sdist_sha: str, patch_sha: str,
 
 
 def write_selected(version: str, key: str, patch_sha: str, options: BuildOptions, root: Path | None = None) -> None:
-    """Record ``key`` as the user's built server (what :data:`BUILT_MARKER` resolves to)."""
+    """Record ``key`` as the user's built server (what a profile's ``server_binary = "kvv-built"``, :data:`app.core.profile.BUILT_MARKER`, resolves to)."""
     write_json_atomic((root or cache_root()) / SELECTED_NAME,
                       {"version": version, "key": key, "patch_sha256": patch_sha, "options": options.to_dict()})
 

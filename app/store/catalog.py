@@ -144,7 +144,7 @@ class HistoryEvent:
 class PendingVerdict:
     """A restore whose first query nobody has judged yet. ``kv-valet resume`` ends long
     before that query comes, so it leaves this note; whichever process watches the
-    server's log judges the query and removes the note (app.jobs.wiring)."""
+    server's log judges the query and removes the note (app.sessions.wiring)."""
 
     id: int | None = None
     session_id: int = 0  # the session's id: a rename while it waits keeps it
@@ -249,7 +249,7 @@ ALTER TABLE sessions ADD COLUMN time_saved_s REAL NOT NULL DEFAULT 0;
 ALTER TABLE sessions ADD COLUMN last_time_saved_s REAL
 """
 
-# A restore waiting for the verdict of its slot's next query (app.jobs.wiring): keyed by the
+# A restore waiting for the verdict of its slot's next query (app.sessions.wiring): keyed by the
 # session's id, so a rename while it waits keeps it; gone with its session.
 _SCHEMA_V4 = """
 CREATE TABLE pending_verdicts (
@@ -449,7 +449,7 @@ class Catalog(SqliteFile):
             if cur.rowcount == 0:
                 raise CatalogError(f"no session with id {session_id}")
 
-    # -- restores waiting for their verdict (app.jobs.wiring)
+    # -- restores waiting for their verdict (app.sessions.wiring)
 
     @staticmethod
     def _to_pending_verdict(row: sqlite3.Row) -> PendingVerdict:

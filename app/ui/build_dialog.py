@@ -1,6 +1,6 @@
 """"Build a checkpoint-persisting server…": the build with a progress bar and a Cancel button.
 
-The work is :func:`app.jobs.server_build.build_server` (the pipeline ``kv-valet
+The work is :func:`app.tools.server_build.build_server` (the pipeline ``kv-valet
 build-server`` runs), as a task on the window's event loop: the window never
 blocks, the compiler runs at low priority, Cancel kills its whole process group
 and nothing half-built is cached. A failure says which step failed and shows the
@@ -21,9 +21,10 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
-from app.jobs.server_build import (BuildError, BuildProgress, BuildRequest, BuildResult, build_server, built_status,
+from app.tools.server_build import (BuildError, BuildProgress, BuildRequest, BuildResult, build_server, built_status,
                                    default_switch_wanted, detect_options, estimate_text, use_built_server)
-from app.serverbuild.cache import BUILT_MARKER, BuildOptions, find_built
+from app.core.profile import BUILT_MARKER
+from app.serverbuild.cache import BuildOptions, find_built
 from app.ui.tasks import RunsTasks
 
 log = logging.getLogger(__name__)

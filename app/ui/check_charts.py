@@ -19,7 +19,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from app.jobs.check import ABReport, CheckReport, ProbeRow, ratios
+from app.sessions.check import ABReport, CheckReport, ProbeRow, ratios
 from app.ui import theme
 from app.ui.theme import colour
 

@@ -15,7 +15,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout)
 
-from app.jobs.check import ABReport, CheckReport, to_csv, to_json, to_markdown
+from app.sessions.check import ABReport, CheckReport, to_csv, to_json, to_markdown
 from app.ui import theme
 from app.ui.delegates import VerdictDelegate
 # the charts and their formatters were defined here: importable from here as before (__all__)

@@ -21,7 +21,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
 from app.core.background import track
-from app.serverbuild.cache import BUILT_MARKER
+from app.core.profile import BUILT_MARKER
 from app.core.states import ServerState
 from app.core.timings import Timings
 
@@ -195,7 +195,7 @@ class FirstRunGuide(QDialog):
         if self.steps is BUILT_STEPS:
             return text + self._comparison()
         if self._lacks_sidecar(v):
-            from app.jobs.server_build import estimate_text
+            from app.tools.server_build import estimate_text
 
             self.build_button.show()
             return (text + " The stock server keeps no context checkpoints past a restart, so this resume "
@@ -241,7 +241,7 @@ class FirstRunGuide(QDialog):
     def _on_built(self, ok: bool, text: str, _result) -> None:
         self.build_button.setEnabled(True)
         if ok:
-            from app.jobs.server_build import use_built_server
+            from app.tools.server_build import use_built_server
             from app.store.profiles import DEFAULT_PROFILE_NAME
 
             use_built_server(self.window.store, DEFAULT_PROFILE_NAME)

@@ -1,7 +1,7 @@
 """The Cache health tab: what the server's log says, the known issue, and the fix in one click.
 
-The detectors are Qt-free (app.jobs.cache_health); the remedy workflow too
-(app.jobs.remedy). This panel lists the findings with their time, slot and
+The detectors are Qt-free (app.tools.cache_health); the remedy workflow too
+(app.tools.remedy). This panel lists the findings with their time, slot and
 source, shows the figures (idle-slot save durations, forced re-processing,
 checkpoints, slot selection), and applies a remedy when the user clicks it.
 """
@@ -13,11 +13,11 @@ import logging
 import time
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QMessageBox, QPushButton, QSizePolicy,
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPushButton, QSizePolicy,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.core.findings import Finding, Severity
-from app.jobs.cache_health import CacheHealth
+from app.tools.cache_health import CacheHealth
 from app.monitor.rpc import RpcWatcher
 from app.core.states import ServerState
 from app.ui import theme
@@ -269,7 +269,7 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         self.sig_remedy_done.emit(ok, text)
 
     async def apply(self, finding: Finding, remedy) -> object | None:
-        from app.jobs.remedy import apply_remedy, fixed_copy
+        from app.tools.remedy import apply_remedy, fixed_copy
 
         c = self.controller
         profile = c.profile if c is not None else None

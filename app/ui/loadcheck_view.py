@@ -5,7 +5,7 @@
   no QtCharts (the Essentials wheel does not ship it).
 * :class:`LoadCheckDialog`: spin boxes (streams, seconds, stall threshold), Start and
   Cancel, a progress bar, the table and the chart. The run is an asyncio task on the
-  qasync loop (:func:`app.jobs.loadcheck.run_load_check`): the window never blocks.
+  qasync loop (:func:`app.tools.loadcheck.run_load_check`): the window never blocks.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import (QDialog, QDoubleSpinBox, QFormLayout, QHBoxLayout, QHeaderView, QLabel,
                                QProgressBar, QPushButton, QSizePolicy, QSpinBox, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+                               QVBoxLayout)
 
 from app.core.background import track
-from app.jobs.loadcheck import (MAX_SECONDS, MAX_STREAMS, MIN_SECONDS, LoadCheckError, LoadReport, check_loopback,
+from app.tools.loadcheck import (MAX_SECONDS, MAX_STREAMS, MIN_SECONDS, LoadCheckError, LoadReport, check_loopback,
                                 fmt_ms, gap_series, run_load_check)
 from app.ui import theme
 from app.ui.check_view import Chart
@@ -140,7 +140,7 @@ class LoadCheckDialog(QDialog):
         super().__init__(parent)
         self.url = url
         self.api_key = api_key
-        self.client = client  # the server's shared client (app.jobs.server_service), else one of its own
+        self.client = client  # the server's shared client (app.servers.service), else one of its own
         self.report: LoadReport | None = None
         self._task: asyncio.Task | None = None
         self._cancel: asyncio.Event | None = None
@@ -257,7 +257,7 @@ class LoadCheckDialog(QDialog):
         super().reject()
 
     async def _run(self, streams: int, seconds: float, stall_ms: float, cancel: asyncio.Event) -> None:
-        from app.jobs.server_service import client_for  # the window passes its server's own client
+        from app.servers.service import client_for  # the window passes its server's own client
 
         def on_progress(fraction: float, tokens: int) -> None:
             self.progress.setValue(int(fraction * 1000))

@@ -11,8 +11,8 @@ from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QLabel, QMainWindow, Q
 from app.core.background import track
 from app.core.profile import LaunchProfile, ProfileError
 from app.core.states import ServerState
-from app.jobs.server_list import STATE_ROLES  # the server list colours states the same way
-from app.jobs.server_service import (CACHE_EVENTS_VERBOSITY, DiscoveryError, binary_info, find_server_binary,
+from app.servers.server_list import STATE_ROLES  # the server list colours states the same way
+from app.servers.service import (CACHE_EVENTS_VERBOSITY, DiscoveryError, binary_info, find_server_binary,
                                      profile_target_id)
 from app.server.outcome import Outcome
 from app.store.profiles import ProfileStore

@@ -288,7 +288,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
             await self._stop_sampler_locked()
             profile = getattr(getattr(c, "plan", None), "profile", None)
             cache_ram = getattr(profile, "effective_cache_ram", None)
-            client = c.client  # the server's one HTTP client (app.jobs.server_service), not closed here
+            client = c.client  # the server's one HTTP client (app.servers.service), not closed here
             if self._gpu is None:
                 self._gpu = GpuMonitor()
             gpu = self._gpu

@@ -13,8 +13,9 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
 from app.core.argv import CommandLineError, absorb_extra_args, parse_command_line, preview, to_argv
 from app.core.hazards import hazard_prefix, hazards
 from app.core.profile import (FLASH_ATTN_VALUES, KNOWN_CACHE_TYPES, SPLIT_MODES, LaunchProfile, exposure_warning,
-                              is_loopback, validate)
-from app.jobs.server_service import default_model_path, slot_save_path_for
+                              is_loopback)
+from app.core.profile_check import validate
+from app.servers.service import default_model_path, slot_save_path_for
 from app.ui import theme
 
 UNSET = "(server default)"

@@ -9,7 +9,7 @@ again every few seconds while the tab is seen (one call at a time; it stops when
 selected), and the status bar says the remote server's state ("Ready on gpu-box").
 Everything runs as a task of the Sessions tab: the window never waits on SSH, a busy bar shows
 while the host answers, and a failure is said in the status bar and on the tab's message line.
-What is decided (records, slot rows, the status line) is app.jobs.remote_view's.
+What is decided (records, slot rows, the status line) is app.servers.remote_view's.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from PySide6.QtCore import QObject, Signal
 
 from app.core.states import ServerState
-from app.jobs import remote_view as rv
-from app.jobs.server_list import STATE_ROLES
+from app.servers import remote_view as rv
+from app.servers.server_list import STATE_ROLES
 from app.ui import theme
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class RemoteSessions:
 
     def __init__(self, view: "RemoteView", source, row):
         self.view = view
-        self.source = source  # app.jobs.server_list.RemoteServerSource
+        self.source = source  # app.servers.server_list.RemoteServerSource
         self.host = source.host
         self.host_name = source.name
         self.profile = row.profile
@@ -43,7 +43,7 @@ class RemoteSessions:
         self.loaded = False
 
     def endpoint(self):
-        """This server's profile as a move's endpoint (app.jobs.move.RemoteEndpoint)."""
+        """This server's profile as a move's endpoint (app.move.move.RemoteEndpoint)."""
         return self.source.move_endpoint(self.view.servers.row(self.target_id) or _Row(self.profile))
 
     def usage(self) -> str:

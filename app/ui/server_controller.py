@@ -2,7 +2,7 @@
 
 Every decision (which server, launch, attach, adopt or stop a leftover, the one HTTP
 client, the session service, park-then-stop) is made in
-:class:`app.jobs.server_service.ServerService`; this class only follows the server the
+:class:`app.servers.service.ServerService`; this class only follows the server the
 window currently shows (``target_id``) and re-emits that server's events as Qt signals.
 The service holds several servers at once; the window's server list picks the one shown
 (:meth:`ServerController.select`), and every tab follows it: selecting re-emits the shown
@@ -21,10 +21,10 @@ from PySide6.QtCore import QObject, Signal
 from app.core.background import track
 from app.core.lifecycle import StopTrigger
 from app.core.profile import LaunchProfile
-from app.jobs.server_service import (LaunchPlanned, LaunchRefused, Notice, Parking, ParkStopReport, Progress,
-                                     ProxyChanged,
-                                     ServerEvent, ServerHandle, ServerService, SessionsChanged, StateChanged,
-                                     profile_target_id)
+from app.servers.launch import launch_profile
+from app.servers.service import ServerHandle, ServerService, profile_target_id
+from app.servers.events import (LaunchPlanned, LaunchRefused, Notice, Parking, ParkStopReport, Progress, ProxyChanged,
+                                ServerEvent, SessionsChanged, StateChanged)
 from app.core.states import ServerState
 from app.server.supervisor import LogBuffer
 
@@ -42,12 +42,16 @@ class ServerController(QObject):
     sig_sessions = Signal(object)  # the shown server's SessionService, or None when it went
     sig_notice = Signal(str, bool)  # a message for the status line, ok
     sig_proxy = Signal(object)  # the conversation proxy in front of the shown server (app.proxy.service), or None
-    sig_selected = Signal(str)  # the target id of the server shown now (app.jobs.server_service)
+    sig_selected = Signal(str)  # the target id of the server shown now (app.servers.service)
     sig_event = Signal(object)  # every ServerEvent of every server (the server list follows them all)
 
     def __init__(self, parent=None, *, service: ServerService | None = None):
         super().__init__(parent)
-        self.service = service if service is not None else ServerService()
+        if service is None:
+            from app.proxy.service import ProxyFront  # the proxy in front when a profile says so
+
+            service = ServerService(front=ProxyFront())
+        self.service = service
         self.service.on_event(self._on_event)
         self.target_id: str | None = None
         self._task: asyncio.Task | None = None
@@ -173,9 +177,7 @@ class ServerController(QObject):
     async def start_async(self, profile: LaunchProfile) -> bool:
         """Start ``profile``'s server and show it; the servers that run already go on."""
         self.select(profile_target_id(profile.name))
-        from app.proxy.service import launch_with_proxy  # the proxy in front when the profile says so
-
-        handle, _proxy = await launch_with_proxy(self.service, profile)
+        handle, _proxy = await launch_profile(self.service, profile)
         return handle is not None
 
     async def stop_async(self) -> None:

@@ -1,4 +1,4 @@
-"""The server list's table model: one row per server (app.jobs.server_list decides what it says).
+"""The server list's table model: one row per server (app.servers.server_list decides what it says).
 
 Rows change in place (``dataChanged``) while the same servers are listed, so a refresh every
 few seconds keeps the selection and the scroll position; a server that comes or goes resets
@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
 from PySide6.QtGui import QFont
 
-from app.jobs.server_list import COL_NAME, COL_STATE, COLUMNS, RowCells, ServerRow, cells
+from app.servers.server_list import COL_NAME, COL_STATE, COLUMNS, RowCells, ServerRow, cells
 from app.ui import theme
 
 TARGET_ROLE = Qt.UserRole + 1  # the row's target id

@@ -2,7 +2,7 @@
 
 Selecting a row shows that server in every tab (Log, Sessions, Monitor, Conversations):
 :meth:`app.ui.server_controller.ServerController.select`. The rows and what they say come
-from :mod:`app.jobs.server_list` (a source per machine: this one's server service first,
+from :mod:`app.servers.server_list` (a source per machine: this one's server service first,
 a remote host's after it); this widget lists them, refreshes their figures while it is
 visible, and follows the controller's events for states at once.
 """
@@ -18,9 +18,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
 
 from app.core.background import track
 from app.core.states import ServerState
-from app.jobs.server_list import (COL_NAME, LocalServerSource, RemoteServerSource, ServerList, ServerListSource,
+from app.servers.server_list import (COL_NAME, LocalServerSource, RemoteServerSource, ServerList, ServerListSource,
                                   shown_rows)
-from app.jobs.server_service import StateChanged
+from app.servers.events import StateChanged
 from app.ui.server_list_model import TARGET_ROLE, ServerListModel
 from app.ui.tasks import RunsTasks
 

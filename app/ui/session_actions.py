@@ -9,8 +9,8 @@ a workflow needs confirmation, and says the outcome on the panel's message line
 from __future__ import annotations
 
 from app.core.verdict import Verdict, VerdictKind
-from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
-from app.jobs.service import NeedsConfirmation, ServiceError
+from app.sessions.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
+from app.sessions.service import NeedsConfirmation, ServiceError
 from app.ui.session_dialogs import history_dialog
 from app.ui.sessions_model import _size
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices
 
-from app.jobs.sessions import cutoff, delete_older_than, older_than, usage_of
+from app.sessions.records import cutoff, delete_older_than, older_than, usage_of
 from app.store.catalog import CatalogError, SessionRecord
 from app.ui.session_dialogs import answer, ask_new_name, chosen_days, days_dialog
 from app.ui.sessions_model import _size, _when
@@ -34,7 +34,7 @@ class SessionCleanup:
             self.rename(rec.name, new, rec.profile)
 
     def rename(self, old: str, new: str, profile: str | None = None) -> bool:
-        from app.jobs.sessions import rename_session
+        from app.sessions.records import rename_session
 
         try:
             if self.service is not None:
@@ -61,7 +61,7 @@ class SessionCleanup:
         self.spawn(confirm_then_delete())
 
     def delete(self, name: str, profile: str | None = None) -> bool:
-        from app.jobs.sessions import delete_session
+        from app.sessions.records import delete_session
 
         try:
             if self.service is not None:

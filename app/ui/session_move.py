@@ -1,14 +1,14 @@
 """Move to… / Copy to… on a session row of the Sessions tab, and drag and drop (issue #20).
 
 The menu lists the other servers of the server list that run from a profile
-(:func:`app.jobs.server_list.move_targets`); a session row dragged onto a server row asks
+(:func:`app.servers.server_list.move_targets`); a session row dragged onto a server row asks
 how (app.ui.move_dialog.MoveDialog: move or copy, then restore there and judge). The
 source is this machine's catalog, or the host whose server the Sessions tab shows
 (app.ui.remote_view). The move itself is
-:func:`app.jobs.move.move_session` (the compatibility rules first, then the copy with its
+:func:`app.move.move.move_session` (the compatibility rules first, then the copy with its
 SHA-256 check and the atomic rename at the target), with a progress bar that can cancel it
-and the outcome said on the tab's message line (:func:`app.jobs.server_list.move_verdict`),
-with the restore's verdict when asked (app.jobs.remote_view.restore_and_judge).
+and the outcome said on the tab's message line (:func:`app.servers.server_list.move_verdict`),
+with the restore's verdict when asked (app.servers.remote_view.restore_and_judge).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QMenu, QProgressDialog
 
-from app.jobs.server_list import THIS_MACHINE, ServerRow, move_cancelled, move_targets, move_verdict
+from app.servers.server_list import THIS_MACHINE, ServerRow, move_cancelled, move_targets, move_verdict
 from app.store.catalog import SessionRecord
 from app.ui.move_dialog import MoveDialog, ServerDropTarget, SessionDragger, session_mime
 from app.ui.session_dialogs import answer
@@ -118,7 +118,7 @@ class SessionMoves(QObject):
 
     def endpoint(self, row: ServerRow):
         """The move's endpoint for a row: a profile here; a remote host's source gives its own."""
-        from app.jobs.move import LocalEndpoint, MoveError
+        from app.move.move import LocalEndpoint, MoveError
 
         if row.host == THIS_MACHINE:
             return LocalEndpoint(self.panel.catalog, row.profile)
@@ -130,7 +130,7 @@ class SessionMoves(QObject):
 
     def source_endpoint(self, rec: SessionRecord):
         """Where ``rec`` is: this machine's catalog, or the host whose server the tab shows."""
-        from app.jobs.move import LocalEndpoint
+        from app.move.move import LocalEndpoint
 
         remote = getattr(self.panel, "remote", None)
         return remote.endpoint() if remote is not None else LocalEndpoint(self.panel.catalog, rec.profile)
@@ -142,7 +142,7 @@ class SessionMoves(QObject):
         after the target listed the session says that both copies remain (``on_committed``)."""
         import asyncio
 
-        from app.jobs.move import MoveCancelled, MoveError, move_session
+        from app.move.move import MoveCancelled, MoveError, move_session
 
         verb = "Copying" if copy else "Moving"
         self.progress = dialog = QProgressDialog(f"{verb} '{rec.name}' to '{row.name}'…", "Cancel", 0, 1000,
@@ -202,7 +202,7 @@ class SessionMoves(QObject):
 
     async def _restore(self, target, name: str, row: ServerRow) -> str:
         """Restore ``name`` at ``target`` and judge a first query: the verdict, or why not."""
-        from app.jobs.remote_view import restore_and_judge, verdict_text
+        from app.servers.remote_view import restore_and_judge, verdict_text
 
         self.panel.busy.show()
         try:

@@ -1,6 +1,6 @@
 """Parked sessions: park, resume, check, delete, rename — one click each.
 
-A thin face of :class:`app.jobs.service.SessionService`: every decision (which
+A thin face of :class:`app.sessions.service.SessionService`: every decision (which
 slot, which key, what to warn about, what a resume does to the catalog) is the
 service's; this widget shows results, asks the user when the service says a
 workflow needs confirmation, and keeps the window responsive (busy bar, queue
@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QInputDialog, QLabel, QLineEdit, QMe
                                QVBoxLayout, QWidget)
 
 from app import paths
-from app.jobs.service import ServiceError, SessionService
+from app.sessions.service import ServiceError, SessionService
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui import theme
@@ -201,7 +201,7 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
     # -- server -----------------------------------------------------------
     def attach(self, controller) -> None:
         """Follow the server the controller shows: its session service is connected (and closed)
-        by the server service (app.jobs.server_service), and shared with the quit and logind paths."""
+        by the server service (app.servers.service), and shared with the quit and logind paths."""
         self.controller = controller
         controller.sig_sessions.connect(self._on_sessions)
         controller.sig_notice.connect(lambda text, ok: None if ok or self._closed else self._say(text, ok=False))

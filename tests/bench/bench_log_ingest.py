@@ -65,8 +65,8 @@ def main() -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.jobs.cache_health import CacheHealth
-    from app.jobs.watch import ResumeWatcher
+    from app.tools.cache_health import CacheHealth
+    from app.sessions.watch import ResumeWatcher
     from app.server.supervisor import Supervisor
     from app.ui.log_panel import LogPanel
 

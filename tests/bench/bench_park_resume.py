@@ -66,9 +66,9 @@ async def main(runs: int) -> None:
 
     from app import paths
     from app.core.profile import LaunchProfile
-    from app.jobs.park import park_slot
-    from app.jobs.resume import resume_session
-    from app.jobs.target import ServerTarget
+    from app.sessions.park import park_slot
+    from app.sessions.resume import resume_session
+    from app.sessions.target import ServerTarget
     from app.server.client import LlamaClient
     from app.server.discovery import find_server_binary
     from app.server.launcher import make_supervisor, plan_launch
@@ -121,7 +121,7 @@ async def main(runs: int) -> None:
 
 async def resume_parts(t, runs: int) -> None:
     """Where a resume's added time goes (target: the preflight adds at most 2 ms)."""
-    from app.jobs import resume as R
+    from app.sessions import resume as R
     from app.store.catalog import HistoryEvent
 
     parts = {"/slots read (server round trip)": [], "preflight (app work)": [], "catalog writes": []}
@@ -145,7 +145,7 @@ def synthetic_big_files(t) -> None:
     """A 2.5 GB state file and a 300 MB sidecar with real headers, sparse: header-only paths."""
     import struct
 
-    from app.jobs import sidecar_check
+    from app.sessions import sidecar_check
     from app.server.statefile import read_state_header
 
     folder = Path(tempfile.mkdtemp(prefix="kvv-big-"))
@@ -191,9 +191,9 @@ async def large_session(runs: int) -> None:
 
     from app import paths
     from app.core.profile import LaunchProfile
-    from app.jobs.park import park_slot
-    from app.jobs.resume import resume_session
-    from app.jobs.target import ServerTarget
+    from app.sessions.park import park_slot
+    from app.sessions.resume import resume_session
+    from app.sessions.target import ServerTarget
     from app.server.client import LlamaClient
     from app.server.discovery import find_server_binary
     from app.server.launcher import make_supervisor, plan_launch

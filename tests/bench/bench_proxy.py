@@ -29,7 +29,7 @@ exists after the set-up out of the collector's way (``gc.freeze()``, as an app m
 started) to see the proxy without those pauses.
 
 Time saved per returning conversation after a restart (``--convs``, default 4, over 2 slots):
-the conversations go through ``launch_with_proxy`` (the real ProxyService: identity, leases, parks)
+the conversations go through ``launch_profile`` (the real ProxyService: identity, leases, parks)
 with a ~1,000-token system prompt each, more conversations than slots so they rotate through their
 parks; the server is parked and stopped (``kv-valet serve``'s Ctrl-C) and a new one started; then
 each conversation's next turn: through the proxy (restored from its park) against the same turn sent
@@ -304,8 +304,9 @@ async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int
 
     from app.core.lifecycle import StopTrigger
     from app.core.profile import LaunchProfile
-    from app.jobs.server_service import ServerService
-    from app.proxy.service import launch_with_proxy
+    from app.servers.service import ServerService
+    from app.proxy.service import ProxyFront
+    from app.servers.launch import launch_profile
 
     if mode:
         os.environ["KVV_SIDECAR_MODE"] = mode
@@ -324,9 +325,9 @@ async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int
         return body["choices"][0]["message"]["content"] or "", ms, body
 
     first: dict[int, str] = {}
-    servers = ServerService()
+    servers = ServerService(front=ProxyFront())
     try:
-        handle, proxy = await launch_with_proxy(servers, profile)
+        handle, proxy = await launch_profile(servers, profile)
         assert proxy is not None, "the server did not start"
         async with httpx.AsyncClient(trust_env=False, timeout=600) as h:
             for i in range(n_convs):  # more conversations than slots: they rotate through their parks
@@ -336,10 +337,10 @@ async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int
     finally:
         await servers.aclose()
 
-    servers = ServerService()  # a new server process (and a new proxy reading the stored conversations)
+    servers = ServerService(front=ProxyFront())  # a new server process (and a new proxy reading the stored conversations)
     restored, reprefill = [], []
     try:
-        handle, proxy = await launch_with_proxy(servers, profile)
+        handle, proxy = await launch_profile(servers, profile)
         assert proxy is not None, "the server did not start"
         judged: asyncio.Queue = asyncio.Queue()
         proxy.on_record(judged.put_nowait)

@@ -69,7 +69,7 @@ def seed(sshd, n: int) -> None:
 
 
 async def clicks(window, source, runs: int, sessions: int) -> dict:
-    from app.jobs.server_list import COL_NAME
+    from app.servers.server_list import COL_NAME
     from tests.conftest import signal_future
 
     panel = window.server_list
@@ -119,7 +119,7 @@ def main() -> None:
         import qasync
         from PySide6.QtWidgets import QApplication
 
-        from app.jobs.server_list import RemoteServerSource
+        from app.servers.server_list import RemoteServerSource
         from app.ui.main_window import MainWindow
         from app.ui.wiring import attach_panels
         from tests.ssh.conftest import running_sshd

@@ -59,7 +59,7 @@ def generate(n: int, *, now: float | None = None) -> list:
     so 1,000 sessions span 125 days.
     """
     from app import paths
-    from app.jobs.sidecar_check import inspect, state_hash
+    from app.sessions.sidecar_check import inspect, state_hash
     from app.server.sidecar import Checkpoint, write_pkcl
     from app.server.statefile import write_state_file
     from app.store.catalog import Catalog, SessionRecord
@@ -117,7 +117,7 @@ def _median_ms(fn, repeat: int, before=None) -> float:
 
 def _forget_sidecar_checks() -> None:
     """Drop what sidecar_check remembers in memory (a no-op before it remembered anything)."""
-    from app.jobs import sidecar_check
+    from app.sessions import sidecar_check
 
     getattr(sidecar_check, "forget", lambda: None)()
 
@@ -135,7 +135,7 @@ def main() -> int:
         os.environ[var] = str(base / sub)
 
     from app import paths
-    from app.jobs.sessions import list_sessions
+    from app.sessions.records import list_sessions
     from app.store.catalog import Catalog
 
     t0 = time.perf_counter()

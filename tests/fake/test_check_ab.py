@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs.check import (ARM_BASELINE, ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, HIDDEN_SUFFIX, PROBE_EXACT, PROBE_TEXT, CheckError,
+from app.sessions.check import (ARM_BASELINE, ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, HIDDEN_SUFFIX, PROBE_EXACT, PROBE_TEXT, CheckError,
                             ab_check, check_resume, hide_sidecar, recover_hidden_sidecars, to_csv, to_json,
                             to_markdown)
-from app.jobs import journal
-from app.jobs.target import ServerTarget
+from app.sessions import journal
+from app.sessions.target import ServerTarget
 from app.core.verdict import VerdictKind
-from app.jobs.watch import FileLogBuffer
+from app.sessions.watch import FileLogBuffer
 from app.server.client import LlamaClient, ServerUnreachable
 from app.server.sidecar import inspect_sidecar
 from app.store.catalog import Catalog, SessionRecord

@@ -17,7 +17,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app import paths
-from app.jobs.server_build import BuildProgress, BuildResult
+from app.core.profile import BUILT_MARKER
+from app.tools.server_build import BuildProgress, BuildResult
 from app.serverbuild import cache
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
@@ -80,7 +81,7 @@ def test_a_discarded_first_run_offers_the_build_and_ends_in_a_hit(qtbot, qloop, 
     qtbot.mouseClick(guide.build_button, Qt.LeftButton)
     ok, _text = run(qloop, finished, 60)
     assert ok and built and not guide.build_button.isVisible()
-    assert ProfileStore().load("default").server_binary == cache.BUILT_MARKER
+    assert ProfileStore().load("default").server_binary == BUILT_MARKER
     assert guide.next_button.text() == BUILT_STEPS[0][0]
 
     second = run(qloop, walk_guide(qtbot, guide, BUILT_STEPS, 60), 200)

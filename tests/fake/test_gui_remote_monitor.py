@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from app.jobs import remote_view as rv_jobs
-from app.jobs.server_list import RemoteServerSource
+from app.servers import remote_view as rv_jobs
+from app.servers.server_list import RemoteServerSource
 from app.ui import remote_view
 from tests.conftest import signal_future
 from tests.fake.gui_helpers import make_window

@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 
 from app import paths
 from app.core.states import ServerState
-from app.jobs.server_list import COL_NAME, COL_SLOTS, COL_STATE
+from app.servers.server_list import COL_NAME, COL_SLOTS, COL_STATE
 from app.server.client import LlamaClient
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
@@ -174,7 +174,7 @@ def test_two_servers_listed_selected_and_parked_without_cross_talk(qtbot, qloop,
 
 
 def test_a_remote_hosts_servers_list_after_this_machines_and_select_like_them(qtbot, qloop, tmp_path):
-    from app.jobs.server_list import RemoteServerSource
+    from app.servers.server_list import RemoteServerSource
     from tests.unit.test_server_list import STATUS, FakeHost
 
     w, _a = make_window(qtbot, tmp_path)

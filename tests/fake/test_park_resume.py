@@ -16,14 +16,14 @@ import pytest
 
 from app import paths
 from app.cli import main as cli_main
-from app.jobs import park as park_mod
-from app.jobs.park import ParkError, default_name, park_all, park_slot, recover_interrupted, slugify
-from app.jobs.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan
-from app.jobs.service import SessionService
-from app.jobs.resume import (ResumeNeedsConfirmation, ResumeRefused, follow_up, preflight,
+from app.sessions import park as park_mod
+from app.sessions.park import ParkError, default_name, park_all, park_slot, recover_interrupted, slugify
+from app.sessions.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan
+from app.sessions.service import SessionService
+from app.sessions.resume import (ResumeNeedsConfirmation, ResumeRefused, follow_up, preflight,
                              resume_session)
-from app.jobs.sessions import delete_session, list_sessions, rename_session
-from app.jobs.target import ServerTarget
+from app.sessions.records import delete_session, list_sessions, rename_session
+from app.sessions.target import ServerTarget
 from app.server.client import LlamaClient
 from app.server.statefile import read_state_header
 from app.store.catalog import Catalog
@@ -511,7 +511,7 @@ def test_park_all_and_resume_plan(fake_server, tmp_path):
                     results = await svc.park_all(prefix="eod2")
                 finally:
                     park_mod.park_slot = orig
-                # slot 1 holds what was just resumed into it: not parked again (app.jobs.park.choose_parks)
+                # slot 1 holds what was just resumed into it: not parked again (app.sessions.park.choose_parks)
                 assert {r.slot_id: (r.error, r.unchanged) for r in results} == {0: ("disk on fire", False),
                                                                                   1: (None, True)}
                 res = await park_all(t, prefix="all")
@@ -581,7 +581,7 @@ def test_cli_park_by_profile_and_resume_all(fake_server, tmp_path, capsys):
     from urllib.parse import urlparse
 
     from app.core.profile import LaunchProfile
-    from app.jobs.resume_plan import write_resume_plan
+    from app.sessions.resume_plan import write_resume_plan
     from app.store.profiles import ProfileStore
 
     model = write_model(tmp_path, dense=True)

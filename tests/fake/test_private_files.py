@@ -21,10 +21,10 @@ import pytest
 from app import paths
 from app import settings as settings_mod
 from app.core.profile import LaunchProfile
-from app.jobs.park import ParkError, park_slot
-from app.cli.sessions import connect  # the one resolver, as `kv-valet park` reaches a profile
-from app.jobs.service import ServiceError, SessionService
-from app.jobs.sessions import delete_session, list_sessions
+from app.sessions.park import ParkError, park_slot
+from app.cli.connect import connect  # the one resolver, as `kv-valet park` reaches a profile
+from app.sessions.service import ServiceError, SessionService
+from app.sessions.records import delete_session, list_sessions
 from app.server.launcher import make_supervisor, plan_launch
 from app.server.statefile import write_state_file
 from app.store.catalog import Catalog
@@ -175,7 +175,7 @@ def test_deleting_a_session_whose_file_is_a_link_removes_the_link_not_its_target
 
 
 async def test_parking_over_a_link_is_refused_and_the_target_is_untouched(fake_server, tmp_path):
-    from app.jobs.target import ServerTarget
+    from app.sessions.target import ServerTarget
     from app.server.client import LlamaClient
 
     model = tmp_path / "model.gguf"
@@ -213,7 +213,7 @@ HOSTILE_NAMES = ["../escape", "../../../../tmp/kvv-escape", "/etc/passwd", "/", 
 
 
 async def test_hostile_session_names_park_inside_the_save_folder(fake_server, tmp_path):
-    from app.jobs.target import ServerTarget
+    from app.sessions.target import ServerTarget
     from app.server.client import LlamaClient
 
     model = tmp_path / "model.gguf"

@@ -20,8 +20,7 @@ import pytest
 
 from app import settings
 from app.core.conversation import Cause, RequestVerdict
-from app.jobs.server_service import ServerService
-from app.proxy.service import launch_with_proxy
+from app.servers.service import ServerService
 from tests.fake.profiles import fake_profile
 from tests.fake.test_proxy_service import Proxied as ServiceProxied
 from tests.fake.test_proxy_service import chat, system

@@ -12,8 +12,9 @@ import pytest
 
 from app.core.conversation import Cause, RequestVerdict
 from app.core.lifecycle import StopTrigger
-from app.jobs.server_service import ServerService
-from app.proxy.service import launch_with_proxy
+from app.servers.service import ServerService
+from app.proxy.service import ProxyFront
+from app.servers.launch import launch_profile
 from tests.fake.profiles import fake_profile
 
 def system(name: str) -> str:
@@ -33,8 +34,8 @@ class Proxied:
         self.profile, self.records = profile, []
 
     async def __aenter__(self):
-        self.servers = ServerService()
-        self.handle, self.proxy = await launch_with_proxy(self.servers, self.profile)
+        self.servers = ServerService(front=ProxyFront())
+        self.handle, self.proxy = await launch_profile(self.servers, self.profile)
         assert self.proxy is not None
         self.judged = asyncio.Queue()  # each judged request, as the proxy records it
         self.proxy.on_record(self.judged.put_nowait)

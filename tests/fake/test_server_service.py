@@ -1,4 +1,4 @@
-"""The server service (app.jobs.server_service) on the fake llama-server: the one target
+"""The server service (app.servers.service) on the fake llama-server: the one target
 resolver, one HTTP client per server, several servers at once, and the one park-then-stop
 that never writes a second copy of a chat it just parked or resumed.
 
@@ -16,7 +16,7 @@ import pytest
 
 from app import paths
 from app.core.lifecycle import StopTrigger, TargetKind
-from app.jobs.server_service import ServerService, profile_target_id, resolve_target, url_target_id
+from app.servers.service import ServerService, profile_target_id, resolve_target, url_target_id
 from app.server.launcher import pid_record_path
 from app.server.supervisor import PidRecord, ServerState, write_pid_record
 from app.store.catalog import Catalog
@@ -145,7 +145,7 @@ async def test_a_stop_right_after_a_named_park_writes_no_second_copy(tmp_path, m
     assert [(r.slot_id, r.unchanged, r.record.name) for r in report.results] == [(0, True, "mine")]
     with Catalog(paths.catalog_path()) as cat:
         assert [r.name for r in cat.list("fake")] == ["mine"]
-    from app.jobs.resume_plan import load_resume_plan
+    from app.sessions.resume_plan import load_resume_plan
 
     assert [(e.slot, e.session) for e in load_resume_plan("fake")] == [(0, "mine")]  # Resume all brings it back
 

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QApplication
 from app import paths, settings
 from app.core.lifecycle import StopTrigger
 from app.core.states import PowerEvent, ServerState
-from app.jobs.server_service import ServerService
+from app.servers.service import ServerService
 from app.store.catalog import Catalog
 from app.ui.app import run_until_closed
 from tests.conftest import run, signal_future

@@ -9,7 +9,7 @@ import pytest
 from app import paths
 from app.core.profile import LaunchProfile
 from app.core.verdict import Verdict, VerdictKind, time_saved
-from app.jobs.service import SessionService
+from app.sessions.service import SessionService
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.store.catalog import Catalog

@@ -4,7 +4,7 @@
 
 It connects to the profile's running server as ``kv-valet park`` does (the CLI's
 ``connect``: the pid record, the profile's key, recovery of what an earlier crash left)
-and runs one workflow of :class:`app.jobs.service.SessionService`. With ``pause`` it
+and runs one workflow of :class:`app.sessions.service.SessionService`. With ``pause`` it
 stops at one point of that workflow, says so on stdout (``at POINT``) and blocks on
 stdin with everything frozen as it is: the test kills it there with SIGKILL, so the
 kill lands at that point every time, not "about then" after a sleep.
@@ -22,7 +22,7 @@ Pause points (each wraps the app function the workflow really calls):
 ``op: loop``: park and delete in a loop (the two-process cell); it waits for ``go`` on
 stdin so two drivers start together. ``op: delete``: delete a session. With
 ``report_lock_waits`` it says ``waiting for the lock`` when another process holds the
-catalog's files lock (app.jobs.files_lock), so a test can order two processes exactly.
+catalog's files lock (app.sessions.files_lock), so a test can order two processes exactly.
 
 stdout lines: ``connected``, ``at POINT``, ``done JSON``, ``failed MESSAGE``.
 """
@@ -47,7 +47,7 @@ def freeze_here(point: str) -> None:
 
 def report_lock_waits() -> None:
     """Say ``waiting for the lock`` the first time a flock finds another process holding it
-    (app.jobs.files_lock): the test then knows this process is blocked behind the other."""
+    (app.sessions.files_lock): the test then knows this process is blocked behind the other."""
     import fcntl
 
     original = fcntl.flock
@@ -68,7 +68,7 @@ def report_lock_waits() -> None:
 def install_pause(op: str, point: str | None) -> None:
     if not point:
         return
-    import app.jobs.check as check_mod
+    import app.sessions.check as check_mod
     from app.server.client import LlamaClient
     from app.store.catalog import Catalog
 
@@ -113,7 +113,7 @@ def install_pause(op: str, point: str | None) -> None:
 
 async def loop_parks(svc, slot: int, tag: str, n: int) -> dict:
     """Two of these run at once on one catalog and one save folder."""
-    from app.jobs.service import ServiceError
+    from app.sessions.service import ServiceError
     from app.store.catalog import CatalogError
 
     counts = {"parked": 0, "park_failed": 0, "deleted": 0, "delete_failed": 0, "errors": []}
@@ -147,7 +147,7 @@ async def loop_parks(svc, slot: int, tag: str, n: int) -> dict:
 
 
 async def main(spec: dict) -> int:
-    from app.cli.sessions import connect, open_catalog
+    from app.cli.connect import connect, open_catalog
 
     op = spec["op"]
     install_pause(op, spec.get("pause"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from app import paths
-from app.jobs.service import SessionService
+from app.sessions.service import SessionService
 from app.server.launcher import make_supervisor, plan_launch
 from app.server.sidecar import SidecarStatus, fnv1a64_file, inspect_sidecar
 from app.server.statefile import read_state_header

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from app import paths
-from app.jobs.sessions import DAY_S, older_than
+from app.sessions.records import DAY_S, older_than
 from app.server.statefile import write_state_file
 from app.store.catalog import Catalog, SessionRecord
 from tests.conftest import run

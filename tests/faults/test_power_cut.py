@@ -3,7 +3,7 @@
 A power cut cannot be made in a test, but what it leaves can: the files exactly as the
 park had written them at that point (the temporary state file the real server saved
 under the name the app gives it, the previous copy renamed aside) and the journal entry
-the park had written before touching them (app.jobs.park, app.jobs.journal), whose owner
+the park had written before touching them (app.sessions.park, app.sessions.journal), whose owner
 is a process that no longer exists (after a reboot its pid belongs to another process).
 The next start (``kv-valet resume`` in a new process) must clean the temporary files,
 keep the previous copy listed, byte-identical, and say what it did.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from app import paths
-from app.jobs.journal import JournalKind, Owner, ParkJournal, ParkPhase, _payload
+from app.sessions.journal import JournalKind, Owner, ParkJournal, ParkPhase, _payload
 from app.server.client import LlamaClient
 from app.server.statefile import read_state_header
 from app.store.catalog import Catalog

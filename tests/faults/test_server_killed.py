@@ -13,8 +13,8 @@ import asyncio
 
 import pytest
 
-from app.jobs.resume import ResumeFailed
-from app.jobs.service import ServiceError
+from app.sessions.resume import ResumeFailed
+from app.sessions.service import ServiceError
 from app.server.client import ServerUnreachable
 from app.server.logparse import Kind
 from tests.faults.helpers import MORE, SHORT, Freezer, Server, assert_consistent, state_bytes

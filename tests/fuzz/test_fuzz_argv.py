@@ -17,7 +17,8 @@ from hypothesis import given, strategies as st
 from app.cli.profiles import _name_from_model
 from app.core.argv import OPTIONS, CommandLineError, parse_argv, parse_command_line, preview, to_argv
 from app.core.hazards import hazards
-from app.core.profile import ProfileError, check
+from app.core.profile import ProfileError
+from app.core.profile_check import check
 from tests.fuzz.fuzzkit import outcome
 
 FLAGS = sorted({n for o in OPTIONS for n in (*o.names, *o.negatives)} | {"-fa", "--flash-attn", "-ngl", "--jinja",

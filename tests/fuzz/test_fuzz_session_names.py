@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hypothesis import example, given, strategies as st
 
-from app.jobs.park import TMP_PREFIX, pick_state_file, slugify
+from app.sessions.park import TMP_PREFIX, pick_state_file, slugify
 from app.store.catalog import Catalog
 from tests.fuzz.fuzzkit import outcome
 

@@ -9,8 +9,9 @@ import psutil
 import pytest
 from PySide6.QtCore import Qt
 
-from app.jobs.server_build import BuildRequest
-from app.serverbuild.cache import BUILT_MARKER, BuildOptions, cache_root, find_built
+from app.tools.server_build import BuildRequest
+from app.core.profile import BUILT_MARKER
+from app.serverbuild.cache import BuildOptions, cache_root, find_built
 from app.store.profiles import ProfileStore
 from app.ui.build_dialog import BUILT_LABEL, OTHER_LABEL, STOCK_LABEL, BuildDialog, offer_built_server
 from tests.conftest import run, signal_future
@@ -139,7 +140,7 @@ def test_the_form_offers_stock_built_and_other(qtbot, qloop, fake, tmp_path):
 def test_at_a_start_the_question_does_not_block_and_is_asked_once(qtbot, qloop, fake):
     from PySide6.QtWidgets import QMessageBox
 
-    from app.jobs.server_build import build_server
+    from app.tools.server_build import build_server
     from app.ui.build_dialog import SWITCH_ANSWER_KEY
     from app.ui.main_window import MainWindow
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from PySide6.QtGui import QImage
 
-from app.jobs.check import ABReport, CheckReport, ProbeRow
+from app.sessions.check import ABReport, CheckReport, ProbeRow
 from app.core.verdict import VerdictKind, judge
 from app.store.catalog import HistoryEvent
 from app.ui.check_view import ABChart, CheckDialog, HistoryChart, export_png

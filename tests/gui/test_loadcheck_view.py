@@ -13,7 +13,7 @@ import time
 import pytest
 from PySide6.QtCore import Qt
 
-from app.jobs.loadcheck import StreamRecorder, build_report
+from app.tools.loadcheck import StreamRecorder, build_report
 from app.ui import theme
 from app.ui.loadcheck_view import COLUMNS, GapChart, LoadCheckDialog
 from tests.conftest import run, signal_future

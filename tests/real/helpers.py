@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from app import paths
-from app.jobs.target import ServerTarget
+from app.sessions.target import ServerTarget
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.store.catalog import Catalog

@@ -13,8 +13,9 @@ import subprocess
 
 import pytest
 
+from app.core.profile import BUILT_MARKER
 from app.cli import main
-from app.jobs.server_build import default_switch_wanted
+from app.tools.server_build import default_switch_wanted
 from app.serverbuild import cache
 from app.store.profiles import ProfileStore
 from tests.real.helpers import link_real_build
@@ -38,13 +39,13 @@ def test_the_cached_build_is_found_selected_and_runs(sidecar_server_bin, tmp_pat
     binary = out.strip().splitlines()[-1]
     assert binary == str(root / real_entry.name / "llama-server")
     assert "configure" not in err and "compile" not in err  # nothing was built
-    assert store.load("default").server_binary == cache.BUILT_MARKER
+    assert store.load("default").server_binary == BUILT_MARKER
     assert not default_switch_wanted(store, None)
 
     from app.server.discovery import find_server_binary
 
-    found = find_server_binary(cache.BUILT_MARKER)
-    assert found.path == binary and found.source == cache.BUILT_MARKER
+    found = find_server_binary(BUILT_MARKER)
+    assert found.path == binary and found.source == BUILT_MARKER
     r = subprocess.run([found.path, "--version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "version" in (r.stdout + r.stderr)
     assert cache.find_built().out_of_date(version, cache.sha256_file(cache_patch())) is None

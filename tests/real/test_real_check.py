@@ -12,8 +12,8 @@ import asyncio
 import pytest
 
 from app import paths
-from app.jobs.check import PROBE_EXACT, PROBE_TEXT, ab_check, check_resume, to_json
-from app.jobs.target import ServerTarget
+from app.sessions.check import PROBE_EXACT, PROBE_TEXT, ab_check, check_resume, to_json
+from app.sessions.target import ServerTarget
 from app.core.verdict import VerdictKind
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
@@ -26,9 +26,9 @@ pytestmark = pytest.mark.real_server
 
 async def _park(t: ServerTarget):
     try:
-        from app.jobs.park import park_slot
+        from app.sessions.park import park_slot
     except ImportError:  # pragma: no cover - park job not there yet
-        pytest.skip("app.jobs.park is not available")
+        pytest.skip("app.sessions.park is not available")
     await t.client.completion(TEXT, slot_id=0, n_predict=4)
     return (await park_slot(t, 0, "real check")).record
 

@@ -51,7 +51,7 @@ def test_sigterm_parks_the_filled_slot_then_stops(real_profile):
     import urllib.request
 
     from app import paths
-    from app.jobs.resume_plan import load_resume_plan
+    from app.sessions.resume_plan import load_resume_plan
     from app.store.catalog import Catalog
     from tests.real.helpers import TEXT
 

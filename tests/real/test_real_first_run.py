@@ -8,6 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app import paths
+from app.core.profile import BUILT_MARKER
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui.first_run import STEPS, FirstRunGuide, first_run_pending
@@ -96,7 +97,7 @@ def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_prof
     qtbot.mouseClick(guide.build_button, Qt.LeftButton)
     ok, text = run(qloop, built, 300)
     assert ok, text
-    assert store.load("default").server_binary == cache.BUILT_MARKER
+    assert store.load("default").server_binary == BUILT_MARKER
 
     second = run(qloop, walk_guide(qtbot, guide, BUILT_STEPS), 400)
     assert str(root / real_entry.name / "llama-server") in second[0]  # the restart ran the built server

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from app.jobs.loadcheck import run_load_check, to_markdown
+from app.tools.loadcheck import run_load_check, to_markdown
 from app.server.client import LlamaClient
 from tests.real.helpers import start_server
 
@@ -66,7 +66,7 @@ async def test_load_check_on_the_seed_004_configuration(real_profile, capsys):
         saves, took = idle_slot_saves(lines)
         assert saves > 0, "with -kvu and --cache-idle-slots a new task saves the idle slots (trace log, -lv 4)"
         # the Cache health detectors see and time them from the same log
-        from app.jobs.cache_health import CacheHealth
+        from app.tools.cache_health import CacheHealth
 
         health = CacheHealth()
         health.feed_lines(items)

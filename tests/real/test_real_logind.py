@@ -140,7 +140,7 @@ def test_prepare_for_sleep_parks_and_the_wake_offers_back_only_what_was_lost(qtb
                                                                              private_bus, monkeypatch):
     from PySide6.QtDBus import QDBusConnection, QDBusMessage
 
-    from app.jobs.resume_plan import load_resume_plan
+    from app.sessions.resume_plan import load_resume_plan
 
     address, logind = private_bus
     w = window_on_the_bus(qtbot, real_profile, address, monkeypatch)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs.move import LocalEndpoint, MoveCancelled, move_session
-from app.jobs.park import park_slot
-from app.jobs.sessions import list_sessions
+from app.move.move import LocalEndpoint, MoveCancelled, move_session
+from app.sessions.park import park_slot
+from app.sessions.records import list_sessions
 from app.store.profiles import ProfileStore
 from tests.conftest import free_port
 from tests.real.helpers import TEXT, connect_target, start_server

@@ -12,9 +12,9 @@ import asyncio
 import pytest
 
 from app import paths
-from app.jobs.park import park_slot
-from app.jobs.resume import ResumeNeedsConfirmation, follow_up, resume_session
-from app.jobs.target import ServerTarget
+from app.sessions.park import park_slot
+from app.sessions.resume import ResumeNeedsConfirmation, follow_up, resume_session
+from app.sessions.target import ServerTarget
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.server.statefile import read_state_header

@@ -14,8 +14,9 @@ import openai
 import pytest
 
 from app.core.conversation import Cause, RequestVerdict
-from app.jobs.server_service import ServerService
-from app.proxy.service import launch_with_proxy
+from app.servers.service import ServerService
+from app.proxy.service import ProxyFront
+from app.servers.launch import launch_profile
 from app.core.lifecycle import StopTrigger
 from tests.conftest import free_port
 from tests.real.helpers import TEXT
@@ -35,8 +36,8 @@ class Proxied:
         self.records = []
 
     async def __aenter__(self):
-        self.servers = ServerService()
-        self.handle, self.proxy = await launch_with_proxy(self.servers, self.profile)
+        self.servers = ServerService(front=ProxyFront())
+        self.handle, self.proxy = await launch_profile(self.servers, self.profile)
         assert self.proxy is not None, "the server did not start"
         self.judged = asyncio.Queue()  # each judged request, as the proxy records it
         self.proxy.on_record(self.judged.put_nowait)

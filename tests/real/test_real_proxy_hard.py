@@ -379,7 +379,7 @@ def test_plain_serve_adopts_a_killed_apps_server(real_profile):
     ``serve`` of the profile finds that leftover on the profile's own port, parks its slot as a
     dated session (in the resume plan, for ``resume-all``), stops it and starts its own server on
     the same port: never two servers, nothing lost."""
-    from app.jobs.resume_plan import load_resume_plan
+    from app.sessions.resume_plan import load_resume_plan
     from app.server.launcher import pid_record_path
     from app.server.supervisor import find_leftover_server
     from app.store.profiles import ProfileStore

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli.sessions import connect  # the one resolver, as `kv-valet park` reaches a profile
-from app.jobs.service import SessionService
+from app.cli.connect import connect  # the one resolver, as `kv-valet park` reaches a profile
+from app.sessions.service import SessionService
 from app.server.launcher import make_supervisor, plan_launch, pid_record_path
 from app.store.catalog import Catalog
 from app import paths

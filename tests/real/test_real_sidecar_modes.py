@@ -5,7 +5,7 @@ runs in the mode under test (``KVV_SIDECAR_MODE``): ``fork`` (the turboquant for
 #206: checkpoints kept across restores, lax loader, silent tip) or ``v2`` (PKCL v2:
 state hash, strict loader against the restoring server's --ctx-checkpoints, tip
 fallback). Gemma 3 270M (SWA, n_swa 512). Each test says before the restore what the
-build will do (app.jobs.behaviour) and then asks the server.
+build will do (app.sessions.behaviour) and then asks the server.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 
 from app.core.sidecar_behaviour import SIDELESS_COSTS, Behaviour, Outcome
 from app.core.verdict import VerdictKind
-from app.jobs.behaviour import predict_for_target
-from app.jobs.check import ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS
-from app.jobs.resume import ResumeNeedsConfirmation
+from app.sessions.behaviour import predict_for_target
+from app.sessions.check import ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS
+from app.sessions.resume import ResumeNeedsConfirmation
 from app.server.sidecar import read_facts
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)

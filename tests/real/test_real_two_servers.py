@@ -15,8 +15,8 @@ import pytest
 
 from app import paths
 from app.core.states import ServerState
-from app.jobs.server_list import LocalServerSource, SlotUse
-from app.jobs.server_service import ServerService
+from app.servers.server_list import LocalServerSource, SlotUse
+from app.servers.service import ServerService
 from app.store.catalog import Catalog
 from tests.conftest import free_port
 from tests.real.helpers import TEXT

@@ -137,7 +137,7 @@ def test_park_all_and_quit_from_the_quit_dialog(qtbot, qloop, real_profile):
     from PySide6.QtCore import Qt
 
     from app import paths
-    from app.jobs.resume_plan import load_resume_plan
+    from app.sessions.resume_plan import load_resume_plan
     from app.server.client import LlamaClient
     from app.store.catalog import Catalog
     from app.ui.wiring import attach_panels

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import QApplication
 from app import paths
 from app.core.profile import LaunchProfile
 from app.core.states import ServerState
-from app.jobs.server_list import COL_NAME
+from app.servers.server_list import COL_NAME
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from tests.conftest import free_port, signal_future

@@ -30,7 +30,7 @@ import pytest
 
 from app import paths
 from app.core.profile import LaunchProfile
-from app.jobs.move import LocalEndpoint, RemoteEndpoint, move_session
+from app.move.move import LocalEndpoint, RemoteEndpoint, move_session
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from tests.conftest import free_port

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.core.profile import LaunchProfile
-from app.jobs.move import LocalEndpoint, MoveCancelled, MoveRefused, RemoteEndpoint, move_session
+from app.move.move import LocalEndpoint, MoveCancelled, MoveRefused, RemoteEndpoint, move_session
 from app.store.profiles import ProfileStore
 from tests.unit.move_helpers import folder_names, model_file, open_catalog, park_file, profile
 

@@ -37,13 +37,30 @@ def test_no_shell_strings_for_subprocesses():
 
 # -- the layer contract --------------------------------------------------------
 #
-# core < server, monitor < store < jobs < ui, cli: a module may import only from
-# its own layer and the layers below it, directly or through any chain of imports
-# (function-level imports included). The CLI reaches the Qt layer only through
-# its declared seam, app/cli/gui.py.
+# The floors, top-down (issue #27): cli/ui > proxy > servers > move > tools > sessions/remote
+# > server > monitor/store > core > paths. A module may import from its own package and from
+# any package on a lower floor, directly or through any chain of imports (function-level
+# imports included), never from a higher floor nor from another package on its own floor
+# (sessions and remote know nothing of each other; nor do monitor and store, ui and cli). The
+# CLI reaches the Qt layer only through its declared seam, app/cli/gui.py. Imports made only
+# for type checking (under ``if TYPE_CHECKING:``) are not followed: they never run.
+# And no circle: no module reaches itself again through its imports.
 
-LAYERS = {"core": 0, "server": 1, "monitor": 1, "store": 2, "jobs": 3, "proxy": 3, "remote": 3, "ui": 4, "cli": 4}
-TOP_LEVEL = {"paths": 0, "settings": 0, "__init__": 0, "__main__": 5}  # folders and preferences files only; __main__ opens everything
+FLOORS = {
+    "paths": 0, "serverbuild": 0, "__init__": 0,  # where files are; the build cache (standard library only)
+    "settings": 1, "core": 1,
+    "monitor": 2, "store": 2,
+    "server": 3,
+    "sessions": 4, "remote": 4,
+    "tools": 5,
+    "move": 6,
+    "servers": 7,
+    "proxy": 8,
+    "ui": 9, "cli": 9,
+    "__main__": 10,  # opens everything
+}
+#: packages of one floor that may import each other's modules (none: a floor's packages are peers)
+PEERS_ALLOWED: set[frozenset[str]] = {frozenset({"settings", "core"})}
 CLI_SEAM = "app.cli.gui"
 
 
@@ -55,14 +72,30 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes that sit under ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", None)
+            if name == "TYPE_CHECKING":
+                out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
 def app_imports(path: Path) -> set[str]:
-    """Every app.* module this file imports, at any depth of the file."""
+    """Every app.* module this file imports when it runs, at any depth of the file."""
     tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
     names = set()
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names if a.name.startswith("app.")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("app"):
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                (node.module == "app" or node.module.startswith("app.")):
             names.add(node.module)
             names |= {f"{node.module}.{a.name}" for a in node.names}
     return names
@@ -70,23 +103,29 @@ def app_imports(path: Path) -> set[str]:
 
 def graph() -> dict[str, set[str]]:
     mods = {module_name(p): p for p in APP.rglob("*.py")}
-    return {m: {i for i in app_imports(p) if i in mods} for m, p in mods.items()}
+    return {m: {i for i in app_imports(p) if i in mods and i != m} for m, p in mods.items()}
 
 
-def layer_of(mod: str) -> int:
+def package_of(mod: str) -> str:
     parts = mod.split(".")
-    if len(parts) == 1:
-        return 0
-    return LAYERS.get(parts[1], TOP_LEVEL.get(parts[1], 0))
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def floor_of(mod: str) -> int:
+    return FLOORS[package_of(mod)]
+
+
+def test_every_package_has_a_floor():
+    assert sorted({package_of(m) for m in graph()} - set(FLOORS)) == []
 
 
 def violations(g: dict[str, set[str]]) -> list[str]:
-    """(module, forbidden module, import chain) for every indirect or direct breach."""
+    """The import chain of every direct or indirect breach of the floors."""
     out = []
     for start in g:
         if start.endswith("__main__") or start == CLI_SEAM:
             continue
-        top = layer_of(start)
+        top, own = floor_of(start), package_of(start)
         seen, stack = {start: [start]}, [start]
         while stack:
             mod = stack.pop()
@@ -94,13 +133,49 @@ def violations(g: dict[str, set[str]]) -> list[str]:
                 if dep in seen or dep == CLI_SEAM:
                     continue
                 seen[dep] = seen[mod] + [dep]
-                dep_layer = layer_of(dep)
-                same_top = dep.split(".")[1:2] == start.split(".")[1:2]
-                if dep_layer > top or (dep_layer == top and not same_top and top == 4) or \
-                        (dep_layer == 1 and top == 1 and not same_top):
+                pkg, floor = package_of(dep), floor_of(dep)
+                if floor > top or (floor == top and pkg != own and top > 0
+                                   and frozenset({pkg, own}) not in PEERS_ALLOWED):
                     out.append(" -> ".join(seen[dep]))
                     continue
                 stack.append(dep)
+    return sorted(out)
+
+
+def circles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles (strongly connected groups of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's algorithm; the app's graph is a few hundred modules deep at most
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
     return sorted(out)
 
 
@@ -108,17 +183,35 @@ def test_layers_hold_through_indirect_imports():
     assert violations(graph()) == []
 
 
+def test_no_import_circle():
+    assert circles(graph()) == []
+
+
 def test_layer_check_sees_an_indirect_import():
-    """The contract fails on a chain, not only on a direct import."""
-    g = {"app.core.a": {"app.core.b"}, "app.core.b": {"app.jobs.x"}, "app.jobs.x": set(),
-         "app.monitor.m": {"app.server.s"}, "app.server.s": set(),
-         "app.cli.c": {"app.cli.gui", "app.jobs.x"}, "app.cli.gui": {"app.ui.w"}, "app.ui.w": set(),
-         "app.cli.bad": {"app.jobs.y"}, "app.jobs.y": {"app.ui.w"}}
-    assert violations(g) == ["app.cli.bad -> app.jobs.y -> app.ui.w",
-                             "app.core.a -> app.core.b -> app.jobs.x",
-                             "app.core.b -> app.jobs.x",
-                             "app.jobs.y -> app.ui.w",
-                             "app.monitor.m -> app.server.s"]
+    """The contract fails on a chain, not only on a direct import; on a peer of the same floor; and
+    an import under TYPE_CHECKING is not followed."""
+    g = {"app.core.a": {"app.core.b"}, "app.core.b": {"app.sessions.x"}, "app.sessions.x": set(),
+         "app.monitor.m": {"app.store.s"}, "app.store.s": set(),
+         "app.cli.c": {"app.cli.gui", "app.sessions.x"}, "app.cli.gui": {"app.ui.w"}, "app.ui.w": set(),
+         "app.cli.bad": {"app.sessions.y"}, "app.sessions.y": {"app.ui.w"},
+         "app.move.m": {"app.servers.s"}, "app.servers.s": {"app.move.n"}, "app.move.n": set()}
+    assert violations(g) == ["app.cli.bad -> app.sessions.y -> app.ui.w",
+                             "app.core.a -> app.core.b -> app.sessions.x",
+                             "app.core.b -> app.sessions.x",
+                             "app.monitor.m -> app.store.s",
+                             "app.move.m -> app.servers.s",
+                             "app.sessions.y -> app.ui.w"]
+
+
+def test_circle_check_sees_a_circle_and_skips_type_checking_imports(tmp_path):
+    g = {"app.sessions.a": {"app.sessions.b"}, "app.sessions.b": {"app.sessions.c"},
+         "app.sessions.c": {"app.sessions.a"}, "app.sessions.d": {"app.sessions.a"}}
+    assert circles(g) == [["app.sessions.a", "app.sessions.b", "app.sessions.c"]]
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nfrom app.core import x\n"
+                 "if TYPE_CHECKING:\n    from app.servers.service import ServerService\n"
+                 "def f():\n    from app.sessions.park import park_slot\n")
+    assert app_imports(f) == {"app.core", "app.core.x", "app.sessions.park", "app.sessions.park.park_slot"}
 
 
 def reaches(g: dict[str, set[str]], start: str, package: str) -> list[str]:
@@ -173,7 +266,7 @@ def test_cli_commands_run_without_pyside6():
             "from app.cli import check, doctor, hosts, install, loadcheck, profiles, serve, sessions, status; "
             "import app.remote.host, app.remote.unit; "
             "app.cli.build_parser(); "
-            "import app.jobs.service; print('ok')")
+            "import app.sessions.service; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=APP.parent, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
@@ -251,8 +344,8 @@ def test_line_count_is_physical_lines(tmp_path):
 
 # -- the faces reach the server layer through the services ---------------------------------------
 #
-# app/ui and app/cli decide nothing about servers: they go through app.jobs.server_service and
-# app.jobs.service. From app/server they may take value types only (log events and the log
+# app/ui and app/cli decide nothing about servers: they go through app.servers.service and
+# app.sessions.service. From app/server they may take value types only (log events and the log
 # buffer they read, a crash's outcome, the client's errors).
 
 SERVER_VALUES = {

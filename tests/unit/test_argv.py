@@ -95,7 +95,8 @@ def test_default_verbosity_added_only_when_unset():
 def test_extra_arguments_that_belong_to_a_field_move_into_it():
     """Regression: an API key typed into Extra arguments reached the server's argv (ps shows it)."""
     from app.core.argv import absorb_extra_args, to_argv
-    from app.core.profile import LaunchProfile, validate
+    from app.core.profile import LaunchProfile
+    from app.core.profile_check import validate
 
     p = LaunchProfile(name="x", model="/m.gguf", extra_args=("--jinja", "--api-key", "sekret", "--temp", "0.6",
                                                              "-np", "4"))

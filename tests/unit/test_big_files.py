@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from app.jobs import sidecar_check
+from app.sessions import sidecar_check
 from app.server.sidecar import SidecarStatus
 from app.server.statefile import StateFileError, read_state_header
 

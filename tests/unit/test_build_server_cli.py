@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.serverbuild.cache import BUILT_MARKER
+from app.core.profile import BUILT_MARKER
 from app.store.profiles import ProfileStore
 from tests.conftest import ROOT
 from tests.fakes.fake_sdist import fake_patch, make_fake_sdist

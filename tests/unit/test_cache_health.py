@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.core.findings import Severity
-from app.jobs.cache_health import CacheHealth, elapsed_seconds
+from app.tools.cache_health import CacheHealth, elapsed_seconds
 from app.server.outcome import Cause, Outcome
 from tests.conftest import B11434, SIDECAR_BUILD
 
@@ -80,7 +80,7 @@ def test_idle_save_figures_stay_bounded_on_a_busy_server():
     """A day of a busy multi-slot server logs an idle-slot save per request switch: the count,
     the histogram and the worst cover every one, but only the newest are kept one by one
     (the soak found the list growing 0.3 MB a minute under a log flood)."""
-    from app.jobs.cache_health import IDLE_SAVES_KEPT
+    from app.tools.cache_health import IDLE_SAVES_KEPT
 
     h = CacheHealth()
     n = IDLE_SAVES_KEPT * 3

@@ -208,7 +208,7 @@ def test_remedy_flags():
 
 
 def test_gather_facts_never_raises_and_leaves_unknowns_none(tmp_path):
-    from app.jobs.diagnose import gather_facts
+    from app.tools.diagnose import gather_facts
 
     f = gather_facts(LaunchProfile(name="g", model=str(tmp_path / "none.gguf"),
                                    server_binary=str(tmp_path / "none")))
@@ -222,7 +222,7 @@ def test_gather_facts_never_raises_and_leaves_unknowns_none(tmp_path):
 
 
 def test_gather_facts_from_binary_model_and_catalog(fake_server, gemma):
-    from app.jobs.diagnose import gather_facts
+    from app.tools.diagnose import gather_facts
 
     prof = LaunchProfile(name="g", model=str(gemma), server_binary=str(fake_server))
     cat = Catalog(":memory:")
@@ -247,14 +247,14 @@ def test_gather_facts_from_binary_model_and_catalog(fake_server, gemma):
 
 
 def test_build_keys_match_what_the_catalog_records():
-    from app.jobs.diagnose import build_keys
+    from app.tools.diagnose import build_keys
 
     assert build_keys("version: 0.6.0-dev (build 0, commit unknown)\nbuilt with GNU")[0] == "b0-unknown"
     assert build_keys("version: 4149 (1bb30bf2)\nbuilt with cc")[0] == "b4149-1bb30bf2"
 
 
 def test_gather_facts_sees_a_read_only_folder(tmp_path):
-    from app.jobs.diagnose import gather_facts
+    from app.tools.diagnose import gather_facts
 
     if os.geteuid() == 0:  # root writes into a mode-500 folder; not into /proc/sys (proc_sys_permission)
         ro = Path("/proc/sys")

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.cli.errors import CliError
-from app.jobs.loadcheck import (LoadCheckError, StreamRecorder, build_report, check_loopback, gap_series,
+from app.tools.loadcheck import (LoadCheckError, StreamRecorder, build_report, check_loopback, gap_series,
                                 percentile, run_load_check, stream_prompt, to_json, to_markdown)
 from app.server.client import LlamaClient
 

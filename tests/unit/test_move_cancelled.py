@@ -1,11 +1,11 @@
-"""What the window says when the user cancels a move (app.jobs.server_list.move_cancelled)."""
+"""What the window says when the user cancels a move (app.servers.server_list.move_cancelled)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from app.core.states import ServerState
-from app.jobs.server_list import ServerRow, move_cancelled
+from app.servers.server_list import ServerRow, move_cancelled
 
 HERE = ServerRow("profile:here", "here", ServerState.READY, profile="here")
 THERE = ServerRow("gpu-box:big", "big", ServerState.READY, kind="remote", host="gpu-box", profile="big")

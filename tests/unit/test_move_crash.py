@@ -50,7 +50,7 @@ elif point == "half":
         return original_replace(src, dst, *a, **kw)
     os.replace = replace
 elif point == "source":
-    import app.jobs.sessions as sessions
+    import app.sessions.records as sessions
     original_delete = sessions.delete_session
     def delete_session(*a, **kw):
         freeze()

@@ -1,4 +1,4 @@
-"""Moves between two profiles on this machine (app.jobs.move), on parked files without a server:
+"""Moves between two profiles on this machine (app.move.move), on parked files without a server:
 the files arrive whole (SHA-256 checked at the target), the sidecar travels with its state file,
 and a failure or an interruption leaves the source intact and nothing listed at the target."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs.move import (MOVE_PREFIX, LocalEndpoint, MoveCancelled, MoveError, MoveRefused, move_session,
+from app.move.move import (MOVE_PREFIX, LocalEndpoint, MoveCancelled, MoveError, MoveRefused, move_session,
                            preview, temp_name)
-from app.jobs.sessions import list_sessions
+from app.sessions.records import list_sessions
 from tests.unit.move_helpers import folder_names, model_file, open_catalog, park_file, profile
 
 

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from app.jobs.move import LocalEndpoint, MoveRefused, describe_target, move_session, slots_ctx
+from app.move.move import LocalEndpoint, MoveRefused, describe_target, move_session, slots_ctx
 from app.store.profiles import ProfileStore
 from tests.fake.conftest import run_fake_server
 from tests.unit.move_helpers import N_TOKENS, model_file, open_catalog, park_file, profile

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from app.core.verdict import VerdictKind
-from app.jobs.resume import ResumeResult
-from app.jobs.service import SessionService
-from app.jobs.target import ServerTarget
+from app.sessions.resume import ResumeResult
+from app.sessions.service import SessionService
+from app.sessions.target import ServerTarget
 from app.server.client import LlamaClient
 from app.server.logparse import parse_line
 from app.server.supervisor import LogLine
@@ -64,7 +64,7 @@ def service(cat: Catalog, supervisor: FakeSupervisor | None = None, profile: str
     svc = SessionService(ServerTarget(client=LlamaClient(URL), url=URL, save_dir=None, catalog=cat,
                                       profile_name=profile))
     if supervisor is not None:
-        from app.jobs.wiring import attach_verdicts
+        from app.sessions.wiring import attach_verdicts
 
         attach_verdicts(svc, supervisor)
     return svc
@@ -101,7 +101,7 @@ def test_a_newer_restore_into_the_slot_replaces_the_note_and_a_deleted_session_t
         a, b = add_session(cat, "a"), add_session(cat, "b")
         cli = service(cat)
         first = resumed(cli, a)
-        with caplog.at_level(logging.WARNING, logger="app.jobs.wiring"):
+        with caplog.at_level(logging.WARNING, logger="app.sessions.wiring"):
             second = resumed(cli, b)
         assert [n.id for n in cat.pending_verdicts("p")] == [second.id] != [first.id]
         assert "no verdict for the restore of session 'a' into slot 1" in caplog.text
@@ -239,7 +239,7 @@ async def test_a_note_older_than_the_server_start_is_dropped(db, caplog):
         restored_later = cat.add_pending_verdict(PendingVerdict(session_id=newer.id, profile="p", slot_id=1,
                                                                 n_restored=2729, created_at=300.0))[0]
         sup = FakeSupervisor(started_at=200.0)  # the server (re)started between the two restores
-        with caplog.at_level(logging.WARNING, logger="app.jobs.wiring"):
+        with caplog.at_level(logging.WARNING, logger="app.sessions.wiring"):
             serve = service(cat, sup)
         assert "no verdict for the restore of session 'old' into slot 0" in caplog.text
         assert "the server restarted since" in caplog.text
@@ -247,7 +247,7 @@ async def test_a_note_older_than_the_server_start_is_dropped(db, caplog):
 
         sup.started_at = 400.0  # an auto-restart while this service still reads the log
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="app.jobs.wiring"):
+        with caplog.at_level(logging.WARNING, logger="app.sessions.wiring"):
             for line in QUERY:
                 sup.emit(line)
         await serve.aclose()

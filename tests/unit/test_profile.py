@@ -4,7 +4,8 @@ import pytest
 
 from app.core.hazards import hazards
 from app.core.helptext import parse_help, unsupported
-from app.core.profile import LaunchProfile, ProfileError, check, exposure_warning, validate
+from app.core.profile import LaunchProfile, ProfileError, exposure_warning
+from app.core.profile_check import check, validate
 from app.store.profiles import ProfileStore, from_toml, to_toml
 from tests.conftest import B11434
 

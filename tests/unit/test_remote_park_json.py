@@ -1,4 +1,4 @@
-"""app.jobs.remote_view's park/resume read the host's ``kv-valet park|resume --json`` (issue #20)."""
+"""app.servers.remote_view's park/resume read the host's ``kv-valet park|resume --json`` (issue #20)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.jobs import remote_view as rv
+from app.servers import remote_view as rv
 from app.remote.host import RemoteError
 
 

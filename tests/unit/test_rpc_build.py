@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from app.jobs.server_build import BuildError, BuildRequest, build_server, rpc_target
+from app.tools.server_build import BuildError, BuildRequest, build_server, rpc_target
 from app.serverbuild import cache
 from app.serverbuild.cache import BuildOptions, BuiltServer, cache_key, cache_root, pointer_path
 from tests.fakes.fake_sdist import fake_patch, make_fake_sdist

@@ -10,7 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from app.core.findings import Severity
-from app.core.profile import LaunchProfile, RpcWorker, parse_rpc_workers, validate
+from app.core.profile import LaunchProfile, RpcWorker, parse_rpc_workers
+from app.core.profile_check import validate
 from app.core.rules import diagnose
 from app.monitor.rpc import RULE_UNREACHABLE, RpcWatcher, parse_rpc_line, parse_ss_rtt, probe_connect, remaining_rpc
 
@@ -194,11 +195,11 @@ async def test_status_carries_the_workers_and_what_the_log_said(tmp_path, monkey
     log = tmp_path / "server.log"
     log.write_text("\n".join(fixture_lines("01-start-complete-worker-killed.log")[:200]) + "\n")
     spec = SimpleNamespace(profile=P(rpc=f"127.0.0.1:{closed_port()}"), log_path=log)
-    monkeypatch.setattr("app.jobs.server_service.resolve_target", lambda target: spec)
+    monkeypatch.setattr("app.servers.service.resolve_target", lambda target: spec)
     watcher = await status._rpc_workers("p", None)
     [st] = watcher.statuses.values()
     assert st.reachable is False and watcher.findings[0].rule_id == RULE_UNREACHABLE
     assert st.to_dict()["reachable"] is False and json.dumps(watcher.to_list())
-    monkeypatch.setattr("app.jobs.server_service.resolve_target", lambda target: SimpleNamespace(profile=P(),
+    monkeypatch.setattr("app.servers.service.resolve_target", lambda target: SimpleNamespace(profile=P(),
                                                                                                    log_path=None))
     assert await status._rpc_workers("p", None) is None  # no --rpc: nothing to say

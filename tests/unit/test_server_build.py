@@ -1,4 +1,4 @@
-"""The server-build pipeline (app.jobs.server_build) on a tiny fake sdist: a real CMake build in seconds."""
+"""The server-build pipeline (app.tools.server_build) on a tiny fake sdist: a real CMake build in seconds."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import subprocess
 import psutil
 import pytest
 
-from app.jobs.server_build import (BuildError, BuildProgress, BuildRequest, apply_patch, build_server, built_status,
+from app.tools.server_build import (BuildError, BuildProgress, BuildRequest, apply_patch, build_server, built_status,
                                    cuda_architectures, default_switch_wanted, detect_options, estimate_text,
                                    extract_llama_cpp, needs_checkpoints, parse_build_line, use_built_server)
 from app.serverbuild import cache
-from app.serverbuild.cache import BUILT_MARKER, BuildOptions, cache_key, cache_root, find_built
+from app.core.profile import BUILT_MARKER
+from app.serverbuild.cache import BuildOptions, cache_key, cache_root, find_built
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, GiB, NVML_ERROR_DRIVER_NOT_LOADED
 from tests.fakes.fake_sdist import GGML_C, fake_patch, half_applying_patch, make_fake_sdist
 
@@ -254,7 +255,7 @@ def test_the_estimate_comes_from_the_measured_core_seconds():
 async def test_the_default_profile_switches_to_the_built_server(fake):
     from app.server.discovery import find_server_binary
     from app.store.profiles import ProfileStore
-    from app.core.profile import validate
+    from app.core.profile_check import validate
 
     sdist, patch = fake
     store = ProfileStore()
@@ -274,7 +275,7 @@ async def test_the_default_profile_switches_to_the_built_server(fake):
 
 async def test_make_progress_when_ninja_is_missing(fake, monkeypatch):
     """Without Ninja CMake writes Makefiles; make's [ NN%] lines count out of 100."""
-    import app.jobs.server_build as sb
+    import app.tools.server_build as sb
 
     real_which = shutil.which
     if not real_which("make"):

@@ -1,4 +1,4 @@
-"""What the server list shows (app.jobs.server_list): rows, cells, sources, without Qt."""
+"""What the server list shows (app.servers.server_list): rows, cells, sources, without Qt."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 
 from app.core.profile import LaunchProfile
 from app.core.states import ServerState
-from app.jobs.server_list import (COLUMNS, THIS_MACHINE, GpuUse, LocalServerSource, ProcessUse, ServerList,
+from app.servers.server_list import (COLUMNS, THIS_MACHINE, GpuUse, LocalServerSource, ProcessUse, ServerList,
                                   ServerListSource, ServerRow, SlotUse, cells, gpu_uses, move_targets, shown_rows,
                                   slot_use)
-from app.jobs.server_service import StateChanged
+from app.servers.events import StateChanged
 from app.monitor.gpu import GpuSample, GpuSnapshot
 from app.monitor.slots import slot_rows
 
@@ -228,7 +228,7 @@ STATUS = {"url": "http://127.0.0.1:8080", "health": "ok", "slots_error": None,
 
 
 async def test_a_remote_hosts_servers_are_rows_like_local_ones():
-    from app.jobs.server_list import RemoteServerSource
+    from app.servers.server_list import RemoteServerSource
 
     host = FakeHost([{"profile": {"name": "big", "url": "http://127.0.0.1:8080"}, "status": STATUS, "running": True},
                      {"profile": {"name": "idle"}, "status": {"health": "unreachable: connection refused"},

@@ -15,8 +15,8 @@ import pytest
 
 from app import paths
 from app.cli import main as cli_main
-from app.jobs import sidecar_check
-from app.jobs.sessions import (DAY_S, delete_older_than, delete_session, describe_usage, disk_usage,
+from app.sessions import sidecar_check
+from app.sessions.records import (DAY_S, delete_older_than, delete_session, describe_usage, disk_usage,
                                list_sessions, older_than, usage_of)
 from app.server.sidecar import Checkpoint, SidecarStatus, write_pkcl
 from app.server.statefile import write_state_file

@@ -157,7 +157,7 @@ def test_amx_in_a_vm_runs_without_repacking():
 def test_the_mode_of_one_run_in_a_log_file_that_holds_several(tmp_path):
     """The supervisor's log file appends a section per launch: the asked process's mode, not the
     last one in the file (connect reads it before the loop has heard the start line)."""
-    from app.jobs.behaviour import mode_from_log_file
+    from app.sessions.behaviour import mode_from_log_file
 
     log = tmp_path / "p.log"
     log.write_text("===== 2026-12-01 10:00:00 pid 100: llama-server -m m.gguf\n"

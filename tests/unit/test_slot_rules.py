@@ -1,6 +1,6 @@
 """The one rule for the default slot, and the typed slot rows it reads."""
 
-from app.jobs.slots import Purpose, SlotError, default_slot, find_row, no_default_reason
+from app.sessions.slots import Purpose, SlotError, default_slot, find_row, no_default_reason
 from app.monitor.slots import RestoredSlot, slot_rows
 
 IDLE = {"id": 0, "n_ctx": 4096, "is_processing": False}

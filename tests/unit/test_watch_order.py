@@ -5,7 +5,7 @@ ran before the restore (an A/B baseline, say) can be delivered just after the re
 
 import time
 
-from app.jobs.watch import ResumeWatcher
+from app.sessions.watch import ResumeWatcher
 from app.server.logparse import parse_line
 from app.server.supervisor import LogLine
 

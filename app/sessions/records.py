@@ -27,8 +27,8 @@ DAY_S = 86400.0
 
 
 def list_sessions(catalog: Catalog, profile: str | None = None, *, verify_hash: bool = False) -> list[SessionRecord]:
-    """The sessions, each with its sidecar re-checked on disk (app.jobs.sidecar_check)."""
-    from app.jobs.sidecar_check import recheck_all
+    """The sessions, each with its sidecar re-checked on disk (app.sessions.sidecar_check)."""
+    from app.sessions.sidecar_check import recheck_all
 
     records = [r for r in catalog.list(profile) if not leaves_its_folder(r)]
     return recheck_all(catalog, records, verify_hash=verify_hash)
@@ -63,7 +63,7 @@ def _one(catalog: Catalog, name: str, profile: str | None) -> SessionRecord:
 
 def get_session(catalog: Catalog, name: str, profile: str | None = None, *,
                 verify_hash: bool = False) -> SessionRecord:
-    from app.jobs.sidecar_check import recheck
+    from app.sessions.sidecar_check import recheck
 
     return recheck(catalog, _one(catalog, name, profile), verify_hash=verify_hash)
 
@@ -79,10 +79,10 @@ def rename_session(catalog: Catalog, old: str, new: str, profile: str | None = N
 def delete_session(catalog: Catalog, name: str, profile: str | None = None) -> list[Path]:
     """Delete the session's row, state file and sidecars; returns the files removed.
 
-    Under the catalog's files lock (app.jobs.files_lock): another process re-parking this
+    Under the catalog's files lock (app.sessions.files_lock): another process re-parking this
     session at the same moment must not get its new file unlinked after its row is written.
     """
-    from app.jobs.files_lock import files_locked
+    from app.sessions.files_lock import files_locked
 
     with files_locked(catalog, timeout=5.0):  # the window waits on its GUI thread: not long
         rec = _one(catalog, name, profile)
@@ -96,7 +96,7 @@ def delete_session(catalog: Catalog, name: str, profile: str | None = None) -> l
 
 def _remove_files(state: Path) -> list[Path]:
     """Unlink a state file and its sidecars (after its catalog row is gone); the files removed."""
-    from app.jobs.park import SIDECAR_SUFFIXES  # here: app.jobs.park imports the HTTP client
+    from app.sessions.park import SIDECAR_SUFFIXES  # here: app.sessions.park imports the HTTP client
 
     removed = []
     for p in [state] + [Path(str(state) + s) for s in SIDECAR_SUFFIXES]:
@@ -205,10 +205,10 @@ def delete_older_than(catalog: Catalog, days: float, profile: str | None = None,
     doomed = older_than(catalog, days, profile, now=now)
     if not doomed:
         return []
-    from app.jobs.files_lock import files_locked
+    from app.sessions.files_lock import files_locked
 
     removed = []
-    with files_locked(catalog):  # no other process's park commits in the middle (app.jobs.files_lock)
+    with files_locked(catalog):  # no other process's park commits in the middle (app.sessions.files_lock)
         users = Counter(_state_key(r) for r in catalog.list())
         for rec in doomed:
             current = catalog.get(rec.profile, rec.name)

@@ -16,7 +16,7 @@ keeps, Qt-free:
   sidecar), and how each request picked its slot (similarity vs LRU vs id).
 
 The window's Cache health panel and the Monitor's badge show them; a remedy is
-applied by :func:`app.jobs.remedy.apply_remedy`.
+applied by :func:`app.tools.remedy.apply_remedy`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
 

@@ -24,11 +24,11 @@ from pathlib import Path
 from app.core.sidecar_behaviour import Behaviour, LoadPrediction
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
-from app.jobs import sidecar_check
-from app.jobs.behaviour import predict_for_target, resume_warning
-from app.jobs.park import CHECKPOINTED_KINDS, model_identity
-from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
-from app.jobs.target import HeldSession, ServerTarget
+from app.sessions import sidecar_check
+from app.sessions.behaviour import predict_for_target, resume_warning
+from app.sessions.park import CHECKPOINTED_KINDS, model_identity
+from app.sessions.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
+from app.sessions.target import HeldSession, ServerTarget
 from app.monitor.slots import RestoredSlot, SlotRow
 from app.server.client import ServerError, ServerUnreachable
 from app.server.statefile import StateFileError, read_state_header, version_mismatch_reason
@@ -284,7 +284,7 @@ def clean_slot(target: ServerTarget, rows: list[SlotRow], record: SessionRecord)
 
 async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
                          force: bool = False, avoid_hazard: bool = False) -> ResumeResult:
-    """Restore session ``name`` into ``slot_id`` (None: :func:`app.jobs.slots.default_slot`).
+    """Restore session ``name`` into ``slot_id`` (None: :func:`app.sessions.slots.default_slot`).
 
     Raises ResumeRefused (cannot work), ResumeNeedsConfirmation (would work, with
     costs: pass force=True), ResumeFailed (the server refused the restore).

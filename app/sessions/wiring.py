@@ -1,7 +1,7 @@
 """The one wiring of a server's log to a session service: verdicts, time saved, prefill rate.
 
 The window's Sessions tab and ``kv-valet serve`` both run a server and both hook its
-log to a :class:`app.jobs.service.SessionService` the same way:
+log to a :class:`app.sessions.service.SessionService` the same way:
 ``SessionService.connect(..., supervisor=...)`` calls :func:`attach_verdicts`, and
 from then on every log line goes through ``SessionService.feed_log``: the verdict
 watcher, the time-saved ledger (written with the verdict), the profile's prefill-rate
@@ -31,8 +31,8 @@ from app.server.logparse import Kind
 from app.store.catalog import PendingVerdict
 
 if TYPE_CHECKING:  # no import at run time: the service imports this module
-    from app.jobs.resume import ResumeResult
-    from app.jobs.service import SessionService
+    from app.sessions.resume import ResumeResult
+    from app.sessions.service import SessionService
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class VerdictRelay:
             return
         prediction = None
         try:  # what this server's loader does with the session's sidecar (headers; a cached v2 hash)
-            from app.jobs.behaviour import predict_for_target
+            from app.sessions.behaviour import predict_for_target
 
             prediction = predict_for_target(self._svc.target, Path(rec.save_dir) / rec.state_file, note.n_restored,
                                             compute_hash=False)

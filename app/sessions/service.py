@@ -8,7 +8,7 @@ one Qt-free class. Each workflow decision lives here, once:
 * ``/slots`` read into typed rows, with what only the app knows: the tokens it
   restored into a slot (``/slots`` cannot show them) and each slot's last task
   from the log (``/slots`` zeroes its figures at release);
-* which slot when the user names none (:mod:`app.jobs.slots`);
+* which slot when the user names none (:mod:`app.sessions.slots`);
 * what a resume does to the catalog: the session's verdict goes back to UNKNOWN
   and the next query on that slot is judged (:class:`ResumeWatcher`);
 * park all & stop: stop only when every slot was parked; the resume plan;
@@ -23,35 +23,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
 from app.core.verdict import Verdict, VerdictKind
-from app.jobs import check as check_job
-from app.jobs.behaviour import identify_target, mode_from_log, mode_from_log_file
-from app.jobs.check import (PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError, CheckReport,
+from app.sessions import check as check_job
+from app.sessions.behaviour import identify_target, mode_from_log, mode_from_log_file
+from app.sessions.check import (PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError, CheckReport,
                             recover_hidden_sidecars)
-from app.jobs.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
+from app.sessions.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
     recover_interrupted
-from app.jobs.resume import ResumeRefused, ResumeResult, find_session, resume_session
-from app.jobs.resume_plan import (PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan,
+from app.sessions.resume import ResumeRefused, ResumeResult, find_session, resume_session
+from app.sessions.resume_plan import (PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan,
                                   write_resume_plan_entries)
-from app.jobs.sessions import delete_session, list_sessions, rename_session
-from app.jobs.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
-from app.jobs.target import ServerTarget
-from app.jobs.watch import ResumeWatcher
-from app.jobs.wiring import VerdictRelay, attach_verdicts
+from app.sessions.records import delete_session, list_sessions, rename_session
+from app.sessions.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
+from app.sessions.target import ServerTarget
+from app.sessions.watch import ResumeWatcher
+from app.sessions.wiring import VerdictRelay, attach_verdicts
 from app.monitor.slots import LastTask, RestoredSlot, SlotRow
 from app.server.client import LlamaClient, ServerError, ServerUnreachable
-from app.server.launcher import resolve_api_key, slot_save_path_for
+from app.server.launcher import resolve_api_key
 from app.server.logparse import Kind, PromptEval, SidecarMode
 from app.store.catalog import Catalog, SessionRecord
 
 if TYPE_CHECKING:
-    from app.jobs.server_service import ParkStopReport
+    from app.servers.events import ParkStopReport
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class SessionService:
         self._first_cached: dict[int, int] = {}  # slot -> first "cached n_tokens" of its current task
         self._closed = False
         self._owns_client = True
-        # the server service's park-then-stop for this server (set by app.jobs.server_service)
+        # the server service's park-then-stop for this server (set by app.servers.service)
         self.park_then_stop: Callable[[str | None], Awaitable["ParkStopReport"]] | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -115,7 +115,7 @@ class SessionService:
         """Connect to a running server: ``url`` (default: the profile's) with the
         key :func:`resolve_api_key` gives. ``supervisor``: the server the app runs,
         whose log feeds the verdict watcher. ``client``: the server's shared HTTP client
-        (app.jobs.server_service; not closed with this service). Raises ServiceError
+        (app.servers.service; not closed with this service). Raises ServiceError
         when the server is down."""
         if url is None:
             if profile is None:
@@ -145,7 +145,7 @@ class SessionService:
             if not shared:
                 await client.aclose()
             raise
-        # which sidecar behaviour this build has (app.jobs.behaviour): the server's own start line,
+        # which sidecar behaviour this build has (app.sessions.behaviour): the server's own start line,
         # a KV Valet build's build-info.json, what its parks wrote
         mode = getattr(supervisor, "sidecar_mode", None) if supervisor is not None else None
         if mode is None and supervisor is not None and getattr(supervisor, "log_file_path", None):
@@ -172,7 +172,7 @@ class SessionService:
 
     def recover(self) -> list[str]:
         """Finish or undo parks, A/B hides and moves into here a crash interrupted (never running ones)."""
-        from app.jobs.move import recover_moves
+        from app.sessions.move_in import recover_moves
 
         msgs = [f"put back the sidecar {p} that an interrupted A/B check had hidden"
                 for p in recover_hidden_sidecars(self.catalog)] + recover_moves(self.catalog)
@@ -229,7 +229,7 @@ class SessionService:
     async def verify_sidecar_hashes(self, records: list[SessionRecord] | None = None) -> bool:
         """Hash the state files whose PKCL v2 sidecar is not checked yet, off the
         event loop's thread; True when a record changed."""
-        from app.jobs.sidecar_check import needs_hash, recheck
+        from app.sessions.sidecar_check import needs_hash, recheck
 
         todo = [r for r in (records if records is not None else self.catalog.list(self.profile_name))
                 if needs_hash(r)]
@@ -245,7 +245,7 @@ class SessionService:
         """What this server's own loader will do with ``rec``'s sidecar, as a sentence
         (None for a dense model, or when this build's sidecar behaviour is not known)."""
         from app.core.sidecar_behaviour import SHORT
-        from app.jobs.behaviour import predict_for_target
+        from app.sessions.behaviour import predict_for_target
 
         if rec.memory_kind == "dense" or self.target.behaviour is Behaviour.UNKNOWN:
             return None
@@ -342,7 +342,7 @@ class SessionService:
 
     async def park_all_and_stop(self, prefix: str | None = None) -> "ParkStopReport":
         """Park every slot, write the resume plan, stop the server: the server service's one
-        park-then-stop (app.jobs.server_service), which the server's handle wires in here. A slot
+        park-then-stop (app.servers.service), which the server's handle wires in here. A slot
         that failed to park keeps the server running (its tokens would be lost)."""
         if self.park_then_stop is None:
             raise ServiceError("only a server that KV Valet launched can be stopped from here")
@@ -369,7 +369,7 @@ class SessionService:
     async def resume_all(self) -> list[ResumeAllOutcome]:
         """Resume the sessions of the resume plan into their slot ids. The plan is
         cleared once every entry is back; a failed entry does not stop the others."""
-        from app.jobs.resume import ResumeFailed, ResumeNeedsConfirmation
+        from app.sessions.resume import ResumeFailed, ResumeNeedsConfirmation
 
         out: list[ResumeAllOutcome] = []
         for entry in self.resume_plan():
@@ -529,7 +529,7 @@ class SessionService:
                                             else f"the chat of task {ev.task}")
 
     def _on_verdict(self, slot_id: int, session: str | None, verdict: Verdict) -> None:
-        # the verdict and the time saved, written once whoever else judged it (app.jobs.wiring)
+        # the verdict and the time saved, written once whoever else judged it (app.sessions.wiring)
         session = self.relay.settle(slot_id, verdict) or session
         entry = self.target.restored.get(slot_id)
         if entry is not None:

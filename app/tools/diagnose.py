@@ -257,7 +257,7 @@ def _behaviour_facts(profile: LaunchProfile, keys: list[str], catalog: Catalog |
     """What the profile's build does with checkpoint sidecars: the start line in the log KV
     Valet keeps for the profile, a KV Valet build's build-info.json, what its parks wrote."""
     from app.core.sidecar_behaviour import Behaviour, Evidence, identify
-    from app.jobs.behaviour import identify_server, is_stock_package, kv_valet_build_info, mode_from_log_file
+    from app.sessions.behaviour import identify_server, is_stock_package, kv_valet_build_info, mode_from_log_file
 
     log_path = paths.server_log_path(profile.name)
     log_path = log_path if log_path.is_file() else None

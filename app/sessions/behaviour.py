@@ -22,7 +22,7 @@ from pathlib import Path
 
 from app.core.sidecar_behaviour import (LABELS, Behaviour, Evidence, LoadPrediction, identify, predict_load,
                                         sideless_warning)
-from app.jobs import sidecar_check
+from app.sessions import sidecar_check
 from app.server.logparse import Kind, SidecarMode
 from app.server.sidecar import read_facts, sidecar_candidates
 from app.store.catalog import Catalog

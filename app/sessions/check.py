@@ -41,14 +41,14 @@ from typing import Any, Awaitable, Callable
 from app.core.sidecar_behaviour import MISSING, LoadPrediction, predict_load
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
-from app.jobs import sidecar_check
-from app.jobs.behaviour import predict_for_target
-from app.jobs.journal import HideJournal, Journal, JournalKind, Owner
-from app.jobs.slots import SlotError, find_row, held
-from app.jobs.target import ServerTarget
+from app.sessions import sidecar_check
+from app.sessions.behaviour import predict_for_target
+from app.sessions.journal import HideJournal, Journal, JournalKind, Owner
+from app.sessions.slots import SlotError, find_row, held
+from app.sessions.target import ServerTarget
 from app.monitor.slots import RestoredSlot
 from app.core.verdict import Verdict, VerdictKind, worst
-from app.jobs.watch import judge_from_completion, scan_events
+from app.sessions.watch import judge_from_completion, scan_events
 from app.server.client import ServerError
 from app.server.logparse import Kind
 from app.server.sidecar import sidecar_candidates

@@ -36,11 +36,11 @@ from typing import Any, Callable
 from app import paths
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
-from app.jobs import sidecar_check
-from app.jobs.files_lock import FilesLock, files_locked
-from app.jobs.slots import SlotError, find_row, held
-from app.jobs.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase
-from app.jobs.target import HeldSession, ServerTarget
+from app.sessions import sidecar_check
+from app.sessions.files_lock import FilesLock, files_locked
+from app.sessions.slots import SlotError, find_row, held
+from app.sessions.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase
+from app.sessions.target import HeldSession, ServerTarget
 from app.monitor.slots import SlotRow
 from app.server.client import ServerError, ServerUnreachable
 from app.server.sidecar import SidecarReport
@@ -444,7 +444,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         state_size = tmp.stat().st_size
         now = time.time()
         _say(on_progress, "moving the files into place")
-        # Under the catalog's files lock (app.jobs.files_lock): another KV Valet process may
+        # Under the catalog's files lock (app.sessions.files_lock): another KV Valet process may
         # re-park or delete this session, or pick this file name, at the same moment. The name
         # is picked again under it, and a commit a killed process left half-done in this
         # folder is finished or undone first, so this one never swaps its file over it.

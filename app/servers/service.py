@@ -15,7 +15,7 @@ Qt-free class. Each server-lifecycle decision is made here, once:
 * **the one bounded park-then-stop** (:meth:`ServerService.park_then_stop`) that
   every trigger ends in (:class:`app.core.lifecycle.StopTrigger`), with the one
   timeout of the preferences, and what it names each park
-  (:func:`app.jobs.park.choose_parks`).
+  (:func:`app.sessions.park.choose_parks`).
 
 It holds several servers at once: everything it returns carries the server's
 target id (``profile:NAME`` or ``url:URL``).
@@ -26,17 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Union
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from app.core.background import track
 from app.core.lifecycle import DEFAULT_PARK_TIMEOUT_S, POLICY, StopTrigger, TargetKind
 from app.core.profile import LaunchProfile, ProfileError
 from app.core.states import ServerState
-from app.jobs.park import ParkResult
-from app.jobs.resume_plan import PlanEntry
-from app.jobs.service import ServiceError, SessionService
+from app.sessions.service import ServiceError, SessionService
 from app.server.attach import AttachedServer
 from app.server.client import LlamaClient
 from app.server.discovery import DiscoveryError, binary_info, default_model_path, find_server_binary  # noqa: F401
@@ -45,7 +42,14 @@ from app.server.launcher import (CACHE_EVENTS_VERBOSITY, LaunchPlan, make_superv
 from app.server.outcome import Outcome
 from app.server.supervisor import (LaunchError, LogBuffer, PidRecord, StartFailed, Supervisor,
                                    find_leftover_server, terminate_leftover)
+from app.server.targets import (TargetSpec, client_for, free_loopback_port, listening_pid,  # noqa: F401
+                                load_profile, profile_target_id, resolve_target, url_target_id)
+from app.servers.events import (LaunchPlanned, LaunchRefused, Notice, Parking, ParkStopReport,
+                                Progress, ProxyChanged, ServerEvent, SessionsChanged, StateChanged)
 from app.store.catalog import Catalog
+
+if TYPE_CHECKING:
+    from app.servers.launch import Front
 
 log = logging.getLogger(__name__)
 
@@ -57,165 +61,6 @@ __all__ = ["ServerService", "ServerHandle", "TargetSpec", "resolve_target", "loa
 
 #: States in which a server has nothing left to park.
 GONE = (ServerState.STOPPED, ServerState.CRASHED, ServerState.STOPPING)
-
-
-# -- which server ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """A server as the user named it, resolved: where it is and how to talk to it."""
-
-    id: str  # "profile:NAME" or "url:URL": the key of everything this service returns
-    kind: TargetKind
-    url: str
-    profile: LaunchProfile | None = None
-    api_key: str | None = field(default=None, repr=False)  # never in a log line or a traceback
-    save_dir: Path | None = None  # the server's --slot-save-path, when known
-    log_path: Path | None = None  # the log file KV Valet writes for it, when there is one
-    leftover: PidRecord | None = None  # a server an earlier KV Valet launched (stoppable by pid + start time)
-
-    @property
-    def name(self) -> str:
-        return self.profile.name if self.profile is not None else self.url
-
-
-def profile_target_id(name: str) -> str:
-    return f"profile:{name}"
-
-
-def url_target_id(url: str) -> str:
-    return f"url:{url.rstrip('/')}"
-
-
-def load_profile(name: str, store=None) -> LaunchProfile:
-    """A profile by name ("default" is written first when missing). Raises ProfileError."""
-    from app.store.profiles import ProfileStore
-
-    store = store or ProfileStore()
-    return store.ensure_default() if name == "default" else store.load(name)
-
-
-def resolve_target(arg: str | LaunchProfile, *, store=None, save_dir: str | Path | None = None,
-                   api_key: str | None = None, log_file: str | Path | None = None) -> TargetSpec:
-    """The one resolver: a server URL, a profile name or a profile. For a profile, the server an
-    earlier KV Valet launched and left running (pid + start time) is the one meant; the key is the
-    given one, else the profile's (key, key file), else ``$LLAMA_API_KEY``; the log file is the one
-    KV Valet writes for the profile's server, when it exists. Raises ProfileError."""
-    if isinstance(arg, str) and "://" in arg:
-        url = arg.rstrip("/")
-        return TargetSpec(url_target_id(url), TargetKind.URL, url, None,
-                          api_key if api_key is not None else resolve_api_key(None),
-                          Path(save_dir) if save_dir else None, Path(log_file) if log_file else None)
-    profile = arg if isinstance(arg, LaunchProfile) else load_profile(arg, store)
-    from app import paths
-
-    rec = find_leftover_server(pid_record_path(profile.name))
-    log_path = Path(log_file) if log_file else paths.server_log_path(profile.name)
-    return TargetSpec(profile_target_id(profile.name), TargetKind.LEFTOVER if rec else TargetKind.PROFILE,
-                      rec.url if rec else profile.url, profile,
-                      api_key if api_key is not None else resolve_api_key(profile),
-                      Path(save_dir or slot_save_path_for(profile)),
-                      log_path if log_file or log_path.is_file() else None, rec)
-
-
-def listening_pid(url: str) -> int | None:
-    """The pid of the process listening on ``url``'s port on this machine, when it can be seen."""
-    from urllib.parse import urlparse
-
-    import psutil
-
-    port = urlparse(url).port
-    if not port:
-        return None
-    try:
-        for c in psutil.net_connections(kind="tcp"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                return c.pid
-    except (psutil.Error, OSError):  # not allowed to see other users' sockets: unknown
-        return None
-    return None
-
-
-# -- events ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StateChanged:
-    target_id: str
-    state: ServerState
-    detail: str = ""  # the URL when Ready, the outcome's summary when Crashed
-    outcome: Outcome | None = None
-
-
-@dataclass(frozen=True)
-class LaunchPlanned:
-    target_id: str
-    plan: LaunchPlan
-
-
-@dataclass(frozen=True)
-class LaunchRefused:
-    target_id: str
-    message: str  # nothing was started; the reason, for the user
-
-
-@dataclass(frozen=True)
-class Progress:
-    target_id: str
-    what: str
-    percent: int
-
-
-@dataclass(frozen=True)
-class SessionsChanged:
-    target_id: str
-    sessions: SessionService | None  # connected (the server is Ready), or None (it went)
-
-
-@dataclass(frozen=True)
-class Notice:
-    target_id: str
-    message: str  # for the status line
-    ok: bool = True
-
-
-@dataclass(frozen=True)
-class ProxyChanged:
-    target_id: str
-    proxy: object | None  # the conversation proxy in front of the server (app.proxy.service), or None
-
-
-@dataclass(frozen=True)
-class Parking:
-    target_id: str
-    trigger: StopTrigger
-    message: str
-
-
-ServerEvent = Union[StateChanged, LaunchPlanned, LaunchRefused, Progress, SessionsChanged, Parking, Notice,
-                    ProxyChanged]
-
-
-@dataclass
-class ParkStopReport:
-    """What one park-then-stop did."""
-
-    trigger: StopTrigger
-    target_id: str
-    results: list[ParkResult] = field(default_factory=list)
-    plan: list[PlanEntry] = field(default_factory=list)
-    stopped: bool = False
-    interrupted: str | None = None  # "a second signal" / "the 120 s limit": the parks were cut short
-    error: str | None = None  # the parks could not run (the server stopped answering …)
-
-    @property
-    def failed(self) -> list[ParkResult]:
-        return [r for r in self.results if not r.ok]
-
-    @property
-    def complete(self) -> bool:
-        return not self.failed and self.interrupted is None and self.error is None
 
 
 # -- one server --------------------------------------------------------------------------
@@ -314,15 +159,18 @@ class ServerHandle:
 
 class ServerService:
     def __init__(self, catalog: Catalog | None = None, *, store=None, park_timeout_s: float | None = None,
-                 connect_sessions: bool = True):
+                 connect_sessions: bool = True, front: "Front | None" = None):
         """``catalog``: the session catalog (default: the data folder's); ``park_timeout_s``:
         how long a park-then-stop may take (default: the preferences' ``park_timeout_s``);
-        ``connect_sessions``: connect a session service to every server once it is Ready."""
+        ``connect_sessions``: connect a session service to every server once it is Ready;
+        ``front``: what stands before a server whose profile asks for it (the conversation proxy,
+        :class:`app.proxy.service.ProxyFront`; :func:`app.servers.launch.launch_profile` uses it)."""
         self._catalog = catalog
         self._owns_catalog = catalog is None  # opened on first use, closed with the service
         self._store = store
         self._park_timeout_s = park_timeout_s  # None: the preferences', read at each park
         self.connect_sessions = connect_sessions
+        self.front = front
         self.servers: dict[str, ServerHandle] = {}
         self._cbs: list[Callable[[ServerEvent], None]] = []
         self._interrupt = asyncio.Event()
@@ -358,7 +206,8 @@ class ServerService:
     def on_event(self, cb: Callable[[ServerEvent], None]) -> None:
         self._cbs.append(cb)
 
-    def _emit(self, event: ServerEvent) -> None:
+    def notify(self, event: ServerEvent) -> None:
+        """Tell every subscriber ``event`` (the launch path and the front say their notices here)."""
         for cb in list(self._cbs):
             try:
                 cb(event)
@@ -379,7 +228,7 @@ class ServerService:
             return old
         if old is not None:
             await self.remove(tid)
-        self._emit(StateChanged(tid, ServerState.STARTING, "checking the profile…"))
+        self.notify(StateChanged(tid, ServerState.STARTING, "checking the profile…"))
         loop = asyncio.get_running_loop()
 
         def progress(done: int, total: int) -> None:
@@ -400,7 +249,7 @@ class ServerService:
         handle = ServerHandle(spec, client, supervisor=sup, plan=plan)
         self.servers[tid] = handle
         sup.on_state(lambda state, outcome: self._on_state(handle, state, outcome))
-        self._emit(LaunchPlanned(tid, plan))
+        self.notify(LaunchPlanned(tid, plan))
         try:
             await sup.start()
         except LaunchError as e:
@@ -410,8 +259,8 @@ class ServerService:
         return handle
 
     def _refused(self, tid: str, message: str) -> None:
-        self._emit(LaunchRefused(tid, message))
-        self._emit(StateChanged(tid, ServerState.STOPPED, "refused"))
+        self.notify(LaunchRefused(tid, message))
+        self.notify(StateChanged(tid, ServerState.STOPPED, "refused"))
         return None
 
     # -- attach, leftovers ----------------------------------------------------------------
@@ -431,7 +280,7 @@ class ServerService:
         handle = ServerHandle(spec, client, attached=attached)
         self.servers[tid] = handle
         attached.on_state(lambda state, outcome: self._on_state(handle, state, outcome))
-        self._emit(StateChanged(tid, ServerState.STARTING, f"attaching to {url}…"))
+        self.notify(StateChanged(tid, ServerState.STARTING, f"attaching to {url}…"))
         await attached.start()
         return handle
 
@@ -491,7 +340,7 @@ class ServerService:
             await svc.aclose()
             raise ServiceError(f"the server {h.url} went away while connecting")
         h.sessions = svc
-        self._emit(SessionsChanged(target_id, svc))
+        self.notify(SessionsChanged(target_id, svc))
         return svc
 
     def _on_state(self, h: ServerHandle, state: ServerState, outcome: Outcome | None) -> None:
@@ -502,7 +351,7 @@ class ServerService:
             detail = outcome.summary()
         elif state == ServerState.READY:
             detail = h.url + (" (attached)" if h.attached is not None else "")
-        self._emit(StateChanged(h.id, state, detail, outcome))
+        self.notify(StateChanged(h.id, state, detail, outcome))
         svc = h.sessions
         if svc is not None and svc.restarting:
             return  # the A/B restarts the server between probes: the session service goes on through it
@@ -510,7 +359,7 @@ class ServerService:
             h._connecting = track(self._connect_quietly(h), f"connecting the sessions of {h.url}")
         elif state in GONE and svc is not None:
             h.sessions = None
-            self._emit(SessionsChanged(h.id, None))
+            self.notify(SessionsChanged(h.id, None))
             track(svc.aclose(), f"closing the sessions of {h.url}")
 
     async def _connect_quietly(self, h: ServerHandle) -> None:
@@ -518,7 +367,7 @@ class ServerService:
             await self.sessions(h.id)
         except ServiceError as e:  # report: the window and serve say it; the server itself is fine
             log.warning("cannot connect the sessions of %s: %s", h.url, e)
-            self._emit(Notice(h.id, f"Cannot connect the Sessions tab: {e}", ok=False))
+            self.notify(Notice(h.id, f"Cannot connect the Sessions tab: {e}", ok=False))
 
     # -- park, then stop --------------------------------------------------------------------
     def interrupt_park(self) -> None:
@@ -531,7 +380,7 @@ class ServerService:
 
     async def park_then_stop(self, target_id: str, trigger: StopTrigger, *, prefix: str | None = None) -> ParkStopReport:
         """The one bounded park-then-stop, whatever asked for it: park every slot that holds
-        tokens (:func:`app.jobs.park.choose_parks` names them), write the resume plan, then stop
+        tokens (:func:`app.sessions.park.choose_parks` names them), write the resume plan, then stop
         the server as the trigger's policy says (:data:`app.core.lifecycle.POLICY`). The parks
         take at most ``park_timeout_s`` and end at :meth:`interrupt_park`."""
         policy = POLICY[trigger]
@@ -542,7 +391,7 @@ class ServerService:
         if trigger is StopTrigger.USER and not h.stoppable:
             raise ServiceError("only a server that KV Valet launched can be stopped from here")
         if h.state not in GONE:
-            self._emit(Parking(target_id, trigger, policy.doing + "…"))
+            self.notify(Parking(target_id, trigger, policy.doing + "…"))
             self._interrupt = asyncio.Event()
             timeout = self.park_timeout_s
             work = asyncio.get_running_loop().create_task(self._park_every_slot(h, prefix, report))
@@ -569,7 +418,7 @@ class ServerService:
         return report
 
     async def _park_every_slot(self, h: ServerHandle, prefix: str | None, report: ParkStopReport) -> None:
-        from app.jobs.resume_plan import load_resume_plan
+        from app.sessions.resume_plan import load_resume_plan
 
         svc = await self.sessions(h.id, recover=False)
         for hook in list(h.before_park):
@@ -596,19 +445,19 @@ class ServerService:
         if h.proxy is not None:
             proxy, h.proxy = h.proxy, None
             await proxy.stop()
-            self._emit(ProxyChanged(target_id, None))
+            self.notify(ProxyChanged(target_id, None))
         if h._connecting is not None and not h._connecting.done():
             h._connecting.cancel()
             await asyncio.gather(h._connecting, return_exceptions=True)
         if h.sessions is not None:
             svc, h.sessions = h.sessions, None
             await svc.aclose()
-            self._emit(SessionsChanged(target_id, None))
+            self.notify(SessionsChanged(target_id, None))
         if h.supervisor is not None:
             await h.supervisor.aclose()
         if h.attached is not None:
             await h.attached.aclose()
-            self._emit(StateChanged(target_id, ServerState.STOPPED, "detached"))
+            self.notify(StateChanged(target_id, ServerState.STOPPED, "detached"))
         await h.client.aclose()
 
     async def aclose(self) -> None:
@@ -617,22 +466,6 @@ class ServerService:
             await self.remove(tid)
         if self._owns_catalog and self._catalog is not None:
             self._catalog.close()
-
-
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the server behind the proxy listens there)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def client_for(arg: str | LaunchProfile, *, api_key: str | None = None) -> LlamaClient:
-    """A client of its own for a server the caller reaches once, without a service (a command,
-    a dialog opened without the window's service): resolved by :func:`resolve_target`."""
-    spec = resolve_target(arg, api_key=api_key)
-    return LlamaClient(spec.url, spec.api_key)
 
 
 def park_name_prefix(now: float | None = None) -> str:

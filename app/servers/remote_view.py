@@ -192,13 +192,13 @@ def resume_text(host_name: str, d: dict) -> str:
 
 async def restore_and_judge(endpoint, name: str, slot: int | None = None, *, server_service=None,
                             target_id: str | None = None) -> dict[str, Any]:
-    """Restore ``name`` at ``endpoint`` (app.jobs.move: a profile here, or a host's) and judge a
+    """Restore ``name`` at ``endpoint`` (app.move.move: a profile here, or a host's) and judge a
     first query: ``{"slot_id", "n_restored", "verdict": {"kind", "reason"}}``. Here, through the
     running server's session service (``server_service.sessions(target_id)``)."""
-    from app.jobs.move import LocalEndpoint
+    from app.move.move import LocalEndpoint
 
     if isinstance(endpoint, LocalEndpoint):
-        from app.jobs.check import report_dict
+        from app.sessions.check import report_dict
 
         svc = await server_service.sessions(target_id)
         d = report_dict(await svc.check(name, slot, force=True))

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 from app.core.findings import Remedy
 from app.core.profile import LaunchProfile
-from app.jobs.park import ParkResult
+from app.sessions.park import ParkResult
 from app.server.launcher import slot_save_path_for
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ async def apply_remedy(profile: LaunchProfile, remedy: Remedy, rule_id: str, *, 
     of ``profile`` (saved in ``store``), resume. ``restored``: for a server that
     crashed, what had been resumed into it (slot -> RestoredSlot). Raises
     ServiceError when the restart does not give a connected service."""
-    from app.jobs.service import ServiceError
+    from app.sessions.service import ServiceError
 
     new = fixed_copy(profile, remedy, rule_id)
     if store is not None:

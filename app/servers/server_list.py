@@ -4,7 +4,7 @@ Qt-free: the window's list (:mod:`app.ui.server_list_model`) only paints what th
 decides. A row comes from a :class:`ServerListSource`:
 
 * :class:`LocalServerSource` — every server of the window's
-  :class:`app.jobs.server_service.ServerService`: the profiles launched here (several at
+  :class:`app.servers.service.ServerService`: the profiles launched here (several at
   once), the servers attached by URL and the leftovers of an earlier KV Valet. Its state
   follows the service's events at once; its figures (slots, VRAM per GPU, the process's
   RSS and CPU) are sampled by :meth:`LocalServerSource.refresh`, off the event loop's
@@ -125,10 +125,10 @@ class _Figures:
 
 
 class LocalServerSource:
-    """Every server of one :class:`app.jobs.server_service.ServerService`, as rows."""
+    """Every server of one :class:`app.servers.service.ServerService`, as rows."""
 
     def __init__(self, service, *, gpu: GpuMonitor | None = None):
-        from app.jobs.server_service import StateChanged
+        from app.servers.events import StateChanged
 
         self.name = THIS_MACHINE
         self.service = service
@@ -281,8 +281,8 @@ class RemoteServerSource:
             self.error = str(e) or type(e).__name__
 
     def move_endpoint(self, row: ServerRow):
-        """Where a move to ``row`` goes: that host's profile (app.jobs.move.RemoteEndpoint)."""
-        from app.jobs.move import RemoteEndpoint
+        """Where a move to ``row`` goes: that host's profile (app.move.move.RemoteEndpoint)."""
+        from app.move.move import RemoteEndpoint
 
         return RemoteEndpoint(self.host, self.name, row.profile)
 
@@ -460,7 +460,7 @@ def move_targets(rows: list[ServerRow], source_target_id: str | None) -> list[Se
 def move_verdict(name: str, target: ServerRow, *, copy: bool, result=None, error: BaseException | None = None,
                  ) -> tuple[bool, str]:
     """What a move or copy of session ``name`` to ``target`` ended in, for the user: the
-    result (app.jobs.move.MoveResult) or the error it raised (a refusal names its rules)."""
+    result (app.move.move.MoveResult) or the error it raised (a refusal names its rules)."""
     verb, where = ("Copied" if copy else "Moved"), f"'{target.name}'" + (
         f" on {target.host}" if target.host != THIS_MACHINE else "")
     if error is not None:
@@ -478,7 +478,7 @@ def move_verdict(name: str, target: ServerRow, *, copy: bool, result=None, error
 
 def move_cancelled(name: str, target: ServerRow, *, copy: bool, committed=None) -> tuple[bool, str]:
     """What a move or copy of ``name`` to ``target`` that the user cancelled left. ``committed``:
-    the result (app.jobs.move.MoveResult) ``move_session`` passed to ``on_committed`` when the
+    the result (app.move.move.MoveResult) ``move_session`` passed to ``on_committed`` when the
     target had listed the session before the cancel landed (then both copies exist), else None."""
     verb, where = ("copy" if copy else "move"), f"'{target.name}'" + (
         f" on {target.host}" if target.host != THIS_MACHINE else "")

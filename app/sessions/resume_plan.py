@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import paths
-from app.jobs.park import ParkResult
+from app.sessions.park import ParkResult
 
 
 @dataclass(frozen=True)

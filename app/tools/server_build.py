@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Callable
 
 from app.serverbuild import PATCH
-from app.serverbuild.cache import (BINARY, BUILT_MARKER, DEFAULT_OPTIONS, INFO_NAME, LOCK_NAME, PACKAGE, RPC_BINARY,
-                                   BuildOptions, BuiltServer, built_server_at, cache_key, cache_root, find_built, installed_version,
+from app.core.profile import BUILT_MARKER
+from app.serverbuild.cache import (BINARY, DEFAULT_OPTIONS, INFO_NAME, LOCK_NAME, PACKAGE, RPC_BINARY, BuildOptions,
+                                   BuiltServer, built_server_at, cache_key, cache_root, find_built, installed_version,
                                    pointer_path, read_json, sdist_version, sha256_file, write_json_atomic,
                                    write_pointer, write_selected)
 

@@ -16,7 +16,7 @@ folder and maybe its checkpoint sidecar (``<state>.ckpt``). A move:
    through its ``kv-valet sessions receive``);
 4. for a move (not a copy), deletes the source only after the target confirmed.
 
-The commit is journaled (``catalog.pending``, kind ``move-in``: app.jobs.journal) before the
+The commit is journaled (``catalog.pending``, kind ``move-in``: app.sessions.journal) before the
 first rename: a process killed between the renames and the row leaves an entry that the
 next move, ``kv-valet sessions ...``, ``kv-valet receive`` and the app's connect
 (:func:`recover_moves`) finish (every file in place or still at its temporary name, size and
@@ -55,11 +55,12 @@ from typing import Any, AsyncIterator, Callable, Protocol
 
 from app import paths
 from app.core.compat import Compatibility, Problem, SessionFacts, TargetFacts, check_move
+from app.sessions.move_in import (MOVE_PREFIX, SIDECAR_SUFFIXES, discard_temps, recover_moves, recover_moves_locked,
+                                  sha256_of, temp_name)
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 
 log = logging.getLogger(__name__)
 
-MOVE_PREFIX = "kvv-move-"
 CHUNK = 4 << 20
 #: A temporary file of a move nobody has written for this long is a crash's leftover.
 STALE_AFTER_S = 600.0
@@ -69,8 +70,6 @@ _TEMP_RE = re.compile(r"kvv-move-[0-9a-f]{12}\.(state|ckpt|checkpoints|json)\.pa
 #: past it the sender gives up and aborts (a commit whose process died there is rolled back then).
 COMMIT_TIMEOUT_S = 120.0
 COMMIT_MIN_RATE = 20e6
-#: Sidecar conventions stored next to the state file (as app.jobs.park.SIDECAR_SUFFIXES).
-SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
 
 ProgressFn = Callable[[int, int], None]
 
@@ -138,11 +137,6 @@ def parse_target(text: str) -> tuple[str | None, str]:
     return host, profile
 
 
-def temp_name(move_id: str, suffix: str) -> str:
-    """The temporary name of a move's file: ``suffix`` "" (state), ".ckpt", ".checkpoints", ".json"."""
-    return f"{MOVE_PREFIX}{move_id}{suffix or '.state'}.part"
-
-
 def check_move_id(move_id: str) -> str:
     if not isinstance(move_id, str) or not _ID_RE.fullmatch(move_id):
         raise MoveError(f"not a move id: {move_id!r}")
@@ -188,7 +182,7 @@ def _files_of(rec: SessionRecord) -> list[SourceFile]:
 
 def source_session(catalog: Catalog, name: str, profile: str | None) -> SourceSession:
     """The session ``name`` of ``profile`` here, its files and facts; raises MoveError."""
-    from app.jobs.sessions import get_session, leaves_its_folder
+    from app.sessions.records import get_session, leaves_its_folder
 
     try:
         rec = get_session(catalog, name, profile)
@@ -210,7 +204,7 @@ def _nearest_existing(folder: Path) -> Path | None:
 
 
 def _binary_keys(profile) -> tuple[str | None, list[str]]:
-    from app.jobs.diagnose import build_keys
+    from app.tools.diagnose import build_keys
     from app.server.discovery import DiscoveryError, binary_info, find_server_binary
 
     try:
@@ -250,7 +244,7 @@ def receiving_folder(profile_name: str) -> tuple[Path, str]:
     """(save folder, model path) of ``profile_name`` here: all a commit or an abort needs (the
     rules ran at :func:`describe_target`). Raises MoveError for an unknown profile."""
     from app.core.profile import ProfileError
-    from app.jobs.server_service import load_profile
+    from app.server.targets import load_profile
 
     try:
         return _folder_and_model(load_profile(profile_name))[1:]
@@ -261,7 +255,7 @@ def receiving_folder(profile_name: str) -> tuple[Path, str]:
 def _target_facts_sync(catalog: Catalog, profile, where: str) -> TargetFacts:
     from app.core.rules import Facts, slot_ctx
     from app.core.sidecar_behaviour import Behaviour
-    from app.jobs.behaviour import identify_server
+    from app.sessions.behaviour import identify_server
 
     profile, save_dir, model_path = _folder_and_model(profile)
     for msg in recover_moves(catalog):
@@ -295,8 +289,8 @@ async def describe_target(catalog: Catalog, profile_name: str, *, where: str | N
     from dataclasses import replace
 
     from app.core.profile import ProfileError
-    from app.jobs.park import model_identity
-    from app.jobs.server_service import load_profile
+    from app.sessions.park import model_identity
+    from app.server.targets import load_profile
 
     try:
         profile = load_profile(profile_name)
@@ -327,7 +321,7 @@ async def running_slot_ctx(profile) -> int | None:
     """Tokens a slot of ``profile``'s server holds when that server runs here (its ``GET /slots``,
     through the server service's resolver: the server an earlier KV Valet left running, else the
     profile's URL); None when it does not run or does not say."""
-    from app.jobs.server_service import client_for
+    from app.server.targets import client_for
     from app.server.client import ServerError, ServerUnreachable
 
     try:
@@ -363,27 +357,12 @@ def clean_stale(save_dir: str | os.PathLike, *, now: float | None = None,
 
 def discard(save_dir: str | os.PathLike, move_id: str) -> list[Path]:
     """Remove every temporary file of move ``move_id`` (an aborted or finished move)."""
-    move_id = check_move_id(move_id)
-    removed = []
-    for suffix in ("", *SIDECAR_SUFFIXES, ".json"):
-        p = Path(save_dir) / temp_name(move_id, suffix)
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            removed.append(p)
-    return removed
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while data := f.read(CHUNK):
-            h.update(data)
-    return h.hexdigest()
+    return discard_temps(save_dir, check_move_id(move_id))
 
 
 def _free_state_name(catalog: Catalog, save_dir: Path, name: str) -> str:
     """``<slug>.bin`` (or ``<slug>-N.bin``) that no session, no file and no stray sidecar holds."""
-    from app.jobs.park import slugify
+    from app.sessions.park import slugify
 
     taken = {r.state_file for r in catalog.list() if Path(r.save_dir) == save_dir}
     base = slugify(name)
@@ -412,7 +391,7 @@ def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int
         size = p.stat().st_size
         if size != int(f["size"]):
             raise MoveError(f"{p.name} has {size:,} bytes, {int(f['size']):,} were sent")
-        digest = _sha256(p)
+        digest = sha256_of(p)
         if digest != f["sha256"]:
             raise MoveError(f"checksum mismatch: {p.name} arrived with SHA-256 {digest[:12]}…, "
                             f"{str(f['sha256'])[:12]}… was sent")
@@ -441,10 +420,10 @@ def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, mani
         if not name:
             raise MoveError("a session name cannot be empty")
         _verify_temps(folder, move_id, files, int(src.get("n_tokens") or 0))
-        from app.jobs.files_lock import files_locked
+        from app.sessions.files_lock import files_locked
 
         with files_locked(catalog):
-            for msg in _recover_moves(catalog):  # a commit a killed process left: its name, its files
+            for msg in recover_moves_locked(catalog):  # a commit a killed process left: its name, its files
                 log.info("move %s: %s", move_id, msg)
             if catalog.get(profile_name, name) is not None:
                 raise MoveError(f"profile '{profile_name}' already has a session named '{name}'")
@@ -468,7 +447,7 @@ def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: lis
             rec: SessionRecord) -> SessionRecord:
     """Rename the verified temporary files to ``final`` (+ suffix) and write ``rec``, under a
     journal entry written first (the files lock held by the caller)."""
-    from app.jobs.journal import Journal, MoveInJournal, Owner
+    from app.sessions.journal import Journal, MoveInJournal, Owner
 
     journaled: dict[str, dict[str, Any]] = {}
     for f in files:
@@ -503,101 +482,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-# --------------------------------------------------------------------------- after a crash
-
-
-def recover_moves(catalog: Catalog, *, roll_back: str | None = None) -> list[str]:
-    """Finish or roll back the commits of moves into this machine a killed process left
-    (journal ``move-in``; commits still running, here or in another live process, are left
-    alone); returns what was done, for the user. A commit whose files are all there (at the
-    final or the temporary name, the inode journaled, size and SHA-256 as sent) and whose
-    name is free is finished: renamed and listed. Any other is rolled back: its files are
-    removed. ``roll_back``: the move id of a move its sender gave up on (``receive --abort``):
-    rolled back whatever its state, so the sender's "nothing was added" stays true."""
-    from app.jobs.files_lock import files_locked
-
-    with files_locked(catalog):
-        return _recover_moves(catalog, roll_back=roll_back)
-
-
-def _recover_moves(catalog: Catalog, *, roll_back: str | None = None) -> list[str]:
-    """:func:`recover_moves`, the files lock held by the caller."""
-    from app.jobs.journal import Journal, JournalKind, MoveInJournal
-
-    journal = Journal(catalog)
-    messages: list[str] = []
-    for e in journal.entries(JournalKind.MOVE_IN):
-        m = e.entry
-        if not isinstance(m, MoveInJournal):
-            journal.end(e.id)
-            messages.append(f"dropped a malformed move journal entry #{e.id}")
-            continue
-        if e.active():
-            continue
-        known = {f.name for f in fields(SessionRecord)}
-        rec = SessionRecord(**{k: v for k, v in m.record.items() if k in known})
-        what = f"the move of '{rec.name}' into profile '{rec.profile}'"
-        try:
-            folder = Path(m.save_dir)
-            row = catalog.get(rec.profile, rec.name)
-            if row is not None and Path(row.save_dir) == folder and row.state_file == m.final:
-                pass  # the row was written: the commit was done, only its journal entry was left
-            elif m.move_id != roll_back and row is None and _finish_move(catalog, m, rec):
-                messages.append(f"{what} was interrupted after its files were copied and checked: finished "
-                                f"(listed, SHA-256 checked)")
-            else:
-                _roll_back_move(m)
-                messages.append(f"{what} was interrupted before it was listed: its files there were removed "
-                                f"(the source still has it)")
-            discard(folder, m.move_id)
-            journal.end(e.id)
-        except OSError as exc:
-            messages.append(f"could not recover {what}: {exc}")
-    return messages
-
-
-def _located(m, suffix: str, info: dict[str, Any]) -> Path | None:
-    """Where the journaled file ``suffix`` of commit ``m`` is now (its inode and size), or None."""
-    folder = Path(m.save_dir)
-    for p in (folder / (m.final + suffix), folder / temp_name(m.move_id, suffix)):
-        try:
-            st = p.lstat()
-        except FileNotFoundError:
-            continue
-        if st.st_ino == info.get("ino") and st.st_size == int(info.get("size", -1)):
-            return p
-    return None
-
-
-def _finish_move(catalog: Catalog, m, rec: SessionRecord) -> bool:
-    """Complete the commit ``m``: True when its files are whole (SHA-256 read back) and it is listed."""
-    folder = Path(m.save_dir)
-    found = {s: _located(m, s, info) for s, info in m.files.items()}
-    if any(p is None for p in found.values()) or "" not in found:
-        return False
-    if any(r.state_file == m.final and Path(r.save_dir) == folder for r in catalog.list()):
-        return False  # the file name went to another session meanwhile
-    if any(_sha256(p) != m.files[s].get("sha256") for s, p in found.items()):
-        return False
-    for s, p in sorted(found.items(), key=lambda kv: kv[0] == ""):
-        dest = folder / (m.final + s)
-        if p != dest:
-            os.replace(p, dest)
-    paths.fsync_dir(folder)
-    catalog.add_or_replace(rec)
-    return True
-
-
-def _roll_back_move(m) -> None:
-    """Remove the files commit ``m`` put in place (the journaled inodes only) and its temporary files."""
-    folder = Path(m.save_dir)
-    for s, info in m.files.items():
-        p = _located(m, s, info)
-        if p is not None:
-            p.unlink()
-    discard(folder, m.move_id)
 
 
 # --------------------------------------------------------------------------- endpoints
@@ -705,7 +589,7 @@ class LocalEndpoint:
         await asyncio.to_thread(recover_moves, self.catalog, roll_back=move_id)
 
     async def delete(self, name: str) -> None:
-        from app.jobs.sessions import delete_session
+        from app.sessions.records import delete_session
 
         await asyncio.to_thread(delete_session, self.catalog, name, self.profile)
 

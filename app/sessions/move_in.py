@@ -1,0 +1,145 @@
+"""The receiving side of a move after a crash: the ``move-in`` journal's commits finished or rolled back.
+
+A move into this machine journals its commit (``catalog.pending``, kind ``move-in``:
+:mod:`app.sessions.journal`) before its first rename. A process killed during the commit leaves
+that entry; whoever opens the catalog next (the session service's connect, the next move,
+``kv-valet sessions …``, ``kv-valet sessions receive``) finishes it (every file in place or still
+at its temporary name, inode, size and SHA-256 as sent: renamed and listed) or rolls it back (its
+files removed). The move itself (:mod:`app.move.move`) writes the entries; this module, in the
+sessions layer, reads them, so a session service recovers without importing the move layer above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from app import paths
+from app.sessions.files_lock import files_locked
+from app.sessions.journal import Journal, JournalKind, MoveInJournal
+from app.store.catalog import Catalog, SessionRecord
+
+MOVE_PREFIX = "kvv-move-"
+#: Sidecar conventions stored next to the state file (as app.sessions.park.SIDECAR_SUFFIXES).
+SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
+_ID_RE = re.compile(r"[0-9a-f]{12}")
+_CHUNK = 4 << 20
+
+
+def temp_name(move_id: str, suffix: str) -> str:
+    """The temporary name of a move's file: ``suffix`` "" (state), ".ckpt", ".checkpoints", ".json"."""
+    return f"{MOVE_PREFIX}{move_id}{suffix or '.state'}.part"
+
+
+def discard_temps(save_dir: str | os.PathLike, move_id: str) -> list[Path]:
+    """Remove every temporary file of move ``move_id`` (a well-formed id: the caller checked it)."""
+    if not _ID_RE.fullmatch(move_id):
+        raise ValueError(f"not a move id: {move_id!r}")
+    removed = []
+    for suffix in ("", *SIDECAR_SUFFIXES, ".json"):
+        p = Path(save_dir) / temp_name(move_id, suffix)
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while data := f.read(_CHUNK):
+            h.update(data)
+    return h.hexdigest()
+
+
+def recover_moves(catalog: Catalog, *, roll_back: str | None = None) -> list[str]:
+    """Finish or roll back the commits of moves into this machine a killed process left
+    (journal ``move-in``; commits still running, here or in another live process, are left
+    alone); returns what was done, for the user. A commit whose files are all there (at the
+    final or the temporary name, the inode journaled, size and SHA-256 as sent) and whose
+    name is free is finished: renamed and listed. Any other is rolled back: its files are
+    removed. ``roll_back``: the move id of a move its sender gave up on (``receive --abort``):
+    rolled back whatever its state, so the sender's "nothing was added" stays true."""
+    with files_locked(catalog):
+        return recover_moves_locked(catalog, roll_back=roll_back)
+
+
+def recover_moves_locked(catalog: Catalog, *, roll_back: str | None = None) -> list[str]:
+    """:func:`recover_moves`, the files lock held by the caller."""
+    journal = Journal(catalog)
+    messages: list[str] = []
+    for e in journal.entries(JournalKind.MOVE_IN):
+        m = e.entry
+        if not isinstance(m, MoveInJournal):
+            journal.end(e.id)
+            messages.append(f"dropped a malformed move journal entry #{e.id}")
+            continue
+        if e.active():
+            continue
+        known = {f.name for f in fields(SessionRecord)}
+        rec = SessionRecord(**{k: v for k, v in m.record.items() if k in known})
+        what = f"the move of '{rec.name}' into profile '{rec.profile}'"
+        try:
+            folder = Path(m.save_dir)
+            row = catalog.get(rec.profile, rec.name)
+            if row is not None and Path(row.save_dir) == folder and row.state_file == m.final:
+                pass  # the row was written: the commit was done, only its journal entry was left
+            elif m.move_id != roll_back and row is None and _finish_move(catalog, m, rec):
+                messages.append(f"{what} was interrupted after its files were copied and checked: finished "
+                                f"(listed, SHA-256 checked)")
+            else:
+                _roll_back_move(m)
+                messages.append(f"{what} was interrupted before it was listed: its files there were removed "
+                                f"(the source still has it)")
+            discard_temps(folder, m.move_id)
+            journal.end(e.id)
+        except OSError as exc:
+            messages.append(f"could not recover {what}: {exc}")
+    return messages
+
+
+def _located(m, suffix: str, info: dict[str, Any]) -> Path | None:
+    """Where the journaled file ``suffix`` of commit ``m`` is now (its inode and size), or None."""
+    folder = Path(m.save_dir)
+    for p in (folder / (m.final + suffix), folder / temp_name(m.move_id, suffix)):
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if st.st_ino == info.get("ino") and st.st_size == int(info.get("size", -1)):
+            return p
+    return None
+
+
+def _finish_move(catalog: Catalog, m, rec: SessionRecord) -> bool:
+    """Complete the commit ``m``: True when its files are whole (SHA-256 read back) and it is listed."""
+    folder = Path(m.save_dir)
+    found = {s: _located(m, s, info) for s, info in m.files.items()}
+    if any(p is None for p in found.values()) or "" not in found:
+        return False
+    if any(r.state_file == m.final and Path(r.save_dir) == folder for r in catalog.list()):
+        return False  # the file name went to another session meanwhile
+    if any(sha256_of(p) != m.files[s].get("sha256") for s, p in found.items()):
+        return False
+    for s, p in sorted(found.items(), key=lambda kv: kv[0] == ""):
+        dest = folder / (m.final + s)
+        if p != dest:
+            os.replace(p, dest)
+    paths.fsync_dir(folder)
+    catalog.add_or_replace(rec)
+    return True
+
+
+def _roll_back_move(m) -> None:
+    """Remove the files commit ``m`` put in place (the journaled inodes only) and its temporary files."""
+    folder = Path(m.save_dir)
+    for s, info in m.files.items():
+        p = _located(m, s, info)
+        if p is not None:
+            p.unlink()
+    discard_temps(folder, m.move_id)
