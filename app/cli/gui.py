@@ -18,6 +18,6 @@ def open_window() -> int:
 
 def export_png(report, path: Path) -> bool:
     """The check report's chart, drawn offscreen by the window's own code."""
-    from app.ui.check_view import export_png as draw
+    from app.ui.dialogs.check import export_png as draw
 
     return draw(report, path)

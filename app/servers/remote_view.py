@@ -1,6 +1,6 @@
 """What the window shows and does for a remote host's server (issue #20), Qt-free.
 
-The window's faces (app.ui.host_dialog, app.ui.remote_view, app.ui.session_move) only paint
+The window's faces (app.ui.dialogs.host, app.ui.servers.remote_view, app.ui.sessions.move) only paint
 what these decide:
 
 * :func:`check_host` — a host just added: connect (its key checked against known_hosts),

@@ -1,6 +1,6 @@
 """The server list: one row per server the window shows, here and on other hosts (issue #20).
 
-Qt-free: the window's list (:mod:`app.ui.server_list_model`) only paints what this module
+Qt-free: the window's list (:mod:`app.ui.servers.list_model`) only paints what this module
 decides. A row comes from a :class:`ServerListSource`:
 
 * :class:`LocalServerSource` — every server of the window's
@@ -36,7 +36,7 @@ THIS_MACHINE = "this machine"
 NOT_SAMPLED = "not sampled yet"
 FETCH_TIMEOUT_S = 3.0
 
-#: app.ui.theme roles of a server's state: light or dark as the system is
+#: app.ui.widgets.theme roles of a server's state: light or dark as the system is
 STATE_ROLES = {
     ServerState.STOPPED: "muted", ServerState.STARTING: "accent", ServerState.LOADING: "accent",
     ServerState.READY: "ok", ServerState.STOPPING: "warn", ServerState.CRASHED: "crit",
@@ -380,7 +380,7 @@ def shown_rows(rows: list[ServerRow], selected: str | None = None) -> list[Serve
 class RowCells:
     text: tuple[str, ...]
     tips: tuple[str, ...]
-    state_role: str  # app.ui.theme role of the State cell
+    state_role: str  # app.ui.widgets.theme role of the State cell
     sort: tuple = field(default=())
 
 

@@ -1,6 +1,6 @@
 """The server service: every server KV Valet runs, watches or reaches, in one place.
 
-The window (through :class:`app.ui.server_controller.ServerController`, which only
+The window (through :class:`app.ui.servers.controller.ServerController`, which only
 re-emits its events as Qt signals) and every ``kv-valet`` command are faces of this
 Qt-free class. Each server-lifecycle decision is made here, once:
 

@@ -80,7 +80,7 @@ def run_gui() -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     from app.store.profiles import ProfileStore
-    from app.ui.first_run import FirstRunGuide, first_run_pending
+    from app.ui.dialogs.first_run import FirstRunGuide, first_run_pending
 
     fresh_install = not ProfileStore().names()  # before the window creates the default profile
     window = MainWindow()
@@ -94,7 +94,7 @@ def run_gui() -> int:
         from PySide6.QtCore import QTimer
 
         QTimer.singleShot(0, window.check_leftover_servers)
-        from app.ui.build_dialog import offer_built_server
+        from app.ui.dialogs.build import offer_built_server
 
         # a checkpoint-persisting server built meanwhile (kv-valet build-server): asked once
         QTimer.singleShot(0, lambda: offer_built_server(window))

@@ -16,13 +16,13 @@ from app.servers.service import (CACHE_EVENTS_VERBOSITY, DiscoveryError, binary_
                                      profile_target_id)
 from app.server.outcome import Outcome
 from app.store.profiles import ProfileStore
-from app.ui import theme
-from app.ui.log_panel import LogPanel
-from app.ui.profile_panel import ProfilePanel
-from app.ui.server_controller import ServerController
-from app.ui.server_list_panel import ServerListPanel
+from app.ui.widgets import theme
+from app.ui.servers.log_panel import LogPanel
+from app.ui.servers.profile_panel import ProfilePanel
+from app.ui.servers.controller import ServerController
+from app.ui.servers.list_panel import ServerListPanel
 from app.ui.quitting import QuitsInOrder
-from app.ui.status_bar import MessageStatusBar
+from app.ui.widgets.status_bar import MessageStatusBar
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(220)
         self.progress.hide()
-        # messages wrap inside the window's width (app.ui.status_bar), whoever shows them
+        # messages wrap inside the window's width (app.ui.widgets.status_bar), whoever shows them
         sb = MessageStatusBar()
         sb.addWidget(self.state_label)
         sb.addWidget(self.url_label, 1)
@@ -191,7 +191,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
 
     # -- preferences ------------------------------------------------------------
     def _on_preferences(self) -> None:
-        from app.ui.preferences import PreferencesDialog
+        from app.ui.dialogs.preferences import PreferencesDialog
 
         if getattr(self, "preferences_dialog", None) is None:
             self.preferences_dialog = PreferencesDialog(self.prefs, self)
@@ -243,7 +243,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         s.sync()
 
     def _on_load_check(self) -> None:
-        from app.ui.loadcheck_view import LoadCheckDialog
+        from app.ui.dialogs.loadcheck import LoadCheckDialog
 
         url = self.controller.url
         if not url or self.controller.state != ServerState.READY:
@@ -304,7 +304,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.statusBar().showMessage(f"Saved profile '{profile.name}'", 4000)
 
     def _on_build_server(self) -> None:
-        from app.ui.build_dialog import open_build_dialog
+        from app.ui.dialogs.build import open_build_dialog
 
         open_build_dialog(self)  # progress, Cancel; afterwards the default profile may switch (asked once)
 

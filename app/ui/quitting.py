@@ -1,7 +1,7 @@
 """How the window closes: never an orphan server, and the chats parked first when asked.
 
 The quit dialog, SIGTERM/SIGHUP, the desktop session's end and a quit from outside all end in
-the server service's one park-then-stop (:meth:`app.ui.server_controller.ServerController.park_then_stop`),
+the server service's one park-then-stop (:meth:`app.ui.servers.controller.ServerController.park_then_stop`),
 each with its :class:`app.core.lifecycle.StopTrigger`. Mixed into the main window.
 """
 

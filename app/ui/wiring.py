@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from app.core.background import track
-from app.ui.conversations_panel import ConversationsPanel
-from app.ui.health_panel import HealthPanel
-from app.ui.monitor_panel import MonitorPanel
-from app.ui.sessions_panel import SessionsPanel
+from app.ui.conversations.panel import ConversationsPanel
+from app.ui.monitor.health_panel import HealthPanel
+from app.ui.monitor.panel import MonitorPanel
+from app.ui.sessions.panel import SessionsPanel
 
 
 def attach_panels(window) -> None:
@@ -62,10 +62,10 @@ def attach_panels(window) -> None:
     monitor.sig_snapshot.connect(on_snapshot)
     window.sessions_panel = sessions
     window.monitor_panel = monitor
-    from app.ui.session_move import SessionMoves  # Move to… / Copy to… on a session row: the other servers
+    from app.ui.sessions.move import SessionMoves  # Move to… / Copy to… on a session row: the other servers
 
     window.session_moves = SessionMoves(sessions, window.server_list)
-    from app.ui.remote_view import RemoteView  # a host's row: its sessions, park and resume there
+    from app.ui.servers.remote_view import RemoteView  # a host's row: its sessions, park and resume there
 
     window.remote_view = RemoteView(window)
     window.server_list.sig_message.connect(lambda text, _ok: window._message(text))

@@ -68,7 +68,7 @@ def main() -> int:
     from app.tools.cache_health import CacheHealth
     from app.sessions.watch import ResumeWatcher
     from app.server.supervisor import Supervisor
-    from app.ui.log_panel import LogPanel
+    from app.ui.servers.log_panel import LogPanel
 
     tmp = Path(tempfile.mkdtemp(prefix="kvv-flood-"))
     script = tmp / "flood.py"

@@ -175,7 +175,7 @@ def bench_gui(args) -> list[tuple[str, float]]:
     from app import paths
     from app.store.catalog import Catalog
     from app.store.profiles import ProfileStore
-    from app.ui.sessions_panel import SessionsPanel
+    from app.ui.sessions.panel import SessionsPanel
 
     app = QApplication.instance() or QApplication([])
     store = ProfileStore()

@@ -22,7 +22,7 @@ from app.tools.server_build import BuildProgress, BuildResult
 from app.serverbuild import cache
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
-from app.ui.first_run import BUILT_STEPS, STEPS, FirstRunGuide
+from app.ui.dialogs.first_run import BUILT_STEPS, STEPS, FirstRunGuide
 from tests.conftest import run, signal_future
 from tests.fake.gui_helpers import make_window, walk_guide
 from tests.fake.test_supervisor_fake import FAKE
@@ -67,7 +67,7 @@ def test_a_discarded_first_run_offers_the_build_and_ends_in_a_hit(qtbot, qloop, 
         on_progress(BuildProgress("done", 1, 1, str(built[0].binary)))
         return built[0]
 
-    monkeypatch.setattr("app.ui.build_dialog.build_server", fake_build)
+    monkeypatch.setattr("app.ui.dialogs.build.build_server", fake_build)
     guide = FirstRunGuide(w)
     qtbot.addWidget(guide)
     guide.show()

@@ -12,7 +12,7 @@ from app.core.profile import LaunchProfile
 from app.monitor.gpu import GpuMonitor
 from app.monitor.slots import RestoredSlot
 from app.server.client import LlamaClient
-from app.ui.monitor_panel import MonitorPanel, SlotsTableModel
+from app.ui.monitor.panel import MonitorPanel, SlotsTableModel
 from tests.conftest import run, signal_future
 from tests.fakes.fake_nvml import two_gpus
 from tests.conftest import free_port

@@ -10,7 +10,7 @@ import pytest
 
 from app.servers import remote_view as rv_jobs
 from app.servers.server_list import RemoteServerSource
-from app.ui import remote_view
+from app.ui.servers import remote_view
 from tests.conftest import signal_future
 from tests.fake.gui_helpers import make_window
 from tests.fake.test_gui_server_list import click_row, open_tab

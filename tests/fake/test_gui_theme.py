@@ -6,8 +6,8 @@ import pytest
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
-from app.ui import theme
-from app.ui.check_view import HistoryChart
+from app.ui.widgets import theme
+from app.ui.dialogs.check import HistoryChart
 from tests.fake.gui_helpers import make_window
 
 pytestmark = pytest.mark.gui

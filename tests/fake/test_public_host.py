@@ -61,7 +61,7 @@ def test_the_window_asks_before_a_public_start_and_cancel_starts_nothing(qtbot, 
                                                                           monkeypatch):
     from PySide6.QtWidgets import QMessageBox
 
-    from app.ui import profile_panel
+    from app.ui.servers import profile_panel
     from app.ui.main_window import MainWindow
 
     store = ProfileStore()

@@ -35,7 +35,7 @@ def _park(cat: Catalog, name: str, at: float, n_tokens: int) -> None:
 
 
 def test_clock_jumping_back_keeps_ages_and_older_than_sane(qtbot, qloop, monkeypatch):
-    from app.ui.sessions_panel import COL_AGE, COL_NAME, SessionsPanel
+    from app.ui.sessions.panel import COL_AGE, COL_NAME, SessionsPanel
 
     real_now = time.time()
     with Catalog(paths.catalog_path()) as cat:

@@ -13,7 +13,7 @@ from app.tools.server_build import BuildRequest
 from app.core.profile import BUILT_MARKER
 from app.serverbuild.cache import BuildOptions, cache_root, find_built
 from app.store.profiles import ProfileStore
-from app.ui.build_dialog import BUILT_LABEL, OTHER_LABEL, STOCK_LABEL, BuildDialog, offer_built_server
+from app.ui.dialogs.build import BUILT_LABEL, OTHER_LABEL, STOCK_LABEL, BuildDialog, offer_built_server
 from tests.conftest import run, signal_future
 from tests.fakes.fake_sdist import fake_patch, make_fake_sdist
 
@@ -112,7 +112,7 @@ def test_the_form_offers_stock_built_and_other(qtbot, qloop, fake, tmp_path):
     d.options = BuildOptions()
     finished = signal_future(d.sig_finished)
     asked: list[str] = []
-    import app.ui.build_dialog as bd
+    import app.ui.dialogs.build as bd
 
     original = bd.offer_built_server
     bd.offer_built_server = lambda window: original(window, ask=lambda t, x: asked.append(t) or True)
@@ -141,7 +141,7 @@ def test_at_a_start_the_question_does_not_block_and_is_asked_once(qtbot, qloop, 
     from PySide6.QtWidgets import QMessageBox
 
     from app.tools.server_build import build_server
-    from app.ui.build_dialog import SWITCH_ANSWER_KEY
+    from app.ui.dialogs.build import SWITCH_ANSWER_KEY
     from app.ui.main_window import MainWindow
 
     run(qloop, build_server(fake), 120)  # built meanwhile, e.g. by kv-valet build-server

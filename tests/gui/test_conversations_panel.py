@@ -16,11 +16,11 @@ from PySide6.QtCore import QObject, QPoint, Qt, Signal
 from app.core.units import fmt_duration
 from app.proxy.model import Cause, Conversation, Explanation, RequestRecord, RequestVerdict
 from app.store.conversations import ConversationStore
-from app.ui.conversations_model import (COL_HINT, COL_ID, COL_REQUESTS, COL_SAVED, COL_TOKENS, COL_USED,
+from app.ui.conversations.model import (COL_HINT, COL_ID, COL_REQUESTS, COL_SAVED, COL_TOKENS, COL_USED,
                                         COL_VERDICT, COL_WHERE, RCOL_CACHE, RCOL_CONV, RCOL_PROMPT, RCOL_RESTORED,
                                         RCOL_SLOT, RCOL_VERDICT, RCOL_WHY, VERDICT_ROLE)
-from app.ui.conversations_panel import NO_PROXY_HINT, ConversationsPanel
-from app.ui import theme
+from app.ui.conversations.panel import NO_PROXY_HINT, ConversationsPanel
+from app.ui.widgets import theme
 from tests.conftest import run
 
 pytestmark = pytest.mark.gui

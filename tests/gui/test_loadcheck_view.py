@@ -14,8 +14,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.tools.loadcheck import StreamRecorder, build_report
-from app.ui import theme
-from app.ui.loadcheck_view import COLUMNS, GapChart, LoadCheckDialog
+from app.ui.widgets import theme
+from app.ui.dialogs.loadcheck import COLUMNS, GapChart, LoadCheckDialog
 from tests.conftest import run, signal_future
 from tests.real.conftest import real_binary, real_model, real_profile  # noqa: F401  (fixtures)
 from tests.real.helpers import start_server

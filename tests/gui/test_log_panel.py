@@ -3,7 +3,7 @@
 import pytest
 
 from app.server.supervisor import LogBuffer
-from app.ui.log_panel import LogPanel
+from app.ui.servers.log_panel import LogPanel
 from tests.conftest import B11434
 
 pytestmark = pytest.mark.gui
@@ -57,7 +57,7 @@ def test_a_flood_far_beyond_the_caps_stays_bounded_and_shows_the_newest(qtbot):
     once the caps are reached, and the newest line is the one on screen."""
     import tracemalloc
 
-    from app.ui.log_panel import MAX_LINES_SHOWN
+    from app.ui.servers.log_panel import MAX_LINES_SHOWN
 
     p = LogPanel(interval_ms=10_000)
     qtbot.addWidget(p)

@@ -14,7 +14,7 @@ from app.monitor.slots import RestoredSlot, SlotsUnavailable, slot_rows
 from app.monitor.snapshot import Snapshot
 from app.monitor.units import GiB, MiB
 from app.monitor.warnings import CRITICAL, WARNING, compute_warnings
-from app.ui.monitor_panel import FILL_ROLE, RESTORED_TOOLTIP, ROW_ROLE, MonitorPanel, SlotsTableModel
+from app.ui.monitor.panel import FILL_ROLE, RESTORED_TOOLTIP, ROW_ROLE, MonitorPanel, SlotsTableModel
 from tests.conftest import B11434
 from tests.fakes.fake_nvml import CHILD_PID, NVML_ERROR_LIBRARY_NOT_FOUND, SERVER_PID, FakeNvml, two_gpus
 

@@ -19,10 +19,10 @@ from app.monitor.gpu import GpuMonitor
 from app.monitor.slots import SlotRow
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
-from app.ui import theme
-from app.ui.delegates import FillBarDelegate, VerdictDelegate
-from app.ui.monitor_panel import MonitorPanel, SlotsTableModel
-from app.ui.sessions_panel import COL_NAME, COL_TOKENS, COL_VERDICT, SessionsModel, SessionsPanel
+from app.ui.widgets import theme
+from app.ui.widgets.delegates import FillBarDelegate, VerdictDelegate
+from app.ui.monitor.panel import MonitorPanel, SlotsTableModel
+from app.ui.sessions.panel import COL_NAME, COL_TOKENS, COL_VERDICT, SessionsModel, SessionsPanel
 from tests.conftest import run
 from tests.fakes.fake_nvml import two_gpus
 from tests.unit.test_sessions_scale import park_many

@@ -6,7 +6,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from app.ui.sessions_panel import SessionsPanel
+from app.ui.sessions.panel import SessionsPanel
 from tests.conftest import run
 
 pytestmark = pytest.mark.gui

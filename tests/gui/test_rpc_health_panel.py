@@ -1,4 +1,4 @@
-"""The Cache health tab's RPC workers line and findings (app.ui.health_panel over app.monitor.rpc)."""
+"""The Cache health tab's RPC workers line and findings (app.ui.monitor.health_panel over app.monitor.rpc)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.core.profile import LaunchProfile
 from app.monitor.rpc import RULE_UNREACHABLE
-from app.ui.health_panel import HealthPanel
+from app.ui.monitor.health_panel import HealthPanel
 from tests.conftest import run
 
 pytestmark = pytest.mark.gui

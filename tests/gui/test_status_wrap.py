@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.ui.main_window import MainWindow
-from app.ui.status_bar import MAX_LINES
+from app.ui.widgets.status_bar import MAX_LINES
 
 pytestmark = pytest.mark.gui
 

@@ -11,7 +11,7 @@ from app import paths
 from app.core.profile import BUILT_MARKER
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
-from app.ui.first_run import STEPS, FirstRunGuide, first_run_pending
+from app.ui.dialogs.first_run import STEPS, FirstRunGuide, first_run_pending
 from app.ui.main_window import MainWindow
 from app.ui.wiring import attach_panels
 from tests.conftest import run, signal_future
@@ -83,7 +83,7 @@ def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_prof
     folder), the same steps on the built server to a HIT, and the session parked on the
     stock build still resumes there (DISCARDED: it has no sidecar, and the verdict says so)."""
     from app.serverbuild import cache
-    from app.ui.first_run import BUILT_STEPS
+    from app.ui.dialogs.first_run import BUILT_STEPS
 
     root = link_real_build(sidecar_server_bin, tmp_path, monkeypatch)
     real_entry = sidecar_server_bin.parent

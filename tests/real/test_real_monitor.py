@@ -9,7 +9,7 @@ import pytest
 from app.core.profile import LaunchProfile
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
-from app.ui.monitor_panel import MonitorPanel, SlotsTableModel
+from app.ui.monitor.panel import MonitorPanel, SlotsTableModel
 from tests.conftest import signal_future
 from tests.conftest import free_port
 

@@ -64,7 +64,7 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
     from app import paths
     from app.server.client import LlamaClient
     from app.store.catalog import Catalog
-    from app.ui.monitor_panel import SlotsTableModel
+    from app.ui.monitor.panel import SlotsTableModel
     from app.ui.wiring import attach_panels
     from tests.fake.test_gui_sessions import choose_slot, click, click_row, open_tab, slot_chooser_shows
     from tests.real.helpers import TEXT

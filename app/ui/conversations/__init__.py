@@ -1,0 +1,1 @@
+"""The Conversations tab: the proxy's conversations and their requests' verdicts."""

@@ -1,0 +1,1 @@
+"""Dialogs: build, check and A/B, load check, host, move, preferences, the first-run guide."""

@@ -1,0 +1,1 @@
+"""The Monitor tab (slots, process, host, GPUs) and Cache health."""

@@ -1,0 +1,1 @@
+"""Widgets and helpers every tab shares: theme, status bar, delegates, tasks, questions."""
