@@ -4,7 +4,7 @@
 settings`` show: the data folder, the Monitor's polling rates, what happens to
 sessions parked by "Park all & stop" at the next start, the tray, and how much
 server log is kept. Only values that differ from the defaults are written, and the
-file is edited in place (app.paths.write_toml): comments, key order and keys or
+file is edited in place (app.files.write_toml): comments, key order and keys or
 tables this version does not know are kept, so a newer KV Valet's file survives an
 older one. Qt-free: the window and the CLI read and write it through here.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import paths
+from app import files
 
 
 class SettingsError(Exception):
@@ -169,7 +170,7 @@ def save(settings: Settings, path: Path | None = None) -> Path:
     folder = settings.data_path()
     if folder is not None and not errors:
         try:
-            paths.private_dir(folder)
+            files.private_dir(folder)
             if not os.access(folder, os.W_OK | os.X_OK):
                 raise PermissionError("not writable")
         except OSError as e:
@@ -178,7 +179,7 @@ def save(settings: Settings, path: Path | None = None) -> Path:
         raise SettingsError(errors)
     path = path or settings_path()
     values = {key: getattr(settings, key) for key in FIELDS}
-    return paths.write_toml(path, values, defaults=dataclasses.asdict(DEFAULTS), header=HEADER)
+    return files.write_toml(path, values, defaults=dataclasses.asdict(DEFAULTS), header=HEADER)
 
 
 def update(path: Path | None = None, **changes) -> Settings:

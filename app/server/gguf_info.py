@@ -294,8 +294,8 @@ def model_sha256(
         raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
     digest = h.hexdigest()
 
-    from app import paths
+    from app import files
 
     # re-read under the cache's lock: another process may have added entries meanwhile
-    paths.update_json(cache_file, lambda cache: cache.__setitem__(key, {**stamp, "sha256": digest}))
+    files.update_json(cache_file, lambda cache: cache.__setitem__(key, {**stamp, "sha256": digest}))
     return digest

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from app import paths
+from app import files
 from app.server.cpu import repack_env
 from app.core.argv import absorb_extra_args, server_env, to_argv
 from app.core.helptext import BinaryCaps, unsupported
@@ -65,7 +66,7 @@ def plan_launch(profile: LaunchProfile, *, on_model_progress: Callable[[int, int
     if bad:
         raise ProfileError(bad, profile.name)
     save_dir = slot_save_path_for(profile)
-    paths.private_dir(save_dir)  # 0700: parked sessions hold whole conversations
+    files.private_dir(save_dir)  # 0700: parked sessions hold whole conversations
     verbosity = CACHE_EVENTS_VERBOSITY if caps.has("-lv") else None
     argv = to_argv(profile, found.path, slot_save_path=save_dir, default_verbosity=verbosity)
     env = server_env(profile)

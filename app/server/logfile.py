@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from app import paths
+from app import files
 
 MAX_BYTES = 20 * 1024 * 1024  # per file
 BACKUPS = 3  # <profile>.log.1 … .3
@@ -31,9 +31,9 @@ class ServerLogFile:
 
     def open(self, header: str = "") -> None:
         """Open for appending; ``header`` starts a new section (one launch)."""
-        paths.private_dir(self.path.parent)  # 0700, the log 0600: it holds prompts and outputs
+        files.private_dir(self.path.parent)  # 0700, the log 0600: it holds prompts and outputs
         with self._lock:
-            self._f = paths.open_private(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
+            self._f = files.open_private(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
             self._size = self.path.stat().st_size
             self._prune()
         if header:
@@ -60,7 +60,7 @@ class ServerLogFile:
             if newer.exists():
                 os.replace(newer, older)
         # with no backups kept, the file starts over
-        self._f = paths.open_private(self.path, "a" if self.backups else "w", encoding="utf-8", errors="replace",
+        self._f = files.open_private(self.path, "a" if self.backups else "w", encoding="utf-8", errors="replace",
                                      buffering=1)
         self._size = 0
         self._prune()

@@ -33,7 +33,7 @@ import psutil
 from app.core.states import ServerState
 from app.server.client import LlamaClient
 from app.server.logfile import ServerLogFile
-from app.server.logparse import Kind, LogEvent, SidecarMode, parse_line
+from app.server.logparse import LogEvent, SidecarMode, parse_line
 from app.server.outcome import Cause, Outcome, classify
 
 log = logging.getLogger(__name__)
@@ -156,9 +156,9 @@ class PidRecord:
 
 
 def write_pid_record(path: Path, rec: PidRecord) -> None:
-    from app import paths
+    from app import files
 
-    paths.write_private(path, json.dumps(rec.__dict__ | {"argv": list(rec.argv)}))
+    files.write_private(path, json.dumps(rec.__dict__ | {"argv": list(rec.argv)}))
 
 
 def read_pid_record(path: Path) -> PidRecord | None:

@@ -1,6 +1,6 @@
 """The cache of checkpoint-persisting llama-server builds: keys, options, pointers, build-info.
 
-Standard library and :mod:`app.paths` only (this package sits below every app layer): the build job
+Standard library, :mod:`app.paths` and :mod:`app.files` only (this package sits below every app layer): the build job
 (``app.tools.server_build``), the launcher's binary lookup, ``doctor`` and the
 test build script all read the cache through here.
 
@@ -189,9 +189,9 @@ def read_json(path: Path) -> dict | None:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    from app import paths
+    from app import files
 
-    paths.write_atomic(path, json.dumps(data, indent=2) + "\n")
+    files.write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_pointer(version: str, key: str, sdist_sha: str, patch_sha: str,

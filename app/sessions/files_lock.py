@@ -25,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
-from app import paths
+from app import files
 from app.store.catalog import Catalog, CatalogError
 
 #: How long a park's commit or a delete waits for another process's block (milliseconds long).
@@ -48,7 +48,7 @@ class FilesLock:
             raise CatalogError(f"cannot lock the session catalog ({self.path}): {e.strerror or e}") from None
         try:
             try:
-                paths.take_flock(fd, timeout, "")
+                files.take_flock(fd, timeout, "")
             except TimeoutError:
                 raise CatalogError(f"another KV Valet process has been moving session files for "
                                    f"{timeout:.0f} s ({self.path} is locked): try again") from None

@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from app import paths
+from app import files
 from app.sessions.files_lock import files_locked
 from app.sessions.journal import Journal, JournalKind, MoveInJournal
 from app.store.catalog import Catalog, SessionRecord
@@ -130,7 +130,7 @@ def _finish_move(catalog: Catalog, m, rec: SessionRecord) -> bool:
         dest = folder / (m.final + s)
         if p != dest:
             os.replace(p, dest)
-    paths.fsync_dir(folder)
+    files.fsync_dir(folder)
     catalog.add_or_replace(rec)
     return True
 

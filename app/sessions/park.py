@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app import paths
+from app import files
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
 from app.sessions import sidecar_check
@@ -151,7 +152,7 @@ def _cached_memory_kind(model_path: str) -> str:
     info = read_model_info(path)
     kind = getattr(info.memory_kind, "value", str(info.memory_kind))
     with contextlib.suppress(OSError):  # re-read under its lock: another process may have added entries
-        paths.update_json(cache_file, lambda cache: cache.__setitem__(path, {"stamp": stamp, "kind": kind}))
+        files.update_json(cache_file, lambda cache: cache.__setitem__(path, {"stamp": stamp, "kind": kind}))
     return kind
 
 
@@ -438,7 +439,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         _say(on_progress, "verifying the saved file")
         n_tokens = _verify(tmp, resp)
         for f in (tmp, *(Path(str(tmp) + s) for s in SIDECAR_SUFFIXES)):
-            paths.make_private(f)  # the server wrote them with its umask: 0600, as every file of ours
+            files.make_private(f)  # the server wrote them with its umask: 0600, as every file of ours
         # off the loop: a PKCL v2 sidecar's state hash reads the whole file (fresh in the page cache now)
         sidecar = await asyncio.to_thread(sidecar_check.inspect, tmp, n_tokens, memory_kind, verify_hash=True)
         state_size = tmp.stat().st_size

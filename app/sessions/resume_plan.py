@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import paths
+from app import files
 from app.sessions.park import ParkResult
 
 
@@ -38,7 +39,7 @@ def write_resume_plan(profile: str, results: list[ParkResult]) -> list[PlanEntry
 
 def write_resume_plan_entries(profile: str, plan: list[PlanEntry]) -> list[PlanEntry]:
     path = plan_path(profile)
-    paths.write_private(path, json.dumps([{"slot": e.slot, "session": e.session} for e in plan],
+    files.write_private(path, json.dumps([{"slot": e.slot, "session": e.session} for e in plan],
                                          ensure_ascii=False, indent=1))
     return plan
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from app import paths
+from app import files
 from app.server.sidecar import SidecarReport, fnv1a64_file, inspect_sidecar, sidecar_candidates
 from app.store.catalog import Catalog, SessionRecord
 
@@ -103,7 +104,7 @@ def state_hash(path: str | os.PathLike, *, compute: bool) -> int | None:
     if _stamp(path) != found:
         return None  # written while we read it: the next look hashes it again
     with _LOCK, contextlib.suppress(OSError):  # re-read under its lock: another process may have added entries
-        paths.update_json(_cache_file(), lambda data: data.__setitem__(
+        files.update_json(_cache_file(), lambda data: data.__setitem__(
             key, {"stamp": stamp, "hash": value, "path": str(path)}))
     return value
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import paths
+from app import files
 
 HEADER = "# KV Valet remote hosts (reached over SSH). Edit freely: one [hosts.NAME] table per host."
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -120,7 +121,7 @@ class HostStore:
         """Add (or with ``overwrite`` replace) one host; the rest of the file, comments included, stays."""
         import tomlkit
 
-        with paths.locked(self.path):
+        with files.locked(self.path):
             try:
                 text = self.path.read_text(encoding="utf-8")
             except FileNotFoundError:
@@ -140,12 +141,12 @@ class HostStore:
             if cfg.identity_file:
                 entry["identity_file"] = cfg.identity_file
             hosts[cfg.name] = entry
-            return paths.write_atomic(self.path, tomlkit.dumps(doc))
+            return files.write_atomic(self.path, tomlkit.dumps(doc))
 
     def remove(self, name: str) -> bool:
         import tomlkit
 
-        with paths.locked(self.path):
+        with files.locked(self.path):
             try:
                 doc = tomlkit.parse(self.path.read_text(encoding="utf-8"))
             except FileNotFoundError:
@@ -154,5 +155,5 @@ class HostStore:
             if hosts is None or name not in hosts:
                 return False
             del hosts[name]
-            paths.write_atomic(self.path, tomlkit.dumps(doc))
+            files.write_atomic(self.path, tomlkit.dumps(doc))
             return True

@@ -2,7 +2,7 @@
 
 One file per profile: ``<config>/profiles/<name>.toml``. Only fields that
 differ from the defaults are written, so a file reads like the command line
-it stands for. A save edits the file that is there (tomlkit, app.paths.write_toml):
+it stands for. A save edits the file that is there (tomlkit, app.files.write_toml):
 the comments and key order of a file edited by hand survive it. Files are
 created readable by the user only (a profile may hold an API key).
 """
@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 from app import paths
+from app import files
 from app.paths import default_model_path
 from app.core.profile import FieldError, LaunchProfile, ProfileError, field_names
 
@@ -35,7 +36,7 @@ def _values(profile: LaunchProfile) -> dict:
 def to_toml(profile: LaunchProfile, existing: str | None = None) -> str:
     """The text of ``profile``'s file: ``existing`` (the file's text, edited by hand perhaps)
     with the values changed and its comments and key order kept, or a new file's text."""
-    return paths.edit_toml(existing, _values(profile), defaults=_DEFAULTS, header=HEADER, drop_unknown=True)
+    return files.edit_toml(existing, _values(profile), defaults=_DEFAULTS, header=HEADER, drop_unknown=True)
 
 
 def _q(s: str) -> str:
@@ -135,10 +136,10 @@ class ProfileStore:
         renaming = previous_name is not None and previous_name != profile.name
         if path.exists() and (not overwrite or renaming):
             raise ProfileError(FieldError("name", f"a profile named '{profile.name}' exists already"))
-        paths.private_dir(self.folder)
+        files.private_dir(self.folder)
         # 0600 (a profile may hold a key); the file there (or the one renamed) is edited, so the
         # user's comments and key order survive a save from the app
-        paths.write_toml(path, _values(profile), defaults=_DEFAULTS, header=HEADER, drop_unknown=True,
+        files.write_toml(path, _values(profile), defaults=_DEFAULTS, header=HEADER, drop_unknown=True,
                          base=profile_path(previous_name, self.folder) if renaming else None)
         if renaming:
             profile_path(previous_name, self.folder).unlink(missing_ok=True)

@@ -51,10 +51,10 @@ class SqliteFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if str(path) != ":memory:":
-            from app import paths
+            from app import files as fileio
 
-            paths.private_dir(self.path.parent)  # 0700, the file 0600 (its -wal and -shm follow)
-            paths.touch_private(self.path)
+            fileio.private_dir(self.path.parent)  # 0700, the file 0600 (its -wal and -shm follow)
+            fileio.touch_private(self.path)
         self._lock = threading.Lock()
         # isolation_level=None: BEGIN/COMMIT are issued here, so transactions are exactly what the code says
         try:

@@ -40,7 +40,7 @@ from app.server.client import LlamaClient  # noqa: E402
 from app.server.sidecar import inspect_sidecar  # noqa: E402
 from app.store.catalog import Catalog, SessionRecord  # noqa: E402
 
-FAKE = ROOT / "tests" / "fake" / "fake_llama_server.py"
+FAKE = ROOT / "tests" / "fake_server" / "fake_llama_server.py"
 FIXTURE_AB = {"restore with": 30.0, "restore hidden": 5.9, "prompt with": 78.42, "prompt hidden": 11344.23,
               "delta": 11344.23 / 78.42, "e2e": (5.9 + 11344.23) / (30.0 + 78.42)}
 REAL_TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "

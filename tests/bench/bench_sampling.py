@@ -109,12 +109,12 @@ async def main_async(args: argparse.Namespace) -> int:
         import socket
         import subprocess
 
-        from tests.fakes.fake_nvml import two_gpus
+        from tests.doubles.fake_nvml import two_gpus
 
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        fake = Path(__file__).resolve().parents[1] / "fake" / "fake_llama_server.py"
+        fake = Path(__file__).resolve().parents[1] / "fake_server" / "fake_llama_server.py"
         model = Path(os.environ.get("TMPDIR", "/tmp")) / "kvv-bench-model.gguf"
         model.write_bytes(b"GGUF" + bytes(60))
         server = subprocess.Popen([sys.executable, str(fake), "-m", str(model), "--port", str(port), "-c", "16384",

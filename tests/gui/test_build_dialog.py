@@ -1,5 +1,5 @@
 """The "Build a checkpoint-persisting server…" dialog and the profile form's Server binary field,
-on the fake sdist (tests/fakes/fake_sdist.py): a real CMake build of a tiny tree in seconds."""
+on the fake sdist (tests/doubles/fake_sdist.py): a real CMake build of a tiny tree in seconds."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from app.serverbuild.cache import BuildOptions, cache_root, find_built
 from app.store.profiles import ProfileStore
 from app.ui.dialogs.build import BUILT_LABEL, OTHER_LABEL, STOCK_LABEL, BuildDialog, offer_built_server
 from tests.conftest import run, signal_future
-from tests.fakes.fake_sdist import fake_patch, make_fake_sdist
+from tests.doubles.fake_sdist import fake_patch, make_fake_sdist
 
 pytestmark = [pytest.mark.gui,
               pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("cc") and shutil.which("patch")),

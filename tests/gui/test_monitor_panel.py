@@ -16,7 +16,7 @@ from app.monitor.units import GiB, MiB
 from app.monitor.warnings import CRITICAL, WARNING, compute_warnings
 from app.ui.monitor.panel import FILL_ROLE, RESTORED_TOOLTIP, ROW_ROLE, MonitorPanel, SlotsTableModel
 from tests.conftest import B11434
-from tests.fakes.fake_nvml import CHILD_PID, NVML_ERROR_LIBRARY_NOT_FOUND, SERVER_PID, FakeNvml, two_gpus
+from tests.doubles.fake_nvml import CHILD_PID, NVML_ERROR_LIBRARY_NOT_FOUND, SERVER_PID, FakeNvml, two_gpus
 
 pytestmark = pytest.mark.gui
 

@@ -24,7 +24,7 @@ from app.ui.widgets.delegates import FillBarDelegate, VerdictDelegate
 from app.ui.monitor.panel import MonitorPanel, SlotsTableModel
 from app.ui.sessions.panel import COL_NAME, COL_TOKENS, COL_VERDICT, SessionsModel, SessionsPanel
 from tests.conftest import run
-from tests.fakes.fake_nvml import two_gpus
+from tests.doubles.fake_nvml import two_gpus
 from tests.unit.test_sessions_scale import park_many
 
 pytestmark = pytest.mark.gui

@@ -15,7 +15,7 @@ from app.ui.dialogs.first_run import STEPS, FirstRunGuide, first_run_pending
 from app.ui.main_window import MainWindow
 from app.ui.wiring import attach_panels
 from tests.conftest import run, signal_future
-from tests.fake.gui_helpers import walk_guide
+from tests.fake_server.gui_helpers import walk_guide
 from tests.real.helpers import link_real_build
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 

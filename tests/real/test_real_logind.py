@@ -1,7 +1,7 @@
 """Shutdown and sleep, as logind announces them: the window parks the chats, then lets go.
 
 A private D-Bus bus (dbus-daemon, started here) carries a fake logind
-(tests/fakes/fake_logind.py); the window holds its delay lock while the real
+(tests/doubles/fake_logind.py); the window holds its delay lock while the real
 server runs. PrepareForShutdown(true) must end with the filled slot parked, the
 server stopped and the lock released; the time from the signal to the release
 is printed (the app's share of the shutdown delay). PrepareForSleep(true) parks
@@ -33,7 +33,7 @@ from tests.real.helpers import TEXT
 
 pytestmark = [pytest.mark.real_server, pytest.mark.gui]
 
-FAKE_LOGIND = Path(__file__).resolve().parents[1] / "fakes" / "fake_logind.py"
+FAKE_LOGIND = Path(__file__).resolve().parents[1] / "doubles" / "fake_logind.py"
 
 
 class Lines:

@@ -11,14 +11,9 @@ import asyncio
 
 import pytest
 
-from app import paths
 from app.sessions.park import park_slot
 from app.sessions.resume import ResumeNeedsConfirmation, follow_up, resume_session
-from app.sessions.target import ServerTarget
-from app.server.client import LlamaClient
-from app.server.launcher import make_supervisor, plan_launch
 from app.server.statefile import read_state_header
-from app.store.catalog import Catalog
 
 from tests.real.helpers import TEXT, connect_target, start_server
 

@@ -32,7 +32,7 @@ async def test_start_ready_crash_autorestart_stop(real_profile):
             assert (await c.health()).ok
             props = await c.props()
             assert props["total_slots"] == 2
-        from tests.fake.test_supervisor_fake import wait_for_line
+        from tests.fake_server.test_supervisor_fake import wait_for_line
 
         await wait_for_line(sup, "listening on")
 

@@ -66,7 +66,7 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
     from app.store.catalog import Catalog
     from app.ui.monitor.panel import SlotsTableModel
     from app.ui.wiring import attach_panels
-    from tests.fake.test_gui_sessions import choose_slot, click, click_row, open_tab, slot_chooser_shows
+    from tests.fake_server.test_gui_sessions import choose_slot, click, click_row, open_tab, slot_chooser_shows
     from tests.real.helpers import TEXT
 
     store = ProfileStore()
@@ -179,7 +179,7 @@ def test_park_all_and_quit_from_the_quit_dialog(qtbot, qloop, real_profile):
     assert [(e.slot, e.session) for e in load_resume_plan("real")] == [(0, rec.name)]
 
     # The next start, with Preferences → "Resume them at once": the chat goes back unasked.
-    from tests.fake.test_gui_preferences import open_preferences
+    from tests.fake_server.test_gui_preferences import open_preferences
 
     w2 = MainWindow(store)
     w2.confirm_quit = False

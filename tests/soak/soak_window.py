@@ -347,7 +347,7 @@ def profiles(folder: Path, binary: str, model: str):
     from app.core.profile import LaunchProfile
     from app.store.profiles import ProfileStore
     from tests.conftest import free_port
-    from tests.fake.test_supervisor_fake import FAKE
+    from tests.fake_server.test_supervisor_fake import FAKE
 
     real = LaunchProfile(name="real", model=model, server_binary=binary,
                          port=free_port(), ctx_size=4096, parallel=2, slot_save_path=str(folder / "slots") + "/")

@@ -31,8 +31,8 @@ from app.servers.server_list import COL_NAME
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from tests.conftest import free_port, signal_future
-from tests.fake.gui_helpers import make_window
-from tests.fake.test_gui_server_list import click_row, listed, open_tab, start_by_click
+from tests.fake_server.gui_helpers import make_window
+from tests.fake_server.test_gui_server_list import click_row, listed, open_tab, start_by_click
 from tests.real.helpers import TEXT
 
 pytestmark = [pytest.mark.real_server, pytest.mark.gui]

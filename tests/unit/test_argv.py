@@ -118,7 +118,7 @@ def test_plan_launch_never_puts_a_key_from_extra_arguments_on_argv(tmp_path):
     from app.server.launcher import plan_launch
 
     fake = tmp_path.parent  # any folder: the plan is checked against the fake server's --help
-    from tests.fake.test_supervisor_fake import FAKE
+    from tests.fake_server.test_supervisor_fake import FAKE
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")

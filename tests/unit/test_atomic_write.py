@@ -1,5 +1,5 @@
-"""The one atomic-write helper (app.paths.write_atomic / atomic_writer) and the locked
-read-modify-write of the JSON caches (app.paths.update_json)."""
+"""The one atomic-write helper (app.files.write_atomic / atomic_writer) and the locked
+read-modify-write of the JSON caches (app.files.update_json)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from app import paths
+from app import files as fileio
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +31,7 @@ def test_concurrent_writers_use_unique_temp_names_and_leave_nothing_behind(tmp_p
         names.append(name)
         return fd, name
 
-    monkeypatch.setattr(paths.tempfile, "mkstemp", recording_mkstemp)
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", recording_mkstemp)
     errors: list[BaseException] = []
     start = threading.Barrier(4)
 
@@ -38,7 +39,7 @@ def test_concurrent_writers_use_unique_temp_names_and_leave_nothing_behind(tmp_p
         try:
             start.wait()
             for i in range(100):
-                paths.write_atomic(target, json.dumps({"writer": n, "i": i, "pad": "x" * 4096}))
+                fileio.write_atomic(target, json.dumps({"writer": n, "i": i, "pad": "x" * 4096}))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -66,7 +67,7 @@ def test_the_file_and_its_folder_are_fsynced(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     target = tmp_path / "sub" / "settings.toml"
-    paths.write_atomic(target, "a = 1\n")
+    fileio.write_atomic(target, "a = 1\n")
     assert target.read_text() == "a = 1\n"
     assert len(synced) == 2
     assert Path(synced[0]).parent == target.parent and Path(synced[0]).name.startswith(".settings.toml.")  # the data
@@ -78,7 +79,7 @@ def test_a_failure_mid_write_leaves_the_old_file_and_no_temp_file(tmp_path, monk
     target = tmp_path / "profile.toml"
     target.write_text("old\n")
     with pytest.raises(RuntimeError):
-        with paths.atomic_writer(target) as f:
+        with fileio.atomic_writer(target) as f:
             f.write(b"half of the new")
             raise RuntimeError("the disk went away")
     assert target.read_text() == "old\n"
@@ -89,7 +90,7 @@ def test_a_failure_mid_write_leaves_the_old_file_and_no_temp_file(tmp_path, monk
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="No space left"):
-        paths.write_atomic(target, "new\n")
+        fileio.write_atomic(target, "new\n")
     assert target.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["profile.toml"]
 
@@ -97,7 +98,7 @@ def test_a_failure_mid_write_leaves_the_old_file_and_no_temp_file(tmp_path, monk
 def test_mode_is_exact_whatever_the_umask(tmp_path):
     old = os.umask(0o077)
     try:
-        p = paths.write_atomic(tmp_path / "share" / "entry.desktop", b"[Desktop Entry]\n", mode=0o644)
+        p = fileio.write_atomic(tmp_path / "share" / "entry.desktop", b"[Desktop Entry]\n", mode=0o644)
     finally:
         os.umask(old)
     assert stat.S_IMODE(p.stat().st_mode) == 0o644
@@ -110,7 +111,7 @@ def test_locked_serialises_read_modify_write_across_threads(tmp_path):
     def add(n: int) -> None:
         try:
             for i in range(25):
-                paths.update_json(cache, lambda d: d.__setitem__(f"{n}-{i}", i))
+                fileio.update_json(cache, lambda d: d.__setitem__(f"{n}-{i}", i))
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
@@ -125,11 +126,11 @@ def test_locked_serialises_read_modify_write_across_threads(tmp_path):
 
 def test_locked_times_out_with_an_oserror(tmp_path):
     cache = tmp_path / "c.json"
-    with paths.locked(cache):
+    with fileio.locked(cache):
         with pytest.raises(TimeoutError):  # an OSError: the callers that ignore a failed cache write go on
-            with paths.locked(cache, timeout=0.05):
+            with fileio.locked(cache, timeout=0.05):
                 pass
-    with paths.locked(cache, timeout=0.05):  # released
+    with fileio.locked(cache, timeout=0.05):  # released
         pass
 
 

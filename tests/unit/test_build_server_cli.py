@@ -1,4 +1,4 @@
-"""``kv-valet build-server`` against the fake sdist (tests/fakes/fake_sdist.py)."""
+"""``kv-valet build-server`` against the fake sdist (tests/doubles/fake_sdist.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from app.cli import main
 from app.core.profile import BUILT_MARKER
 from app.store.profiles import ProfileStore
 from tests.conftest import ROOT
-from tests.fakes.fake_sdist import fake_patch, make_fake_sdist
+from tests.doubles.fake_sdist import fake_patch, make_fake_sdist
 
 needs_tools = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("cc") and shutil.which("patch")),
                                  reason="needs cmake, a C compiler and patch (apt-get install cmake gcc patch)")

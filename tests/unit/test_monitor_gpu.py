@@ -9,7 +9,7 @@ import pytest
 
 from app.monitor.gpu import GpuHistory, GpuMonitor, GpuSample, GpuSnapshot, nvml_query
 from app.monitor.units import NA, GiB, MiB, fmt_bytes, fmt_mib, is_na
-from tests.fakes.fake_nvml import (
+from tests.doubles.fake_nvml import (
     CHILD_PID,
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_LIBRARY_NOT_FOUND,

@@ -23,7 +23,7 @@ from app.monitor.snapshot import (
 )
 from app.monitor.units import GiB, MiB
 from app.monitor.warnings import CRITICAL, WARNING, compute_warnings
-from tests.fakes.fake_nvml import FakeNvml, two_gpus
+from tests.doubles.fake_nvml import FakeNvml, two_gpus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llama-server-b11434"
 RESPONSES = json.loads((FIXTURES / "responses.json").read_text())

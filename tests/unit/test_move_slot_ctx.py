@@ -1,5 +1,5 @@
 """A move to a profile that sets no -c: the slot context comes from its running server's
-``GET /slots`` (the fake llama-server, tests/fake), else the rule says it is not known."""
+``GET /slots`` (the fake llama-server, tests/fake_server), else the rule says it is not known."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from app.move.move import LocalEndpoint, MoveRefused, describe_target, move_session, slots_ctx
 from app.store.profiles import ProfileStore
-from tests.fake.conftest import run_fake_server
+from tests.fake_server.conftest import run_fake_server
 from tests.unit.move_helpers import N_TOKENS, model_file, open_catalog, park_file, profile
 
 

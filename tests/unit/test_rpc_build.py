@@ -11,7 +11,7 @@ import pytest
 from app.tools.server_build import BuildError, BuildRequest, build_server, rpc_target
 from app.serverbuild import cache
 from app.serverbuild.cache import BuildOptions, BuiltServer, cache_key, cache_root, pointer_path
-from tests.fakes.fake_sdist import fake_patch, make_fake_sdist
+from tests.doubles.fake_sdist import fake_patch, make_fake_sdist
 
 A, B = "a" * 64, "b" * 64
 PLAIN = BuildOptions(rpc=False)

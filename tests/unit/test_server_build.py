@@ -18,8 +18,8 @@ from app.tools.server_build import (BuildError, BuildProgress, BuildRequest, app
 from app.serverbuild import cache
 from app.core.profile import BUILT_MARKER
 from app.serverbuild.cache import BuildOptions, cache_key, cache_root, find_built
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, GiB, NVML_ERROR_DRIVER_NOT_LOADED
-from tests.fakes.fake_sdist import GGML_C, fake_patch, half_applying_patch, make_fake_sdist
+from tests.doubles.fake_nvml import FakeGpu, FakeNvml, GiB, NVML_ERROR_DRIVER_NOT_LOADED
+from tests.doubles.fake_sdist import GGML_C, fake_patch, half_applying_patch, make_fake_sdist
 
 pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("cc") and shutil.which("patch")),
                                 reason="needs cmake, a C compiler and patch (apt-get install cmake gcc patch)")

@@ -1,0 +1,111 @@
+"""A remote row selected: the Monitor tab shows the host's slots and GPUs, the status bar its
+server's state (issue #20), with a stand-in host (its ``kv-valet status --json`` answers as
+tests/unit/test_server_list.STATUS). The real sshd version is tests/ssh/test_gui_remote.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.servers import remote_view as rv_jobs
+from app.servers.server_list import RemoteServerSource
+from app.ui.servers import remote_view
+from tests.conftest import signal_future
+from tests.fake_server.gui_helpers import make_window
+from tests.fake_server.test_gui_server_list import click_row, open_tab
+from tests.unit.test_server_list import STATUS
+
+pytestmark = pytest.mark.gui
+
+
+class StandInHost:
+    """A host whose kv-valet lists ``big`` (running) and ``idle`` (not), and answers each status
+    call only when the test lets it (``answers``): calls that overlap would show in ``most``."""
+
+    name = "gpu-box"
+
+    def __init__(self):
+        self.answers: asyncio.Queue = asyncio.Queue()
+        self.calls, self.in_flight, self.most = 0, 0, 0
+        self.closed = False
+
+    async def servers(self):
+        return [{"profile": {"name": "big", "url": "http://127.0.0.1:8080"}, "status": STATUS, "running": True},
+                {"profile": {"name": "idle"}, "status": {"health": "unreachable: connection refused"},
+                 "running": False}]
+
+    async def sessions(self, profile=None):
+        return []
+
+    async def status(self, profile):
+        self.calls += 1
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            if profile != "big":
+                return {"health": "unreachable: connection refused"}
+            return await self.answers.get()
+        finally:
+            self.in_flight -= 1
+
+    async def close(self):
+        self.closed = True
+
+
+def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_the_status_bar(
+        qtbot, qloop, tmp_path, monkeypatch):
+    monkeypatch.setattr(remote_view, "MONITOR_EVERY_S", 0.01)  # asked again at once: overlap would show
+    w, _profile = make_window(qtbot, tmp_path)
+    host = StandInHost()
+    view, monitor = w.remote_view, w.monitor_panel
+
+    async def scenario():
+        refreshed = signal_future(w.server_list.sig_refreshed, lambda: w.server_list.model.row_of("gpu-box:idle"))
+        w.server_list.add_source(RemoteServerSource(host))
+        await asyncio.wait_for(refreshed, 10)
+        open_tab(qtbot, w, monitor)
+        shown = signal_future(view.sig_monitor, lambda tid: tid == "gpu-box:big")
+        click_row(qtbot, w, "gpu-box:big")
+        assert "Ready on gpu-box" in w.state_label.text()  # the row's state until the host answers
+        await host.answers.put(STATUS)  # the sessions listing asks for a status too: answered below
+        await host.answers.put(STATUS)
+        await asyncio.wait_for(shown, 10)
+        assert monitor.slots_model.rowCount() == 2 and "big on gpu-box" in monitor.status_label.text()
+        card = monitor.gpu_cards[0]
+        assert "9.0" in card.mem_label.text() and "16.0" in card.mem_label.text(), card.mem_label.text()
+        assert "8.0" in card.server_label.text(), card.server_label.text()
+        assert "Ready on gpu-box" in w.state_label.text() and "Server" not in w.state_label.text()
+
+        # asked again while shown, one call at a time (the next waits for the answer)
+        again = signal_future(view.sig_monitor)
+        await host.answers.put({**STATUS, "slots": STATUS["slots"][:1]})
+        await asyncio.wait_for(again, 10)
+        assert monitor.slots_model.rowCount() == 1 and host.most == 1
+
+        # the host's other profile: not running there
+        shown_idle = signal_future(view.sig_monitor, lambda tid: tid == "gpu-box:idle")
+        click_row(qtbot, w, "gpu-box:idle")
+        await asyncio.wait_for(shown_idle, 10)
+        assert "Stopped on gpu-box" in w.state_label.text() and monitor.slots_model.rowCount() == 0
+
+        # a profile of this machine: the polling stops, the status bar is this machine's again
+        task = view._poll_task
+        w.controller.select("profile:fake")  # as a click on the profile on the left does (it is current there)
+        await asyncio.wait({task}, timeout=10)
+        assert task.done() and view._poll_task is None
+        assert "Server Stopped" in w.state_label.text() and "not sampling" in monitor.status_label.text().lower()
+        calls = host.calls
+        assert host.most == 1 and calls >= 4
+        await w.shutdown()
+
+    qloop.run_until_complete(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_status_bar_words_of_a_remote_server():
+    from app.core.states import ServerState
+
+    assert rv_jobs.state_text(rv_jobs.remote_state(STATUS, ServerState.STOPPED), "gpu-box") == "Ready on gpu-box"
+    assert rv_jobs.state_text(rv_jobs.remote_state({"health": "unreachable: x"}, ServerState.READY),
+                              "gpu-box") == "Stopped on gpu-box"
+    assert rv_jobs.remote_state(None, ServerState.READY) is ServerState.READY  # not answered yet: the row's

@@ -1,0 +1,106 @@
+"""The conversation proxy's service on the fake llama-server, for the cases the real server
+cannot produce on demand: a restore the server refuses (the slot is emptied), and the app
+killed with dirty slots then started again. The rotation, verdicts and restarts themselves
+run on the real server in tests/real/test_real_proxy.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from app.core.conversation import Cause, RequestVerdict
+from app.core.lifecycle import StopTrigger
+from app.servers.service import ServerService
+from app.proxy.service import ProxyFront
+from app.servers.launch import launch_profile
+from tests.fake_server.profiles import fake_profile
+
+def system(name: str) -> str:
+    """A system prompt of its own per conversation (no common prefix with another's)."""
+    return " ".join(f"{name}word{i}" for i in range(300))
+
+
+def chat(system: str, *turns: str) -> list[dict]:
+    msgs = [{"role": "system", "content": system}]
+    for i, t in enumerate(turns):
+        msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": t})
+    return msgs
+
+
+class Proxied:
+    def __init__(self, profile):
+        self.profile, self.records = profile, []
+
+    async def __aenter__(self):
+        self.servers = ServerService(front=ProxyFront())
+        self.handle, self.proxy = await launch_profile(self.servers, self.profile)
+        assert self.proxy is not None
+        self.judged = asyncio.Queue()  # each judged request, as the proxy records it
+        self.proxy.on_record(self.judged.put_nowait)
+        self.client = openai.AsyncOpenAI(base_url=self.proxy.http.url + "/v1", api_key="x")
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.client.close()
+        await self.servers.aclose()
+
+    async def ask(self, messages):
+        reply = await self.client.chat.completions.create(model="m", messages=messages, max_tokens=2)
+        rec = await asyncio.wait_for(self.judged.get(), 30)  # judged once the response is through
+        return reply.choices[0].message.content or "", rec
+
+
+@pytest.fixture
+def profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SIDECAR", "1")
+    return fake_profile(tmp_path).replace(proxy=True)
+
+
+async def test_a_chat_is_one_conversation_pinned_to_its_slot(profile):
+    async with Proxied(profile) as p:
+        reply, first = await p.ask(chat(system("A"), "hello"))
+        assert first.verdict is RequestVerdict.NEW and first.slot is not None
+        _, second = await p.ask(chat(system("A"), "hello", reply, "and then?"))
+        assert second.conversation == first.conversation and second.slot == first.slot
+        assert second.verdict is RequestVerdict.HIT, second
+        [conv] = p.proxy.list()
+        assert conv.requests == 2 and conv.slot == first.slot
+
+
+async def test_more_conversations_than_slots_rotate_through_their_parks(profile):
+    async with Proxied(profile) as p:
+        firsts = {}
+        for name in "ABC":
+            firsts[name] = await p.ask(chat(system(name), "hello"))
+        reply_a, rec_a = firsts["A"]
+        assert firsts["C"][1].slot == rec_a.slot  # the least recently used slot went to C
+        _, back = await p.ask(chat(system("A"), "hello", reply_a, "again"))
+        assert back.conversation == rec_a.conversation and back.restored_from == f"proxy-{rec_a.conversation}"
+        assert back.verdict is RequestVerdict.HIT, back  # the fake keeps what it restored
+
+
+async def test_a_restore_the_server_refuses_is_said_and_the_request_re_prefills(profile, monkeypatch):
+    # no RAM prompt cache: it would bring the conversation back by itself (as llama-server's does)
+    async with Proxied(profile.replace(cache_ram=0)) as p:
+        firsts = {name: await p.ask(chat(system(name), "hello")) for name in "ABC"}
+        reply_a, rec_a = firsts["A"]
+        park = p.handle.save_dir / f"{p.handle.sessions.session(f'proxy-{rec_a.conversation}').state_file}"
+        park.write_bytes(b"not a state file")  # the server refuses it: the slot is emptied
+        _, back = await p.ask(chat(system("A"), "hello", reply_a, "again"))
+        assert back.conversation == rec_a.conversation
+        assert back.verdict is RequestVerdict.MISS, back
+        assert back.explanation is not None and back.explanation.cause in (Cause.RESTORE_FAILED,
+                                                                           Cause.SLOT_TAKEN), back
+
+
+async def test_an_app_restart_finds_the_conversations_again(profile):
+    async with Proxied(profile) as p:
+        reply, first = await p.ask(chat(system("A"), "hello"))
+        await p.servers.park_then_stop(p.handle.id, StopTrigger.SERVE)  # serve's Ctrl-C: the proxy saves first
+    async with Proxied(profile) as p2:
+        _, again = await p2.ask(chat(system("A"), "hello", reply, "and then?"))
+        assert again.conversation == first.conversation
+        assert again.restored_from == f"proxy-{first.conversation}"
+        assert again.verdict is RequestVerdict.HIT, again
