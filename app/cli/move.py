@@ -205,8 +205,9 @@ def cmd_facts(args) -> int:
 
 
 def cmd_receive(args) -> int:
-    from app.move.move import (MoveError, adopt, check_move_id, describe_target, discard, receiving_folder,
-                               recover_moves, temp_name)
+    from app.move.move import MoveError, adopt, check_move_id, describe_target, discard, receiving_folder
+    from app.sessions.journal import Recovery
+    from app.sessions.move_in import recover_moves, temp_name
 
     catalog = _catalog()
     try:
@@ -221,7 +222,7 @@ def cmd_receive(args) -> int:
         save_dir, model_path = receiving_folder(args.profile)
         if args.abort:
             removed = discard(save_dir, args.abort)
-            for msg in recover_moves(catalog, roll_back=args.abort):  # a commit of it a killed process left
+            for msg in recover_moves(Recovery(catalog, roll_back=args.abort)):  # a commit of it a killed process left
                 note(msg)
             _print({"removed": [p.name for p in removed]})
             return Exit.OK

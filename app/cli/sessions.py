@@ -314,9 +314,10 @@ def cmd_sessions(args) -> int:
     catalog = open_catalog()
     try:
         if any(kind == "move-in" for _id, kind, _p, _at in catalog.list_pending()):  # JournalKind.MOVE_IN
-            from app.sessions.move_in import recover_moves  # only then: a listing stays as quick as it was
+            from app.sessions.journal import Recovery  # only then: a listing stays as quick as it was
+            from app.sessions.move_in import recover_moves
 
-            for msg in recover_moves(catalog):  # a move into here a killed process left half-committed
+            for msg in recover_moves(Recovery(catalog)):  # a move into here a killed process left half-committed
                 note(msg)
         if args.action == "list":
             recs = list_sessions(catalog, args.profile, verify_hash=True)

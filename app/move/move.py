@@ -56,8 +56,8 @@ from typing import Any, AsyncIterator, Callable, Protocol
 from app import paths
 from app import files as fileio
 from app.core.compat import Compatibility, Problem, SessionFacts, TargetFacts, check_move
-from app.sessions.move_in import (MOVE_PREFIX, SIDECAR_SUFFIXES, discard_temps, recover_moves, recover_moves_locked,
-                                  sha256_of, temp_name)
+from app.sessions.journal import Recovery
+from app.sessions.move_in import MOVE_PREFIX, SIDECAR_SUFFIXES, discard_temps, recover_moves, sha256_of, temp_name
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ def _target_facts_sync(catalog: Catalog, profile, where: str) -> TargetFacts:
     from app.sessions.behaviour import identify_server
 
     profile, save_dir, model_path = _folder_and_model(profile)
-    for msg in recover_moves(catalog):
+    for msg in recover_moves(Recovery(catalog)):
         log.warning("move: %s", msg)
     clean_stale(save_dir)
     binary, keys = _binary_keys(profile)
@@ -424,7 +424,7 @@ def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, mani
         from app.sessions.files_lock import files_locked
 
         with files_locked(catalog):
-            for msg in recover_moves_locked(catalog):  # a commit a killed process left: its name, its files
+            for msg in recover_moves(Recovery(catalog, lock_held=True)):  # a commit a killed process left: its name, its files
                 log.info("move %s: %s", move_id, msg)
             if catalog.get(profile_name, name) is not None:
                 raise MoveError(f"profile '{profile_name}' already has a session named '{name}'")
@@ -587,7 +587,7 @@ class LocalEndpoint:
     async def abort(self, move_id: str) -> None:
         folder = await self._save_dir()
         await asyncio.to_thread(discard, folder, move_id)
-        await asyncio.to_thread(recover_moves, self.catalog, roll_back=move_id)
+        await asyncio.to_thread(recover_moves, Recovery(self.catalog, roll_back=move_id))
 
     async def delete(self, name: str) -> None:
         from app.sessions.records import delete_session

@@ -73,6 +73,7 @@ from typing import Callable, Iterable, Protocol
 
 from app.proxy import model
 from app.proxy.model import Cause, Conversation
+from app.sessions.journal import JournalKind, Recovery, recovers
 from app.store.conversations import ConversationStore, ConversationStoreError, JournalEntry
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,18 @@ class RecoveryReport:
     interrupted_saves: tuple[str, ...] = ()  # conversations whose save never finished: park dropped
     kept: dict[int, str] = field(default_factory=dict)  # slot -> conversation trusted to be in it still
     lost: tuple[str, ...] = ()  # conversations stored as in a slot that are no longer
+
+    def messages(self) -> list[str]:
+        out = [f"conversation {c}: its save was interrupted, the park is dropped" for c in self.interrupted_saves]
+        out += [f"slot {i}: still holds conversation {c}" for i, c in sorted(self.kept.items())]
+        return out + [f"conversation {c}: no longer in a slot" for c in self.lost]
+
+
+@recovers(JournalKind.PROXY_LEASE)
+def recover_leases(run: Recovery) -> list[str]:
+    """The journal kind of the proxy's slot leases: :meth:`SlotLeases.recover` of ``run.subject``
+    (``run.same_process``: the server outlived the crash), through the one recovery loop."""
+    return run.subject.recover(server_same_process=run.same_process).messages()
 
 
 @dataclass

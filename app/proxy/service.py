@@ -33,7 +33,8 @@ from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
 from app.sessions.resume import ResumeHazard
 from app.sessions.watch import common_prefix
-from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name
+from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name, recover_leases
+from app.sessions.journal import Recovery
 from app.server.client import ServerError, ServerUnreachable
 from app.server.statefile import StateFileError, read_state_tokens
 from app.proxy.model import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
@@ -203,7 +204,8 @@ class ProxyService:
         self.leases = SlotLeases(len(slots), self._backend, store=self.store,
                                  profile=self.profile, prefill_ms_per_token=self._prefill_ms_per_token,
                                  restore_ms_estimate=self._restore_ms, disk_budget_bytes=self.disk_budget_bytes)
-        self.leases.recover(server_same_process=False)
+        for msg in recover_leases(Recovery(subject=self.leases, same_process=False)):
+            log.info("proxy %s after a crash: %s", self.target_id, msg)
         self.caching = await watch_mod.read_caching(h)
         # the server's RAM cache as a restore source (#28276): see app.proxy.leases
         self.leases.ram_cache = self.caching.ram_cache
@@ -596,7 +598,8 @@ class ProxyFront:
             leases = SlotLeases(len(slots), SessionBackend(handle, servers), store=store, profile=profile.name,
                                 prefill_ms_per_token=lambda: None, restore_ms_estimate=lambda n: 0.0,
                                 disk_budget_bytes=prefs.proxy_disk_budget_bytes())
-            leases.recover(server_same_process=True)
+            for msg in recover_leases(Recovery(subject=leases, same_process=True)):
+                log.info("proxy of %s after a crash: %s", profile.name, msg)
             return await leases.save_dirty()
         finally:
             store.close()

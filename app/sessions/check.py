@@ -43,7 +43,7 @@ from app.core.states import SidecarStatus
 from app.core.timings import Timings
 from app.sessions import sidecar_check
 from app.sessions.behaviour import predict_for_target
-from app.sessions.journal import HideJournal, Journal, JournalKind, Owner
+from app.sessions.journal import HideJournal, Journal, JournalKind, Owner, Recovery, recover, recovers, replay
 from app.sessions.slots import SlotError, find_row, held
 from app.sessions.target import ServerTarget
 from app.monitor.slots import RestoredSlot
@@ -466,31 +466,23 @@ def unhide_sidecar(catalog: Catalog, jid: int, sidecar: Path, hidden: Path) -> N
     Journal(catalog).end(jid)
 
 
-def recover_hidden_sidecars(catalog: Catalog) -> list[str]:
-    """Put back every sidecar an A/B left hidden (the app or the server died
-    mid-A/B). A/B checks still running, here or in another process, are left
-    alone. Call at start. Returns the sidecar paths put back."""
-    journal = Journal(catalog)
-    restored: list[str] = []
-    for e in journal.entries(JournalKind.AB_HIDE):
-        if e.active():
-            continue
-        if not isinstance(e.entry, HideJournal):
-            journal.end(e.id)
-            continue
-        sidecar, hidden = Path(e.entry.sidecar), Path(e.entry.hidden)
+@recovers(JournalKind.AB_HIDE)
+def recover_hidden_sidecars(run: Recovery) -> list[str]:
+    """Put back every sidecar an A/B left hidden (the app or the server died mid-A/B). A/B
+    checks still running, here or in another process, are left alone. Run at start
+    (:func:`app.sessions.journal.recover`) and before an A/B."""
+    assert run.catalog is not None
+
+    def handle(e: HideJournal) -> str | None:
+        sidecar, hidden = Path(e.sidecar), Path(e.hidden)
         existed = hidden.exists()
-        try:
-            msg = _put_back(sidecar, hidden)
-        except OSError as exc:
-            log.warning("cannot put back %s: %s", sidecar, exc)
-            continue
+        msg = _put_back(sidecar, hidden)
         if msg:
             log.warning(msg)
-        elif existed:
-            restored.append(str(sidecar))
-        journal.end(e.id)
-    return restored
+            return None
+        return f"put back the sidecar {sidecar} that an interrupted A/B check had hidden" if existed else None
+
+    return replay(run.catalog, JournalKind.AB_HIDE, handle, lambda e: f"the sidecar {e.sidecar} an A/B check hid")
 
 
 async def _maybe_await(x) -> None:
@@ -526,7 +518,7 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
                          "as the seed's A/B did); for this server run it in one process, whose arms can "
                          "confound on a build that keeps checkpoints across restores")
     restarter = restart if protocol == PROTOCOL_RESTARTS else None
-    recover_hidden_sidecars(target.catalog)
+    recover([JournalKind.AB_HIDE], Recovery(target.catalog))
 
     async def run() -> ABReport:
         ctx = await _prepare(target, record, slot_id)

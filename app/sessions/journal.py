@@ -1,4 +1,4 @@
-"""One journal for file operations that must survive a crash: parks, A/B hides, moves in.
+"""One journal engine for operations that must survive a crash: parks, A/B hides, moves in, proxy leases.
 
 Both a park (save to a temporary name, verify, swap files in) and an A/B check
 (move the sidecar aside for the second arm) leave the disk in an unusual state
@@ -11,6 +11,15 @@ taken for the owner) and this process keeps the ids of the entries it is running
 (**in flight**): recovery never touches an operation that is still running, in
 this process (a second A/B started while the first one's sidecar is hidden) or
 in another one (a CLI park while the window is open).
+
+**Recovery** is one loop, :func:`recover`: every kind registers the function that finishes or
+undoes its interrupted operations (:func:`recovers`, in the kind's own module: parks in
+app.sessions.park, A/B hides in app.sessions.check, moves in in app.sessions.move_in, the proxy's
+slot leases in app.proxy.leases, whose journal lives in the conversation store); a caller names
+the kinds it recovers (the session service all of the catalog's, a move's receiving side its
+move-in commits, the proxy its leases). A kind that fails is logged and reported, and the others
+still run. The catalog's kinds share the per-entry walk, :func:`replay` (a malformed entry
+dropped, a running one left alone, the entry ended once its handler did its work).
 """
 
 from __future__ import annotations
@@ -18,10 +27,11 @@ from __future__ import annotations
 import enum
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
+from app.sessions.files_lock import files_locked
 from app.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -31,6 +41,11 @@ class JournalKind(enum.StrEnum):
     PARK = "park"
     AB_HIDE = "ab-hide"
     MOVE_IN = "move-in"  # a moved/copied session's files renamed into place, its row not yet written
+    PROXY_LEASE = "proxy-lease"  # the proxy's slot leases (their journal: the conversation store's)
+
+
+#: The kinds journaled in the catalog's pending table, in the order a start recovers them.
+CATALOG_KINDS = (JournalKind.AB_HIDE, JournalKind.MOVE_IN, JournalKind.PARK)
 
 
 class ParkPhase(enum.StrEnum):
@@ -192,3 +207,97 @@ class Journal:
 
     def in_flight(self, kind: JournalKind) -> list[JournalEntry]:
         return [e for e in self.entries(kind) if e.active()]
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What one recovery run is given; each kind reads what it needs.
+
+    ``catalog``: the catalog whose pending table holds the entries (the catalog's kinds).
+    ``save_dirs``: the folders a park recovery sweeps for leftover temporary files.
+    ``roll_back``: the id of a move its sender gave up on: rolled back whatever its state.
+    ``lock_held``: the caller holds the catalog's files lock already (else the run takes it).
+    ``subject``/``same_process``: the object whose journal is read (the proxy's slot leases),
+    and whether the server outlived the crash (it kept its slots)."""
+
+    catalog: Catalog | None = None
+    save_dirs: tuple[Path, ...] = ()
+    roll_back: str | None = None
+    lock_held: bool = False
+    subject: Any = None
+    same_process: bool = False
+
+
+RecoverFn = Callable[[Recovery], list[str]]
+_RECOVERERS: dict[JournalKind, RecoverFn] = {}
+
+
+@dataclass(frozen=True)
+class Recoverer:
+    """A kind's registered recovery. Calling it runs it through :func:`recover` (the files lock,
+    a failure logged and reported): ``recover_moves(Recovery(catalog))``."""
+
+    kind: JournalKind
+    fn: RecoverFn
+
+    def __call__(self, run: Recovery) -> list[str]:
+        return recover([self.kind], run)
+
+
+def recovers(kind: JournalKind) -> Callable[[RecoverFn], Recoverer]:
+    """Register the decorated function as the recovery of ``kind`` (one per kind)."""
+    def register(fn: RecoverFn) -> Recoverer:
+        _RECOVERERS[kind] = fn
+        return Recoverer(kind, fn)
+    return register
+
+
+def recover(kinds: Sequence[JournalKind], run: Recovery) -> list[str]:
+    """The one recovery loop: run the recovery of each of ``kinds``, in that order, once; returns
+    what was done, for the user. A kind that raises is logged and reported in the returned
+    messages, and the others still run. A kind nobody registered (its module not imported) is a
+    programming error: LookupError. The catalog's kinds run under its files lock (two processes
+    starting at once never both finish one operation)."""
+    missing = [str(k) for k in kinds if k not in _RECOVERERS]
+    if missing:
+        raise LookupError(f"no recovery registered for {', '.join(missing)}: import the module of that kind")
+    if run.catalog is not None and not run.lock_held and any(k in CATALOG_KINDS for k in kinds):
+        with files_locked(run.catalog):
+            return recover(kinds, replace(run, lock_held=True))
+    messages: list[str] = []
+    for kind in kinds:
+        try:
+            messages += _RECOVERERS[kind](run)
+        except Exception as exc:  # report: one kind failing must not keep the others from recovering
+            log.exception("journal: the recovery of the %s operations failed", kind)
+            messages.append(f"could not recover the interrupted {kind} operations: {exc}")
+    return messages
+
+
+def replay(catalog: Catalog, kind: JournalKind, handle: Callable[[Any], str | None],
+           describe: Callable[[Any], str]) -> list[str]:
+    """The walk over the catalog's entries of ``kind`` every catalog kind shares: a malformed
+    entry is dropped, an operation still running (here or in another live process) left alone;
+    ``handle(entry)`` finishes or undoes one (its message, or None) and the entry is ended; an
+    OSError leaves the entry for the next start and says so (``describe(entry)`` names it)."""
+    journal = Journal(catalog)
+    messages: list[str] = []
+    for e in journal.entries(kind):
+        if e.entry is None:
+            journal.end(e.id)
+            messages.append(f"dropped a malformed {kind} journal entry #{e.id}")
+            continue
+        if e.active():
+            continue
+        try:
+            msg = handle(e.entry)
+        except OSError as exc:
+            messages.append(f"could not recover {describe(e.entry)}: {exc}")
+            continue
+        if msg:
+            messages.append(msg)
+        journal.end(e.id)
+    return messages

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from app import files
-from app.sessions.files_lock import files_locked
-from app.sessions.journal import Journal, JournalKind, MoveInJournal
+from app.sessions.journal import JournalKind, MoveInJournal, Recovery, recovers, replay
 from app.store.catalog import Catalog, SessionRecord
 
 MOVE_PREFIX = "kvv-move-"
@@ -57,50 +56,39 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def recover_moves(catalog: Catalog, *, roll_back: str | None = None) -> list[str]:
+@recovers(JournalKind.MOVE_IN)
+def recover_moves(run: Recovery) -> list[str]:
     """Finish or roll back the commits of moves into this machine a killed process left
     (journal ``move-in``; commits still running, here or in another live process, are left
     alone); returns what was done, for the user. A commit whose files are all there (at the
     final or the temporary name, the inode journaled, size and SHA-256 as sent) and whose
     name is free is finished: renamed and listed. Any other is rolled back: its files are
-    removed. ``roll_back``: the move id of a move its sender gave up on (``receive --abort``):
-    rolled back whatever its state, so the sender's "nothing was added" stays true."""
-    with files_locked(catalog):
-        return recover_moves_locked(catalog, roll_back=roll_back)
+    removed. ``run.roll_back``: the move id of a move its sender gave up on (``receive --abort``):
+    rolled back whatever its state, so the sender's "nothing was added" stays true. Run through
+    :func:`app.sessions.journal.recover` (under the catalog's files lock)."""
+    catalog = run.catalog
+    assert catalog is not None
+    known = {f.name for f in fields(SessionRecord)}
 
+    def what(m: MoveInJournal) -> str:
+        return f"the move of '{m.record.get('name')}' into profile '{m.record.get('profile')}'"
 
-def recover_moves_locked(catalog: Catalog, *, roll_back: str | None = None) -> list[str]:
-    """:func:`recover_moves`, the files lock held by the caller."""
-    journal = Journal(catalog)
-    messages: list[str] = []
-    for e in journal.entries(JournalKind.MOVE_IN):
-        m = e.entry
-        if not isinstance(m, MoveInJournal):
-            journal.end(e.id)
-            messages.append(f"dropped a malformed move journal entry #{e.id}")
-            continue
-        if e.active():
-            continue
-        known = {f.name for f in fields(SessionRecord)}
+    def handle(m: MoveInJournal) -> str | None:
         rec = SessionRecord(**{k: v for k, v in m.record.items() if k in known})
-        what = f"the move of '{rec.name}' into profile '{rec.profile}'"
-        try:
-            folder = Path(m.save_dir)
-            row = catalog.get(rec.profile, rec.name)
-            if row is not None and Path(row.save_dir) == folder and row.state_file == m.final:
-                pass  # the row was written: the commit was done, only its journal entry was left
-            elif m.move_id != roll_back and row is None and _finish_move(catalog, m, rec):
-                messages.append(f"{what} was interrupted after its files were copied and checked: finished "
-                                f"(listed, SHA-256 checked)")
-            else:
-                _roll_back_move(m)
-                messages.append(f"{what} was interrupted before it was listed: its files there were removed "
-                                f"(the source still has it)")
-            discard_temps(folder, m.move_id)
-            journal.end(e.id)
-        except OSError as exc:
-            messages.append(f"could not recover {what}: {exc}")
-    return messages
+        folder = Path(m.save_dir)
+        row = catalog.get(rec.profile, rec.name)
+        msg = None
+        if row is not None and Path(row.save_dir) == folder and row.state_file == m.final:
+            pass  # the row was written: the commit was done, only its journal entry was left
+        elif m.move_id != run.roll_back and row is None and _finish_move(catalog, m, rec):
+            msg = f"{what(m)} was interrupted after its files were copied and checked: finished (listed, SHA-256 checked)"
+        else:
+            _roll_back_move(m)
+            msg = f"{what(m)} was interrupted before it was listed: its files there were removed (the source still has it)"
+        discard_temps(folder, m.move_id)
+        return msg
+
+    return replay(catalog, JournalKind.MOVE_IN, handle, what)
 
 
 def _located(m, suffix: str, info: dict[str, Any]) -> Path | None:

@@ -13,7 +13,7 @@ Why it is more than one ``POST /slots/{id}?action=save``:
   refuses some), the file is verified (magic, version, token count ==
   ``n_saved``, size == ``n_written``), and only then are the state file and
   its sidecar swapped in *together*, under a journal (``catalog.add_pending``)
-  that :func:`recover_interrupted` finishes or rolls back after a crash.
+  that :func:`recover_parks` finishes or rolls back after a crash.
 * The old state file and sidecar are renamed aside (same folder: cheap) until
   the catalog row is written, so any failure before that puts them back
   byte-identical.
@@ -38,9 +38,9 @@ from app import files
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
 from app.sessions import sidecar_check
-from app.sessions.files_lock import FilesLock, files_locked
+from app.sessions.files_lock import FilesLock
 from app.sessions.slots import SlotError, find_row, held
-from app.sessions.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase
+from app.sessions.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase, Recovery, recover, recovers, replay
 from app.sessions.target import HeldSession, ServerTarget
 from app.monitor.slots import SlotRow
 from app.server.client import ServerError, ServerUnreachable
@@ -225,8 +225,16 @@ def _rollback(p: ParkJournal) -> None:
         _rm(companion)
 
 
-def _finish(catalog: Catalog, p: ParkJournal) -> None:
-    """Complete a park whose new state file is in place: sidecar, record, cleanup."""
+def _finish(catalog: Catalog, p: ParkJournal) -> SessionRecord:
+    """Complete a park whose new state file is in place: its sidecars, its record, the previous
+    copy dropped. The end of every park's commit (:func:`_commit`), and of one a crash interrupted."""
+    stored = _list_new(catalog, p)
+    _drop_previous(p)
+    return stored
+
+
+def _list_new(catalog: Catalog, p: ParkJournal) -> SessionRecord:
+    """The new sidecars next to the state file in place, then the session's record written."""
     d, tmp, final, backup = p.paths
     for suf in SIDECAR_SUFFIXES:
         new = Path(str(tmp) + suf)
@@ -234,7 +242,11 @@ def _finish(catalog: Catalog, p: ParkJournal) -> None:
             os.replace(new, Path(str(final) + suf))
     rec = SessionRecord(**(p.record or {}))
     rec.id = None
-    catalog.add_or_replace(rec)
+    return catalog.add_or_replace(rec)
+
+
+def _drop_previous(p: ParkJournal) -> None:
+    d, tmp, final, backup = p.paths
     _rm(backup)
     for suf in SIDECAR_SUFFIXES:
         _rm(Path(str(backup) + suf))
@@ -259,67 +271,52 @@ def _discard(p: ParkJournal) -> None:
         _rm(f)
 
 
-def recover_interrupted(catalog: Catalog, save_dirs) -> list[str]:
-    """Finish or roll back parks a crash interrupted; delete orphaned temp files.
+@recovers(JournalKind.PARK)
+def recover_parks(run: Recovery) -> list[str]:
+    """Finish or roll back parks a crash interrupted; delete orphaned temp files in ``run.save_dirs``.
 
-    Call at app/CLI start. A journaled park whose temp state file still exists
-    is rolled back (old state file and sidecar restored); one whose new state
-    file is already in place (same inode as journaled) is finished (sidecar
-    moved, record written). Parks still running, here or in another live
-    process, are left alone. Runs under the catalog's files lock (two processes
-    starting at once never both finish one park).
+    Run at app/CLI start (:func:`app.sessions.journal.recover`) and by a park before its commit.
+    A journaled park whose temp state file still exists is rolled back (old state file and
+    sidecar restored); one whose new state file is already in place (same inode as journaled)
+    is finished (sidecar moved, record written). Parks still running, here or in another live
+    process, are left alone.
     """
-    with files_locked(catalog):
-        return _recover(catalog, save_dirs)
-
-
-def _recover(catalog: Catalog, save_dirs) -> list[str]:
-    """recover_interrupted, the files lock held by the caller."""
-    journal = Journal(catalog)
-    messages: list[str] = []
-    dirs = {Path(d) for d in save_dirs if d}
+    catalog = run.catalog
+    assert catalog is not None
+    dirs = {Path(d) for d in run.save_dirs if d}
     # List files before reading the journal: a temp file seen here was journaled
     # before it was created, so a concurrent park cannot lose its file.
     leftovers = {p for d in dirs if d.is_dir() for p in d.glob(TMP_PREFIX + "*")}
     referenced: set[Path] = set()
-    entries = journal.entries(JournalKind.PARK)
-    committing = {e.entry.tmp for e in entries
-                  if isinstance(e.entry, ParkJournal) and e.entry.phase is ParkPhase.COMMIT}
-    for e in entries:
-        p = e.entry
-        if not isinstance(p, ParkJournal):
-            journal.end(e.id)
-            messages.append(f"dropped a malformed park journal entry #{e.id}")
-            continue
+    parks = [e.entry for e in Journal(catalog).entries(JournalKind.PARK) if isinstance(e.entry, ParkJournal)]
+    committing = {p.tmp for p in parks if p.phase is ParkPhase.COMMIT}
+    for p in parks:
         d, tmp, final, backup = p.paths
         referenced.update([tmp, backup, *_save_companions(tmp)] + [Path(str(backup) + s) for s in SIDECAR_SUFFIXES])
-        if e.active():
-            continue
+
+    def handle(p: ParkJournal) -> str | None:
+        d, tmp, final, backup = p.paths
         name = p.name or p.final
-        try:
-            if p.phase is not ParkPhase.COMMIT:
-                if p.tmp in committing:
-                    journal.end(e.id)  # its commit entry decides
-                    continue
-                _rollback(p)
-                messages.append(f"park of '{name}' was interrupted while saving: temporary files removed")
-            elif tmp.exists():
-                _rollback(p)
-                messages.append(f"park of '{name}' was interrupted: rolled back, the previous copy is kept")
-            elif final.exists() and final.stat().st_ino == p.ino:
-                _finish(catalog, p)
-                messages.append(f"park of '{name}' was interrupted after the state file was moved: finished")
-            elif final.exists() and _listed_as_is(catalog, p, final):
-                # parked again since (another process): that copy and its row stand; restoring this
-                # park's previous copy over it would pair the newer row with an older file
-                _discard(p)
-                messages.append(f"park of '{name}' was interrupted and parked again since: leftovers removed")
-            else:
-                _rollback(p)
-                messages.append(f"park of '{name}' was interrupted and its new file is gone: rolled back")
-            journal.end(e.id)
-        except OSError as exc:
-            messages.append(f"could not recover the park of '{name}': {exc}")
+        if p.phase is not ParkPhase.COMMIT:
+            if p.tmp in committing:
+                return None  # its commit entry decides
+            _rollback(p)
+            return f"park of '{name}' was interrupted while saving: temporary files removed"
+        if tmp.exists():
+            _rollback(p)
+            return f"park of '{name}' was interrupted: rolled back, the previous copy is kept"
+        if final.exists() and final.stat().st_ino == p.ino:
+            _finish(catalog, p)
+            return f"park of '{name}' was interrupted after the state file was moved: finished"
+        if final.exists() and _listed_as_is(catalog, p, final):
+            # parked again since (another process): that copy and its row stand; restoring this
+            # park's previous copy over it would pair the newer row with an older file
+            _discard(p)
+            return f"park of '{name}' was interrupted and parked again since: leftovers removed"
+        _rollback(p)
+        return f"park of '{name}' was interrupted and its new file is gone: rolled back"
+
+    messages = replay(catalog, JournalKind.PARK, handle, lambda p: f"the park of '{p.name or p.final}'")
     for f in sorted(leftovers - referenced):
         if f.exists():
             with contextlib.suppress(OSError):
@@ -329,7 +326,7 @@ def _recover(catalog: Catalog, save_dirs) -> list[str]:
 
 
 def known_save_dirs(catalog: Catalog, extra=()) -> list[Path]:
-    """Folders to sweep in recover_interrupted: journaled, catalogued, profile folders."""
+    """Folders to sweep in recover_parks: journaled, catalogued, profile folders."""
     dirs = {Path(r.save_dir) for r in catalog.list()}
     dirs |= {Path(e.entry.save_dir) for e in Journal(catalog).entries(JournalKind.PARK)
              if isinstance(e.entry, ParkJournal)}
@@ -451,7 +448,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         # folder is finished or undone first, so this one never swaps its file over it.
         lock = await asyncio.to_thread(FilesLock(catalog).acquire)
         try:
-            recovered = _recover(catalog, [save_dir])
+            recovered = recover([JournalKind.PARK], Recovery(catalog, (save_dir,), lock_held=True))
             final_name = pick_state_file(catalog, save_dir, target.profile_name, name)
             record = SessionRecord(
                 name=name, profile=target.profile_name, state_file=final_name, save_dir=str(save_dir),
@@ -510,13 +507,7 @@ def _commit(catalog: Catalog, p: ParkJournal) -> SessionRecord:
         os.replace(final, backup)
     os.replace(tmp, final)
     try:
-        for suf in SIDECAR_SUFFIXES:
-            new = Path(str(tmp) + suf)
-            if new.exists():
-                os.replace(new, Path(str(final) + suf))
-        rec = SessionRecord(**(p.record or {}))
-        rec.id = None
-        stored = catalog.add_or_replace(rec)
+        stored = _list_new(catalog, p)
     except BaseException:
         # Put the new files back under their temp names so _rollback sees "not moved"
         # (every old sidecar was renamed aside first, so what sits at final+suf is new).
@@ -528,9 +519,7 @@ def _commit(catalog: Catalog, p: ParkJournal) -> SessionRecord:
         with contextlib.suppress(OSError):
             os.replace(final, tmp)
         raise
-    _rm(backup)
-    for suf in SIDECAR_SUFFIXES:
-        _rm(Path(str(backup) + suf))
+    _drop_previous(p)
     return stored
 
 

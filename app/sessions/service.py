@@ -34,8 +34,10 @@ from app.sessions import check as check_job
 from app.sessions.behaviour import identify_target, mode_from_log, mode_from_log_file
 from app.sessions.check import (PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError, CheckReport,
                             recover_hidden_sidecars)
+from app.sessions.journal import Recovery, recover
+from app.sessions.move_in import recover_moves
 from app.sessions.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
-    recover_interrupted
+    recover_parks
 from app.sessions.resume import ResumeRefused, ResumeResult, find_session, resume_session
 from app.sessions.resume_plan import (PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan,
                                   write_resume_plan_entries)
@@ -172,12 +174,9 @@ class SessionService:
 
     def recover(self) -> list[str]:
         """Finish or undo parks, A/B hides and moves into here a crash interrupted (never running ones)."""
-        from app.sessions.move_in import recover_moves
-
-        msgs = [f"put back the sidecar {p} that an interrupted A/B check had hidden"
-                for p in recover_hidden_sidecars(self.catalog)] + recover_moves(self.catalog)
         extra = [self.target.save_dir] if self.target.save_dir else []
-        return msgs + recover_interrupted(self.catalog, known_save_dirs(self.catalog, extra))
+        run = Recovery(self.catalog, tuple(known_save_dirs(self.catalog, extra)))
+        return recover([r.kind for r in (recover_hidden_sidecars, recover_moves, recover_parks)], run)
 
     async def warm_model_identity(self) -> None:
         """Read the memory kind now and hash the whole model in the background (minutes

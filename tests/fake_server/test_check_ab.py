@@ -14,6 +14,7 @@ from app.sessions.check import (ARM_BASELINE, ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_
                             ab_check, check_resume, hide_sidecar, recover_hidden_sidecars, to_csv, to_json,
                             to_markdown)
 from app.sessions import journal
+from app.sessions.journal import Recovery
 from app.sessions.target import ServerTarget
 from app.core.verdict import VerdictKind
 from app.sessions.watch import FileLogBuffer
@@ -168,7 +169,7 @@ async def test_ab_server_killed_between_arms_puts_sidecar_back(fake_server, tmp_
         await target.client.aclose()
     assert sha256(sidecar) == digest
     assert catalog.list_pending() == []
-    assert recover_hidden_sidecars(catalog) == []
+    assert recover_hidden_sidecars(Recovery(catalog)) == []
 
 
 def test_recover_after_app_death(tmp_path, catalog):
@@ -180,9 +181,10 @@ def test_recover_after_app_death(tmp_path, catalog):
     assert hidden.exists() and not sidecar.exists()
     # While the A/B runs (in flight here), recovery leaves it alone: a second A/B or
     # a CLI started now must not put the sidecar back in the middle of the hidden arm.
-    assert recover_hidden_sidecars(catalog) == [] and hidden.exists()
+    assert recover_hidden_sidecars(Recovery(catalog)) == [] and hidden.exists()
     journal._IN_FLIGHT.discard(jid)  # the app died: a new process has nothing in flight
-    assert recover_hidden_sidecars(catalog) == [str(sidecar)]
+    assert recover_hidden_sidecars(Recovery(catalog)) == [
+        f"put back the sidecar {sidecar} that an interrupted A/B check had hidden"]
     assert sha256(sidecar) == digest and not hidden.exists()
     assert catalog.list_pending() == []
 

@@ -17,7 +17,8 @@ import pytest
 from app import paths
 from app.cli import main as cli_main
 from app.sessions import park as park_mod
-from app.sessions.park import ParkError, default_name, park_all, park_slot, recover_interrupted, slugify
+from app.sessions.journal import Recovery
+from app.sessions.park import ParkError, default_name, park_all, park_slot, recover_parks, slugify
 from app.sessions.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan
 from app.sessions.service import SessionService
 from app.sessions.resume import (ResumeNeedsConfirmation, ResumeRefused, follow_up, preflight,
@@ -260,7 +261,7 @@ def test_recover_rolls_back_when_temp_state_still_exists(tmp_path):
     (slots / "kvv-tmp-abc.bin.ckpt").write_bytes(b"new sidecar")
     with Catalog(paths.catalog_path()) as cat:
         _journal(cat, slots, record={"name": "j", "profile": "p"}, ino=1)
-        msgs = recover_interrupted(cat, [slots])
+        msgs = recover_parks(Recovery(cat, (slots,)))
         assert cat.list_pending() == [] and cat.list() == []
     assert any("rolled back" in m for m in msgs)
     assert sorted(p.name for p in slots.iterdir()) == ["j.bin", "j.bin.ckpt"]
@@ -278,7 +279,7 @@ def test_recover_finishes_when_state_was_moved(tmp_path):
         rec = {"name": "j", "profile": "p", "state_file": "j.bin", "save_dir": str(slots), "n_tokens": 5,
                "updated_at": 123.0}
         _journal(cat, slots, record=rec, ino=(slots / "j.bin").stat().st_ino)
-        msgs = recover_interrupted(cat, [slots])
+        msgs = recover_parks(Recovery(cat, (slots,)))
         assert cat.list_pending() == []
         assert cat.get("p", "j").n_tokens == 5
     assert any("finished" in m for m in msgs)
@@ -299,7 +300,7 @@ def test_recover_saving_phase_and_orphans(tmp_path):
                                         "final": "l.bin", "backup": "kvv-tmp-live.prev.bin", "pid": os.getppid(),
                                         "pid_ctime": __import__("psutil").Process(os.getppid()).create_time()})
         (slots / "kvv-tmp-live.bin").write_bytes(b"in progress")
-        msgs = recover_interrupted(cat, [slots])
+        msgs = recover_parks(Recovery(cat, (slots,)))
         assert [e[0] for e in cat.list_pending()] == [live]
     assert sorted(p.name for p in slots.iterdir()) == ["keep.bin", "kvv-tmp-live.bin"]
     assert len(msgs) == 2
