@@ -68,7 +68,8 @@ def run_check(args) -> int:
 async def _run(args, catalog) -> int:
     from app.cli.connect import connect
     from app.sessions.check import DEFAULT_QUESTION, to_csv, to_json, to_markdown
-    from app.sessions.service import NeedsConfirmation, ServiceError
+    from app.core.confirmation import NeedsConfirmation
+    from app.sessions.service import ServiceError
     from app.sessions.watch import FileLogBuffer
 
     for f in args.export:

@@ -171,7 +171,8 @@ async def _restore(args, target, name: str) -> dict:
     if isinstance(target, LocalEndpoint):
         from app.cli.connect import connect
         from app.sessions.check import report_dict
-        from app.sessions.service import NeedsConfirmation, ServiceError
+        from app.core.confirmation import NeedsConfirmation
+        from app.sessions.service import ServiceError
 
         svc = await connect(target.catalog, target.profile)
         try:

@@ -194,7 +194,8 @@ async def cmd_park(args, catalog) -> int:
 
 
 async def cmd_resume(args, catalog) -> int:
-    from app.sessions.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
+    from app.core.confirmation import NeedsConfirmation
+    from app.sessions.resume import ResumeFailed, ResumeRefused
 
     svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args))
     try:
@@ -202,7 +203,7 @@ async def cmd_resume(args, catalog) -> int:
             res = await svc.resume(args.session, args.slot, force=args.yes)
         except ResumeRefused as e:
             raise CliError(f"cannot resume '{args.session}':", details=e.reasons) from None
-        except ResumeNeedsConfirmation as e:
+        except NeedsConfirmation as e:
             raise CliError(f"not resumed: '{args.session}' needs confirmation (pass --yes to resume anyway):",
                            details=e.warnings) from None
         except ResumeFailed as e:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.core.confirmation import NeedsConfirmation
 from app.core.sidecar_behaviour import Behaviour, LoadPrediction
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
@@ -39,13 +40,6 @@ class ResumeRefused(Exception):
     def __init__(self, reasons: list[str]):
         self.reasons = list(reasons)
         super().__init__("; ".join(self.reasons))
-
-
-class ResumeNeedsConfirmation(Exception):
-    def __init__(self, warnings: list[str], preflight: "Preflight | None" = None):
-        self.warnings = list(warnings)
-        self.preflight = preflight
-        super().__init__("; ".join(self.warnings))
 
 
 class ResumeHazard(ResumeRefused):
@@ -286,7 +280,7 @@ async def resume_session(target: ServerTarget, name: str, slot_id: int | None = 
                          force: bool = False, avoid_hazard: bool = False) -> ResumeResult:
     """Restore session ``name`` into ``slot_id`` (None: :func:`app.sessions.slots.default_slot`).
 
-    Raises ResumeRefused (cannot work), ResumeNeedsConfirmation (would work, with
+    Raises ResumeRefused (cannot work), NeedsConfirmation (would work, with
     costs: pass force=True), ResumeFailed (the server refused the restore).
     """
     record = find_session(target.catalog, target.profile_name, name)
@@ -314,7 +308,7 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
     if avoid_hazard and pf.hazard:
         raise ResumeHazard(pf.hazard)
     if pf.warnings and not force:
-        raise ResumeNeedsConfirmation(pf.warnings, pf)
+        raise NeedsConfirmation(pf.warnings)
     id_task_before = pf.slot.id_task if pf.slot is not None else None
     try:
         resp = await target.client.restore_slot(slot_id, record.state_file)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
+from app.core.confirmation import NeedsConfirmation
 from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
 from app.core.verdict import Verdict, VerdictKind
@@ -62,14 +63,6 @@ Stopper = Callable[[], Awaitable[None]]
 
 class ServiceError(Exception):
     """A workflow that cannot run; the message is for the user."""
-
-
-class NeedsConfirmation(Exception):
-    """The workflow would work but costs something the user must accept (force=True)."""
-
-    def __init__(self, warnings: list[str]):
-        self.warnings = list(warnings)
-        super().__init__("; ".join(self.warnings))
 
 
 @dataclass
@@ -352,7 +345,7 @@ class SessionService:
                      avoid_hazard: bool = False) -> ResumeResult:
         """Restore session ``name`` into ``slot_id`` (None: the default slot).
 
-        Raises ResumeRefused (cannot work), ResumeNeedsConfirmation (works, with
+        Raises ResumeRefused (cannot work), NeedsConfirmation (works, with
         costs: pass force=True), ResumeFailed (the server refused). On success the
         session's verdict is UNKNOWN until the next query on the slot is judged.
         """
@@ -368,7 +361,7 @@ class SessionService:
     async def resume_all(self) -> list[ResumeAllOutcome]:
         """Resume the sessions of the resume plan into their slot ids. The plan is
         cleared once every entry is back; a failed entry does not stop the others."""
-        from app.sessions.resume import ResumeFailed, ResumeNeedsConfirmation
+        from app.sessions.resume import ResumeFailed
 
         out: list[ResumeAllOutcome] = []
         for entry in self.resume_plan():
@@ -376,7 +369,7 @@ class SessionService:
                 out.append(ResumeAllOutcome(entry, await self.resume(entry.session, entry.slot, force=True)))
             except ResumeRefused as e:
                 out.append(ResumeAllOutcome(entry, error="; ".join(e.reasons)))
-            except (ResumeNeedsConfirmation, ResumeFailed, ServerError, ServerUnreachable, OSError) as e:
+            except (NeedsConfirmation, ResumeFailed, ServerError, ServerUnreachable, OSError) as e:
                 out.append(ResumeAllOutcome(entry, error=str(e)))
         if out and all(o.ok for o in out):
             clear_resume_plan(self.profile_name)

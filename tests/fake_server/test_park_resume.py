@@ -21,7 +21,8 @@ from app.sessions.journal import Recovery
 from app.sessions.park import ParkError, default_name, park_all, park_slot, recover_parks, slugify
 from app.sessions.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan
 from app.sessions.service import SessionService
-from app.sessions.resume import (ResumeNeedsConfirmation, ResumeRefused, follow_up, preflight,
+from app.core.confirmation import NeedsConfirmation
+from app.sessions.resume import (ResumeRefused, follow_up, preflight,
                              resume_session)
 from app.sessions.records import delete_session, list_sessions, rename_session
 from app.sessions.target import ServerTarget
@@ -435,7 +436,7 @@ def test_resume_over_non_empty_slot_needs_confirmation(fake_server, tmp_path):
             t = await connect(url, tmp_path)
             try:
                 await t.client.completion("something else entirely here", slot_id=1, n_predict=4)
-                with pytest.raises(ResumeNeedsConfirmation) as ei:
+                with pytest.raises(NeedsConfirmation) as ei:
                     await resume_session(t, "d", 1)
                 assert ei.value.warnings == [f"slot 1 holds {ei.value.warnings[0].split()[3]} tokens; "
                                              "resuming replaces them"]
@@ -468,7 +469,7 @@ def test_resume_after_restart_swa(fake_server, tmp_path, sidecar):
             t = await connect(url, tmp_path)
             try:
                 if not sidecar:
-                    with pytest.raises(ResumeNeedsConfirmation, match="re-prefill"):
+                    with pytest.raises(NeedsConfirmation, match="re-prefill"):
                         await resume_session(t, "swa", 0)
                 res = await resume_session(t, "swa", force=not sidecar)
                 assert res.slot_id == 0 and res.n_restored == rec.n_tokens

@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from app.sessions.park import park_slot
-from app.sessions.resume import ResumeNeedsConfirmation, follow_up, resume_session
+from app.core.confirmation import NeedsConfirmation
+from app.sessions.resume import follow_up, resume_session
 from app.server.statefile import read_state_header
 
 from tests.real.helpers import TEXT, connect_target, start_server
@@ -42,7 +43,7 @@ def test_real_park_restart_resume(real_profile):
         try:
             t = await connect_target(plan, sup, real_profile)
             assert t.catalog.get(real_profile.name, "real session") is not None
-            with pytest.raises(ResumeNeedsConfirmation, match="re-prefill"):
+            with pytest.raises(NeedsConfirmation, match="re-prefill"):
                 await resume_session(t, "real session", 0)
             res = await resume_session(t, "real session", 0, force=True)
             fu = await follow_up(t, 0, TEXT + " Where is the car?")

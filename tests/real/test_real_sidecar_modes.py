@@ -19,7 +19,7 @@ from app.core.sidecar_behaviour import SIDELESS_COSTS, Behaviour, Outcome
 from app.core.verdict import VerdictKind
 from app.sessions.behaviour import predict_for_target
 from app.sessions.check import ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS
-from app.sessions.resume import ResumeNeedsConfirmation
+from app.core.confirmation import NeedsConfirmation
 from app.server.sidecar import read_facts
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
@@ -128,7 +128,7 @@ def test_fork_sidecarless_resume_avoids_another_chats_checkpoints(mode_profile, 
                 await srv.svc.target.client.erase_slot(0)  # empty, but the fork keeps A's checkpoints
                 result = await srv.svc.resume("B", force=True)
                 assert result.slot_id == 1 and result.hazard is None
-                with pytest.raises(ResumeNeedsConfirmation) as asked:
+                with pytest.raises(NeedsConfirmation) as asked:
                     await srv.svc.resume("B", 0)
                 assert any("context checkpoints of the chat of task" in w for w in asked.value.warnings)
             finally:
@@ -156,7 +156,7 @@ def test_v2_stale_hash_predicted_refused_and_refused(mode_profile, monkeypatch):
         async with Running(mode_profile) as srv:
             p = predict_for_target(srv.svc.target, rec.state_path, rec.n_tokens)
             assert p.loads is False and p.tip and "state hash" in p.refusal
-            with pytest.raises(ResumeNeedsConfirmation) as asked:
+            with pytest.raises(NeedsConfirmation) as asked:
                 await srv.svc.resume("stale", 0)
             assert any("refuse the sidecar" in w and "state hash" in w for w in asked.value.warnings)
             check = await srv.svc.check("stale", 0, force=True)
@@ -181,7 +181,7 @@ def test_v2_count_above_ctx_checkpoints_warned_then_discarded(mode_profile, monk
         assert n >= 2
         fewer = mode_profile.replace(ctx_checkpoints=n - 1)
         async with Running(fewer) as srv:
-            with pytest.raises(ResumeNeedsConfirmation) as asked:
+            with pytest.raises(NeedsConfirmation) as asked:
                 await srv.svc.resume("many", 0)
             text = " ".join(asked.value.warnings)
             assert f"more than this server's --ctx-checkpoints {n - 1}" in text
@@ -230,7 +230,7 @@ def test_sidecarless_costs_match_the_table(mode_profile, monkeypatch, name):
             rec = await park_chat(srv, "sideless", 0, TEXT)
             put_back = hide(rec)
             try:
-                with pytest.raises(ResumeNeedsConfirmation) as asked:
+                with pytest.raises(NeedsConfirmation) as asked:
                     await srv.svc.resume("sideless", 0)
                 expected = SIDELESS_COSTS[Behaviour(name)]
                 warning = " ".join(asked.value.warnings)

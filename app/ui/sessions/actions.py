@@ -9,8 +9,9 @@ a workflow needs confirmation, and says the outcome on the panel's message line
 from __future__ import annotations
 
 from app.core.verdict import Verdict, VerdictKind
-from app.sessions.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
-from app.sessions.service import NeedsConfirmation, ServiceError
+from app.core.confirmation import NeedsConfirmation
+from app.sessions.resume import ResumeFailed, ResumeRefused
+from app.sessions.service import ServiceError
 from app.ui.sessions.dialogs import history_dialog
 from app.ui.sessions.model import _size
 
@@ -96,7 +97,7 @@ class SessionActions:
         except ResumeRefused as e:
             self._say(f"{label}: cannot resume: " + "; ".join(e.reasons), ok=False, label=label)
             return None
-        except ResumeNeedsConfirmation as e:
+        except NeedsConfirmation as e:
             if not await self._confirmed("Resume session", "\n\n".join(e.warnings) + "\n\nResume anyway?"):
                 self._say(f"{label}: cancelled.", ok=True, label=label)
                 return None
