@@ -52,12 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit
     except Exception as e:  # report: a clear message on stderr, not a traceback (-v raises it)
         from app.core.profile import ProfileError
+        from app.sessions.records import AmbiguousName
         from app.sessions.service import ServiceError
         from app.store.catalog import CatalogError
 
         if isinstance(e, ProfileError):
             for err in e.errors:
                 error(f"{e.profile_name + ': ' if e.profile_name else ''}{err}")
+            return Exit.FAIL
+        if isinstance(e, AmbiguousName):
+            error(f"{e}: pass --profile")  # every command that names a session by name alone has it
             return Exit.FAIL
         if args.verbose and not isinstance(e, (ServiceError, CatalogError)):
             raise

@@ -183,10 +183,12 @@ def _files_of(rec: SessionRecord) -> list[SourceFile]:
 
 def source_session(catalog: Catalog, name: str, profile: str | None) -> SourceSession:
     """The session ``name`` of ``profile`` here, its files and facts; raises MoveError."""
-    from app.sessions.records import get_session, leaves_its_folder
+    from app.sessions.records import AmbiguousName, get_session, leaves_its_folder
 
     try:
         rec = get_session(catalog, name, profile)
+    except AmbiguousName:
+        raise  # the caller says how to name the profile (the CLI: --profile)
     except CatalogError as e:
         raise MoveError(str(e)) from None
     if leaves_its_folder(rec) or rec.state_path.is_symlink():

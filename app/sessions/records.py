@@ -46,6 +46,15 @@ def leaves_its_folder(rec: SessionRecord) -> bool:
         return True
 
 
+class AmbiguousName(CatalogError):
+    """Several profiles have a session of this name and none was named: the caller says how to
+    name one (the CLI: its ``--profile``)."""
+
+    def __init__(self, name: str, profiles: list[str]):
+        self.name, self.profiles = name, sorted(profiles)
+        super().__init__(f"several sessions are named '{name}' (profiles: {', '.join(self.profiles)})")
+
+
 def _one(catalog: Catalog, name: str, profile: str | None) -> SessionRecord:
     if profile is not None:
         rec = catalog.get(profile, name)
@@ -56,8 +65,7 @@ def _one(catalog: Catalog, name: str, profile: str | None) -> SessionRecord:
     if not matches:
         raise CatalogError(f"no session named '{name}'")
     if len(matches) > 1:
-        raise CatalogError(f"several sessions are named '{name}' (profiles: "
-                           f"{', '.join(sorted(r.profile for r in matches))}): pass --profile")
+        raise AmbiguousName(name, [r.profile for r in matches])
     return matches[0]
 
 

@@ -28,6 +28,7 @@ from app.core.timings import Timings
 from app.sessions import sidecar_check
 from app.sessions.behaviour import predict_for_target, resume_warning
 from app.sessions.park import CHECKPOINTED_KINDS, model_identity
+from app.sessions.records import AmbiguousName
 from app.sessions.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.sessions.target import HeldSession, ServerTarget
 from app.monitor.slots import RestoredSlot, SlotRow
@@ -93,8 +94,7 @@ def find_session(catalog: Catalog, profile: str, name: str) -> SessionRecord:
         return matches[0]
     if not matches:
         raise ResumeRefused([f"no parked session named '{name}'"])
-    raise ResumeRefused([f"several sessions are named '{name}' (profiles: "
-                         f"{', '.join(sorted(r.profile for r in matches))}): pass --profile"])
+    raise ResumeRefused([str(AmbiguousName(name, [r.profile for r in matches]))])
 
 
 def _fmt_seconds(s: float) -> str:
