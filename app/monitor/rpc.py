@@ -34,6 +34,7 @@ from typing import Awaitable, Callable
 
 import psutil
 
+from app.core.observers import Observers
 from app.core.background import track
 from app.core.findings import Finding, Remedy, Severity
 from app.core.profile import RpcWorker, parse_rpc_workers
@@ -317,7 +318,7 @@ class RpcWatcher:
         self.unsupported = False  # the server said its build has no RPC
         self.changed = asyncio.Event()
         self.rounds = 0
-        self._listeners: list[Callable[[list[WorkerStatus]], None]] = []
+        self._listeners: Observers[[list[WorkerStatus]]] = Observers("the RPC workers' status")
         self._addresses: dict[str, set[str]] = {}
         self._task: asyncio.Future | None = None
 
@@ -349,7 +350,7 @@ class RpcWatcher:
 
     # -- rounds ----------------------------------------------------------------------------
     def on_change(self, cb: Callable[[list[WorkerStatus]], None]) -> None:
-        self._listeners.append(cb)
+        self._listeners.add(cb)
 
     async def check(self) -> list[WorkerStatus]:
         """One round over every worker; the statuses, in ``--rpc`` order."""
@@ -364,11 +365,7 @@ class RpcWatcher:
                                if st.reachable is False]
         self.rounds += 1
         self.changed.set()
-        for cb in list(self._listeners):
-            try:
-                cb(list(results))
-            except Exception:  # report: a broken display must not stop the watch (logged)
-                log.exception("rpc watcher: a listener failed")
+        self._listeners.emit(list(results))  # a broken display is logged: the watch goes on
         return list(results)
 
     async def _check_one(self, w: RpcWorker, pid: int | None) -> dict:

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
+from app.core.observers import Observers
 from app.core.background import track
 from app.core.conversation import ServerCaching
 from app.core.timings import Timings
@@ -160,8 +161,8 @@ class ProxyService:
         self.http: ProxyServer | None = None
         self.setup = ""
         self._started_at: float | None = None
-        self._record_cbs: list[Callable[[RequestRecord], None]] = []
-        self._explained_cbs: list[Callable[[RequestRecord], None]] = []
+        self._record_cbs: Observers[[RequestRecord]] = Observers("the proxy's request records")
+        self._explained_cbs: Observers[[RequestRecord]] = Observers("the proxy's refined explanations")
         self._stopped = False
         # the server's own caching (its --help and argv), and the live watch over it
         self.caching = ServerCaching()
@@ -251,7 +252,7 @@ class ProxyService:
 
     def on_explained(self, cb: Callable[[RequestRecord], None]) -> None:
         """``cb(record)`` when a recorded request's explanation was refined (its first divergent token)."""
-        self._explained_cbs.append(cb)
+        self._explained_cbs.add(cb)
 
     async def stop(self) -> None:
         if self.watch is not None:
@@ -269,7 +270,7 @@ class ProxyService:
             await self.leases.save_dirty()
 
     def on_record(self, cb: Callable[[RequestRecord], None]) -> None:
-        self._record_cbs.append(cb)
+        self._record_cbs.add(cb)
 
     # -- what the leases need to decide ------------------------------------------------------
     def _prefill_ms_per_token(self) -> float | None:
@@ -424,19 +425,11 @@ class ProxyService:
     def _record(self, conv: Conversation, rec: RequestRecord, p: _Pending) -> None:
         """Store a judged request, tell the observers, and refine its explanation by tokens later."""
         row = self.store.add_request(conv.id, rec)
-        self._tell(self._record_cbs, rec)
+        self._record_cbs.emit(rec)
         if rec.explanation is not None and explain_mod.wants_tokens(rec.verdict):
             job = track(self._explain_by_tokens(row, rec, p), f"the token comparison of a request of {conv.id}")
             self._explaining.add(job)
             job.add_done_callback(self._explaining.discard)
-
-    @staticmethod
-    def _tell(cbs: list[Callable[[RequestRecord], None]], rec: RequestRecord) -> None:
-        for cb in list(cbs):
-            try:
-                cb(rec)
-            except Exception:  # why: an observer (the window, serve's printer) must not break the proxy
-                log.exception("a proxy record observer failed for conversation %s", rec.conversation)
 
     async def _explain_by_tokens(self, row: int, rec: RequestRecord, p: _Pending) -> None:
         """After the answer went out: the first divergent token against the conversation's previous
@@ -452,7 +445,7 @@ class ProxyService:
             return
         refined = replace(rec, explanation=explain_mod.with_divergent_token(rec.explanation, *found))
         if self.store.set_explanation(row, refined.explanation):
-            self._tell(self._explained_cbs, refined)
+            self._explained_cbs.emit(refined)
 
     async def _after_passthrough(self, p: _Pending, result: Result) -> None:
         """A request passed through unchanged (the server persists prompts itself): judged from its

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Callable
 
+from app.core.observers import Observers
 from app.core.background import track
 from app.server.client import LlamaClient
 from app.server.outcome import Cause, Outcome
@@ -33,7 +33,7 @@ class AttachedServer:
         self.outcome: Outcome | None = None
         self._owns_client = client is None  # else the server's shared client (app.servers.service)
         self.client = client if client is not None else LlamaClient(self.url, api_key)
-        self._cbs: list[Callable[[ServerState, Outcome | None], None]] = []
+        self._cbs: Observers[[ServerState, Outcome | None]] = Observers(f"the state of {self.url}")
         self._task: asyncio.Task | None = None
         self._first = asyncio.Event()
 
@@ -42,16 +42,12 @@ class AttachedServer:
         return self.leftover.pid if self.leftover and self.leftover.is_alive() else None
 
     def on_state(self, cb) -> None:
-        self._cbs.append(cb)
+        self._cbs.add(cb)
 
     def _set(self, state: ServerState) -> None:
         if state != self.state:
             self.state = state
-            for cb in list(self._cbs):
-                try:
-                    cb(state, self.outcome)
-                except Exception:
-                    log.exception("state observer failed")
+            self._cbs.emit(state, self.outcome)
 
     async def start(self) -> ServerState:
         """Begin watching; returns the first observed state."""

@@ -30,6 +30,7 @@ from typing import Callable
 
 import psutil
 
+from app.core.observers import Observers
 from app.core.states import ServerState
 from app.server.client import LlamaClient
 from app.server.logfile import ServerLogFile
@@ -252,8 +253,8 @@ class Supervisor:
         # the server's one HTTP client, shared with whoever else talks to it (app.servers.service)
         self._owns_client = client is None
         self._client = client if client is not None else LlamaClient(url, api_key)
-        self._state_cbs: list[StateCallback] = []
-        self._line_cbs: list[LineCallback] = []
+        self._state_cbs: Observers[[ServerState, Outcome | None]] = Observers(f"the state of the server at {url}")
+        self._line_cbs: Observers[[LogLine]] = Observers(f"the log of the server at {url}")
         self._tasks: set[asyncio.Task] = set()
         self._ready: asyncio.Future | None = None
         self._stopping_by_user = False
@@ -265,20 +266,16 @@ class Supervisor:
 
     # -- observers --------------------------------------------------------
     def on_state(self, cb: StateCallback) -> None:
-        self._state_cbs.append(cb)
+        self._state_cbs.add(cb)
 
     def on_line(self, cb: LineCallback) -> None:
-        self._line_cbs.append(cb)
+        self._line_cbs.add(cb)
 
     def _set_state(self, state: ServerState) -> None:
         if state == self.state:
             return
         self.state = state
-        for cb in list(self._state_cbs):
-            try:
-                cb(state, self.outcome)
-            except Exception:  # an observer must never break supervision
-                log.exception("state observer failed")
+        self._state_cbs.emit(state, self.outcome)  # an observer that fails is logged: supervision goes on
 
     @property
     def pid(self) -> int | None:
@@ -454,11 +451,7 @@ class Supervisor:
             self.lines_read += 1
             if isinstance(event, SidecarMode):
                 self.sidecar_mode = event.mode  # KV Valet's build says it at start
-            for cb in self._line_cbs:
-                try:
-                    cb(item)
-                except Exception:
-                    log.exception("log observer failed")
+            self._line_cbs.emit(item)
 
     async def _watch_health(self, proc: asyncio.subprocess.Process) -> None:
         while proc.returncode is None:
@@ -565,7 +558,7 @@ class Supervisor:
             return self.state
         ev = asyncio.Event()
         cb = lambda s, o: ev.set() if s in states else None  # noqa: E731
-        self._state_cbs.append(cb)
+        self._state_cbs.add(cb)
         try:
             await asyncio.wait_for(ev.wait(), timeout)
         finally:

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
+from app.core.observers import Observers
 from app.core.states import ServerState
 from app.core.units import fmt_bytes, fmt_pct, is_na
 from app.monitor.gpu import NO_GPU_PREFIX, GpuMonitor, GpuSnapshot
@@ -137,23 +138,19 @@ class LocalServerSource:
         self._details: dict[str, str] = {}
         self._figures: dict[str, _Figures] = {}
         self._procs: dict[str, ProcessMonitor] = {}
-        self._cbs: list[Callable[[], None]] = []
+        self._cbs: Observers[[]] = Observers("the server list changed")
         self._state_changed = StateChanged
         service.on_event(self._on_event)
 
     def on_change(self, cb: Callable[[], None]) -> None:
-        self._cbs.append(cb)
+        self._cbs.add(cb)
 
     def _on_event(self, ev) -> None:
         if isinstance(ev, self._state_changed):
             self._details[ev.target_id] = ev.detail
             if ev.state not in (ServerState.READY, ServerState.LOADING):
                 self._figures.pop(ev.target_id, None)  # a stopped server holds no slots, no VRAM
-        for cb in list(self._cbs):
-            try:
-                cb()
-            except Exception:  # report: an observer must not break the service's events
-                log.exception("server list observer failed")
+        self._cbs.emit()
 
     def rows(self) -> list[ServerRow]:
         out = []
@@ -256,10 +253,10 @@ class RemoteServerSource:
         self._owns_host = owns_host
         self._answer: list[dict] = []
         self.error: str | None = None  # the last refresh failed: why (the rows keep their last figures)
-        self._cbs: list[Callable[[], None]] = []
+        self._cbs: Observers[[]] = Observers("the server list changed")
 
     def on_change(self, cb: Callable[[], None]) -> None:
-        self._cbs.append(cb)
+        self._cbs.add(cb)
 
     def rows(self) -> list[ServerRow]:
         out = []
@@ -324,7 +321,7 @@ class ServerList:
 
     def __init__(self, sources=()):
         self.sources: list[ServerListSource] = []
-        self._cbs: list[Callable[[], None]] = []
+        self._cbs: Observers[[]] = Observers("the server list changed")
         for s in sources:
             self.add(s)
 
@@ -342,11 +339,10 @@ class ServerList:
         self._changed()
 
     def on_change(self, cb: Callable[[], None]) -> None:
-        self._cbs.append(cb)
+        self._cbs.add(cb)
 
     def _changed(self) -> None:
-        for cb in list(self._cbs):
-            cb()
+        self._cbs.emit()
 
     def rows(self) -> list[ServerRow]:
         return [r for s in self.sources for r in s.rows()]

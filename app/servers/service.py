@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
+from app.core.observers import Observers
 from app.core.background import track
 from app.core.lifecycle import DEFAULT_PARK_TIMEOUT_S, POLICY, StopTrigger, TargetKind
 from app.core.profile import LaunchProfile, ProfileError
@@ -172,7 +173,7 @@ class ServerService:
         self.connect_sessions = connect_sessions
         self.front = front
         self.servers: dict[str, ServerHandle] = {}
-        self._cbs: list[Callable[[ServerEvent], None]] = []
+        self._cbs: Observers[[ServerEvent]] = Observers("server events")
         self._interrupt = asyncio.Event()
         self._parking: dict[str, asyncio.Task] = {}
         self._closed = False
@@ -204,15 +205,11 @@ class ServerService:
 
     # -- events ----------------------------------------------------------------------
     def on_event(self, cb: Callable[[ServerEvent], None]) -> None:
-        self._cbs.append(cb)
+        self._cbs.add(cb)
 
     def notify(self, event: ServerEvent) -> None:
         """Tell every subscriber ``event`` (the launch path and the front say their notices here)."""
-        for cb in list(self._cbs):
-            try:
-                cb(event)
-            except Exception:  # report: an observer must not break a server's lifecycle
-                log.exception("server event observer failed on %s", type(event).__name__)
+        self._cbs.emit(event)  # an observer that fails is logged: a server's lifecycle goes on
 
     def get(self, target_id: str | None) -> ServerHandle | None:
         return self.servers.get(target_id) if target_id else None

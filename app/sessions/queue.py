@@ -11,6 +11,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from app.core.observers import Observers
+
 
 @dataclass
 class Operation:
@@ -26,14 +28,13 @@ class OperationQueue:
         self._ids = itertools.count(1)
         self.pending: list[Operation] = []  # waiting, in order
         self.current: Operation | None = None
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: Observers[[]] = Observers("the operation queue changed")
 
     def on_change(self, cb: Callable[[], None]) -> None:
-        self._listeners.append(cb)
+        self._listeners.add(cb)
 
     def _changed(self) -> None:
-        for cb in list(self._listeners):
-            cb()
+        self._listeners.emit()
 
     def labels(self) -> list[str]:
         return ([f"▶ {self.current.label}"] if self.current else []) + [op.label for op in self.pending]

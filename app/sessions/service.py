@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
+from app.core.observers import Observers
 from app.core.confirmation import NeedsConfirmation
 from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
@@ -90,9 +91,9 @@ class SessionService:
         self.watcher = ResumeWatcher(self._on_verdict)
         self.relay = VerdictRelay(self)  # resumes of any process, judged by whoever reads the log
         self.recovery_messages: list[str] = []
-        self._changed: list[Callable[[], None]] = []
-        self._restored_cbs: list[Callable[[int, RestoredSlot], None]] = []
-        self._verdict_cbs: list[Callable[[int, str | None, Verdict], None]] = []
+        self._changed: Observers[[]] = Observers("the sessions changed")
+        self._restored: Observers[[int, RestoredSlot]] = Observers("a slot was restored")
+        self._verdicts: Observers[[int, str | None, Verdict]] = Observers("a resume's verdict")
         self._first_cached: dict[int, int] = {}  # slot -> first "cached n_tokens" of its current task
         self._closed = False
         self._owns_client = True
@@ -230,7 +231,7 @@ class SessionService:
             after = await asyncio.to_thread(recheck, self.catalog, rec, verify_hash=True)
             changed |= after.sidecar_reason != rec.sidecar_reason
         if changed:
-            self._emit(self._changed)
+            self._changed.emit()
         return changed
 
     def on_this_server(self, rec: SessionRecord) -> str | None:
@@ -264,20 +265,13 @@ class SessionService:
     # -- observers ---------------------------------------------------------------
     def on_change(self, cb: Callable[[], None]) -> None:
         """The catalog or the slots changed (park, resume, rename, delete, verdict)."""
-        self._changed.append(cb)
+        self._changed.add(cb)
 
     def on_restored(self, cb: Callable[[int, RestoredSlot], None]) -> None:
-        self._restored_cbs.append(cb)
+        self._restored.add(cb)
 
     def on_verdict(self, cb: Callable[[int, str | None, Verdict], None]) -> None:
-        self._verdict_cbs.append(cb)
-
-    def _emit(self, cbs, *args) -> None:
-        for cb in list(cbs):
-            try:
-                cb(*args)
-            except Exception:  # an observer must not break a workflow
-                log.exception("session observer failed")
+        self._verdicts.add(cb)
 
     # -- park --------------------------------------------------------------------
     async def park(self, slot_id: int | None = None, name: str | None = None, *, on_progress=None) -> ParkResult:
@@ -297,7 +291,7 @@ class SessionService:
             raise ServiceError(f"the server refused: {e.message}") from None
         if self.target.behaviour is Behaviour.UNKNOWN:  # what this park wrote tells the build apart
             self.target.behaviour = identify_target(self.target)
-        self._emit(self._changed)
+        self._changed.emit()
         return result
 
     async def park_all(self, prefix: str | None = None, *, remember: bool = False) -> list[ParkResult]:
@@ -311,7 +305,7 @@ class SessionService:
             raise ServiceError(f"cannot read the slots: {e}") from None
         if remember:
             write_resume_plan(self.profile_name, results)
-        self._emit(self._changed)
+        self._changed.emit()
         return results
 
     async def check_after_wake(self) -> list[PlanEntry]:
@@ -354,8 +348,8 @@ class SessionService:
         if rec.id is not None:
             self.catalog.update_verdict(rec.id, VerdictKind.UNKNOWN, "no query on this slot since the restore yet")
         self.relay.note_restore(result)  # the verdict: this service's watcher, or another process's
-        self._emit(self._restored_cbs, result.slot_id, self.target.restored[result.slot_id])
-        self._emit(self._changed)
+        self._restored.emit(result.slot_id, self.target.restored[result.slot_id])
+        self._changed.emit()
         return result
 
     async def resume_all(self) -> list[ResumeAllOutcome]:
@@ -449,7 +443,7 @@ class SessionService:
             report = await check_job.check_resume(self.target, rec, slot, question=question, restart=restart)
         except CheckError as e:
             raise ServiceError(str(e)) from None
-        self._emit(self._changed)
+        self._changed.emit()
         return report
 
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False,
@@ -468,18 +462,18 @@ class SessionService:
                                               between_arms=between_arms, restart=restart, protocol=protocol)
         except CheckError as e:
             raise ServiceError(str(e)) from None
-        self._emit(self._changed)
+        self._changed.emit()
         return report
 
     # -- catalog -----------------------------------------------------------------
     def rename(self, old: str, new: str, profile: str | None = None) -> SessionRecord:
         rec = rename_session(self.catalog, old, new, profile or self.profile_name)
-        self._emit(self._changed)
+        self._changed.emit()
         return rec
 
     def delete(self, name: str, profile: str | None = None) -> list[Path]:
         removed = delete_session(self.catalog, name, profile or self.profile_name)
-        self._emit(self._changed)
+        self._changed.emit()
         return removed
 
     # -- the server's log -------------------------------------------------------
@@ -526,8 +520,8 @@ class SessionService:
         entry = self.target.restored.get(slot_id)
         if entry is not None:
             entry.verdict = verdict
-        self._emit(self._verdict_cbs, slot_id, session, verdict)
-        self._emit(self._changed)
+        self._verdicts.emit(slot_id, session, verdict)
+        self._changed.emit()
 
 
 def _profile_binary(profile: LaunchProfile | None) -> str | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from app.core.observers import Observers
 from app.core.checkpoints import CheckpointFigures
 from app.core.timings import Timings
 from app.core.verdict import Verdict, judge
@@ -73,7 +74,9 @@ class ResumeWatcher:
     """Watches the server log for the first task on each slot with a pending restore."""
 
     def __init__(self, on_verdict: VerdictCallback | None = None, *, log_has_sidecar_lines: bool = True):
-        self._callbacks: list[VerdictCallback] = [on_verdict] if on_verdict else []
+        self._verdicts: Observers[[int, str | None, Verdict]] = Observers("a resume's verdict")
+        if on_verdict:
+            self._verdicts.add(on_verdict)
         self._pending: dict[int, Expectation] = {}
         # "restored N context checkpoints from sidecar" seen on a slot before its
         # expectation was registered (the line comes during the restore request).
@@ -83,7 +86,7 @@ class ResumeWatcher:
 
     # -- registration ------------------------------------------------------
     def on_verdict(self, cb: VerdictCallback) -> None:
-        self._callbacks.append(cb)
+        self._verdicts.add(cb)
 
     def expect(self, slot_id: int, n_restored: int, session_name: str | None, sidecar_status=None, *,
                build_persists: bool | None = None, ctx_checkpoints: int | None = 32,
@@ -195,11 +198,7 @@ class ResumeWatcher:
         if exp.note:
             v = dataclasses.replace(v, reason=f"{v.reason} (note: {exp.note})")
         self.verdicts.append((exp.slot_id, exp.session_name, v))
-        for cb in list(self._callbacks):
-            try:
-                cb(exp.slot_id, exp.session_name, v)
-            except Exception:  # an observer must never break log handling
-                log.exception("verdict observer failed")
+        self._verdicts.emit(exp.slot_id, exp.session_name, v)
         return v
 
 

@@ -28,6 +28,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from app.core.observers import Observers
 from app.core.findings import Finding, Remedy, Severity
 from app.server.logparse import Kind, LogEvent, PromptCacheUpdate, SidecarRestored, SlotSelected, parse_line
 
@@ -110,20 +111,16 @@ class CacheHealth:
         self.clock = clock
         self.figures = HealthFigures()
         self.findings: list[Finding] = []
-        self._listeners: list[Callable[[Finding], None]] = []
+        self._listeners: Observers[[Finding]] = Observers("cache health findings")
         self._pending_idle: tuple[int | None, float | None] | None = None  # (slot, elapsed s) of a save in progress
         self._reprocess_reported: set[int] = set()
 
     def on_finding(self, cb: Callable[[Finding], None]) -> None:
-        self._listeners.append(cb)
+        self._listeners.add(cb)
 
     def _add(self, finding: Finding) -> None:
         self.findings.append(finding)
-        for cb in list(self._listeners):
-            try:
-                cb(finding)
-            except Exception:  # report: an observer must never break log handling
-                log.exception("cache health: a listener failed on finding %s (slot %s)", finding.rule_id, finding.slot)
+        self._listeners.emit(finding)  # a listener that fails is logged (with the finding): log handling goes on
 
     # -- feeding ------------------------------------------------------------------
     def feed_lines(self, lines) -> None:
