@@ -38,7 +38,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from app.core.background import track
+from app.core.background import TaskGroup, track
 from app.server.client import LlamaClient, ServerUnreachable
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class ProxyServer:
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._stopping = False
-        self._inflight: set[asyncio.Task] = set()  # the handlers running now (stop() ends them)
+        self._inflight = TaskGroup("the proxy's request handlers")  # the handlers running now (stop() ends them)
 
     def __repr__(self) -> str:
         key = "set" if self._api_key else "none"
@@ -268,11 +268,7 @@ class ProxyServer:
         if runner is None:
             return
         self._stopping = True
-        running = list(self._inflight)
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.wait(running)
+        await self._inflight.cancel_all()
         await runner.cleanup()
         log.info("proxy on %s stopped", self._url)
 
@@ -289,11 +285,8 @@ class ProxyServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()
         assert task is not None
-        self._inflight.add(task)
-        try:
+        with self._inflight.holding(task):
             return await self._serve(request)
-        finally:
-            self._inflight.discard(task)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         if (self._api_key and request.path not in PUBLIC and request.method != "OPTIONS"

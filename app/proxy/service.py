@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from app.core.observers import Observers
-from app.core.background import track
+from app.core.background import TaskGroup
 from app.core.conversation import ServerCaching
 from app.core.timings import Timings
 from app.servers.service import ServerHandle, ServerService
@@ -169,7 +169,7 @@ class ProxyService:
         self.save_before_idle_clear = save_before_idle_clear
         self.watch: watch_mod.ServerWatch | None = None
         self._bodies: OrderedDict[str, dict] = OrderedDict()
-        self._explaining: set = set()
+        self._explaining = TaskGroup("the proxy's token comparisons")
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -247,8 +247,7 @@ class ProxyService:
 
     async def settle(self) -> None:
         """Wait for the token comparisons running now (explanations refined after their request)."""
-        while self._explaining:
-            await asyncio.gather(*list(self._explaining), return_exceptions=True)
+        await self._explaining.wait()
 
     def on_explained(self, cb: Callable[[RequestRecord], None]) -> None:
         """``cb(record)`` when a recorded request's explanation was refined (its first divergent token)."""
@@ -427,9 +426,7 @@ class ProxyService:
         row = self.store.add_request(conv.id, rec)
         self._record_cbs.emit(rec)
         if rec.explanation is not None and explain_mod.wants_tokens(rec.verdict):
-            job = track(self._explain_by_tokens(row, rec, p), f"the token comparison of a request of {conv.id}")
-            self._explaining.add(job)
-            job.add_done_callback(self._explaining.discard)
+            self._explaining.start(self._explain_by_tokens(row, rec, p), f"a request of {conv.id}")
 
     async def _explain_by_tokens(self, row: int, rec: RequestRecord, p: _Pending) -> None:
         """After the answer went out: the first divergent token against the conversation's previous

@@ -30,6 +30,7 @@ from typing import Callable
 
 import psutil
 
+from app.core.background import TaskGroup
 from app.core.observers import Observers
 from app.core.states import ServerState
 from app.server.client import LlamaClient
@@ -255,13 +256,13 @@ class Supervisor:
         self._client = client if client is not None else LlamaClient(url, api_key)
         self._state_cbs: Observers[[ServerState, Outcome | None]] = Observers(f"the state of the server at {url}")
         self._line_cbs: Observers[[LogLine]] = Observers(f"the log of the server at {url}")
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskGroup(f"the supervisor of {url}")
         self._ready: asyncio.Future | None = None
         self._stopping_by_user = False
         self._start_lock = asyncio.Lock()
         self._exited = asyncio.Event()
         self._exited.set()
-        self._restart_task: asyncio.Task | None = None
+        self._restart_task: asyncio.Future | None = None
         self.sidecar_mode: str | None = None  # "checkpoint sidecars: MODE" of the running process
 
     # -- observers --------------------------------------------------------
@@ -355,19 +356,8 @@ class Supervisor:
         os.close(write_fd)  # the server holds the write end now: EOF when it exits
         self._write_pid_record()
         self._start_reader(read_fd, loop)
-        self._spawn_task(self._watch_exit(self.proc))
-        self._spawn_task(self._watch_health(self.proc))
-
-    def _spawn_task(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("supervisor task failed", exc_info=task.exception())
+        self._tasks.start(self._watch_exit(self.proc), "watching the server process exit")
+        self._tasks.start(self._watch_health(self.proc), "watching the server's health")
 
     def _write_pid_record(self) -> None:
         if not self.pid_record_path or not self.proc:
@@ -495,7 +485,7 @@ class Supervisor:
             return
         self._set_state(ServerState.CRASHED)
         if self.auto_restart and self._may_restart():
-            self._restart_task = self._spawn_task(self._auto_restart())
+            self._restart_task = self._tasks.start(self._auto_restart(), "restarting the crashed server")
 
     def _may_restart(self) -> bool:
         now = time.time()
@@ -542,13 +532,7 @@ class Supervisor:
     async def aclose(self) -> None:
         """Stop the server and release everything (no orphan, no leaked task)."""
         await self.stop()
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):  # why: cancelled, or failed and already logged by _task_done
-                pass
+        await self._tasks.cancel_all()
         if self._owns_client:
             await self._client.aclose()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.core.background import track
+from app.core.background import TaskGroup
 from app.ui.conversations.panel import ConversationsPanel
 from app.ui.monitor.health_panel import HealthPanel
 from app.ui.monitor.panel import MonitorPanel
@@ -106,7 +106,7 @@ def _guard_shutdown(window, sessions) -> None:
 
     guard = ShutdownGuard(parent=window)
     window.shutdown_guard = guard
-    window.prepare_tasks = set()
+    window.prepare_tasks = TaskGroup("the window's power events")
 
     def on_event(ev) -> None:  # any server's: the lock is held while any server launched here is Ready
         if not isinstance(ev, StateChanged):
@@ -126,15 +126,11 @@ def _guard_shutdown(window, sessions) -> None:
     def on_prepare(what, start: bool) -> None:
         what = PowerEvent(what)
         if start:
-            task = track(park_then_release(what), f"parking before {what}")
-            window.prepare_tasks.add(task)
-            task.add_done_callback(window.prepare_tasks.discard)
+            window.prepare_tasks.start(park_then_release(what), f"parking before {what}")
         elif any(h.state == ServerState.READY for h in window.controller.owned_running()):
             guard.take()  # awake again: hold the lock for the next time
             if what is PowerEvent.SLEEP:  # did the chats survive? if not, offer what was parked before
-                task = track(sessions.after_wake(), "checking the slots after a wake")
-                window.prepare_tasks.add(task)
-                task.add_done_callback(window.prepare_tasks.discard)
+                window.prepare_tasks.start(sessions.after_wake(), "checking the slots after a wake")
 
     window.controller.sig_event.connect(on_event)
     guard.sig_prepare.connect(on_prepare)

@@ -73,7 +73,6 @@ class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
         # confirm(title, text) -> bool or awaitable bool; a test may replace the dialog.
         self.confirm = confirm or self._ask
         self.question_box: QMessageBox | None = None
-        self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._slots_seen: set[int] = set()
         self._build()

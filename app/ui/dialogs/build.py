@@ -49,7 +49,6 @@ class BuildDialog(RunsTasks, QDialog):
     def __init__(self, parent=None, *, request: BuildRequest | None = None,
                  detected: tuple[BuildOptions, str] | None = None):
         QDialog.__init__(self, parent)
-        self._tasks = set()
         self.setWindowTitle("Build a checkpoint-persisting server")
         self.setModal(False)
         self.request = request or BuildRequest()

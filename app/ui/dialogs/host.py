@@ -9,7 +9,6 @@ answered is listed in the server list (``sig_added``) and the dialog closes.
 
 from __future__ import annotations
 
-import asyncio
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QProgressBar, QSpinBox,
@@ -27,7 +26,6 @@ class HostDialog(RunsTasks, QDialog):
         """``make_host(cfg) -> RemoteHost``: how a host is reached (a test passes its known_hosts)."""
         super().__init__(parent)
         self.setWindowTitle("Add a host")
-        self._tasks: set[asyncio.Task] = set()
         self.make_host = make_host or _default_host
         self.host = None  # the checked host's connection, handed to the server list
         self.name = QLineEdit(placeholderText="gpu-box")

@@ -47,7 +47,6 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         self._last_service = None
         self.confirm = confirm or self._ask
         self.question_box = None
-        self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self.rpc: RpcWatcher | None = None  # the RPC workers of the running profile (--rpc)
         self._rpc_reported: set[str] = set()  # rule:endpoint already in the table for this run

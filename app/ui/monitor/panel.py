@@ -27,7 +27,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea,
                                QSizePolicy, QTableView, QVBoxLayout, QWidget)
 
-from app.core.background import track
+from app.core.background import TaskGroup
 from app.core.states import ServerState
 from app.monitor.gpu import GpuHistory, GpuMonitor, GpuSnapshot
 from app.monitor.process import ProcessMonitor
@@ -81,7 +81,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         self._sampling_key: tuple[str, int | None] | None = None
         self._controller: Any = None
         self._lock: asyncio.Lock | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskGroup("the Monitor")
         self._watched_window: QWidget | None = None
         self.last_snapshot: Snapshot | None = None
         self._shown_warnings: tuple = ()
@@ -264,9 +264,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
             self._spawn(self._stop_sampling(state))
 
     def _spawn(self, coro: Any) -> None:
-        task = track(coro, f"the Monitor: {getattr(coro, '__qualname__', coro)}")  # logged with it if it fails
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.start(coro, str(getattr(coro, "__qualname__", coro)))  # logged with it if it fails
 
     def _get_lock(self) -> asyncio.Lock:
         if self._lock is None:
@@ -370,13 +368,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
     async def aclose(self) -> None:
         """Stop sampling and release the HTTP client and NVML; leaves no task behind."""
         self._closed = True
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            try:
-                await t
-            except BaseException:  # why: cancelled, or failed and logged by _on_task_done  # noqa: BLE001
-                pass
+        await self._tasks.cancel_all()
         async with self._get_lock():
             await self._stop_sampler_locked()
         if self._gpu is not None and self._own_gpu:

@@ -9,7 +9,6 @@ visible, and follows the controller's events for states at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, QTimer, Qt, Signal
@@ -39,7 +38,6 @@ class ServerListPanel(RunsTasks, QWidget):
         super().__init__(parent)
         self.controller = controller
         self.servers = ServerList([LocalServerSource(controller.service)])
-        self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._refreshing = False
         self._selecting = False

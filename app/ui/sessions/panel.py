@@ -17,7 +17,6 @@ mixed in from their own modules: the table, its filter box and the selection
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import weakref
 
@@ -88,7 +87,6 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self.slots_timer = QTimer(self)
         self.slots_timer.setInterval(SLOTS_POLL_MS)
         self.slots_timer.timeout.connect(self._on_slots_timer)
-        self._tasks: set[asyncio.Task] = set()
         self._bound: weakref.WeakSet = weakref.WeakSet()  # the session services this tab hooked
         self._closed = False
         self._build()
