@@ -89,7 +89,7 @@ def remedy_flags(profile, remedy) -> str:
 
 
 def _facts_lines(profile, facts) -> list[str]:
-    from app.core.rules import human_bytes
+    from app.core.units import fmt_bytes
 
     lines = []
     if facts.binary:
@@ -113,10 +113,10 @@ def _facts_lines(profile, facts) -> list[str]:
         lines.append("model: none set")
     if facts.save_dir:
         state = "exists" if facts.save_dir_exists else "created at launch"
-        free = f", {human_bytes(facts.save_free_bytes)} free" if facts.save_free_bytes is not None else ""
+        free = f", {fmt_bytes(facts.save_free_bytes)} free" if facts.save_free_bytes is not None else ""
         lines.append(f"slot-save folder: {facts.save_dir} ({state}{free})")
     if facts.parked_sessions:
-        typical = human_bytes(facts.typical_park_bytes) if facts.typical_park_bytes else "?"
+        typical = fmt_bytes(facts.typical_park_bytes) if facts.typical_park_bytes else "?"
         largest = f"{facts.largest_session_tokens:,}" if facts.largest_session_tokens else "?"
         lines.append(f"parked sessions: {facts.parked_sessions} (typical {typical}, largest {largest} tokens)")
     return lines

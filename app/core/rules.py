@@ -241,10 +241,6 @@ def swa_full_extra(p: LaunchProfile, facts: Facts) -> tuple[int, int] | None:
     return int(per_cell * extra_cells * layers), extra_cells
 
 
-#: the app's one size formatter (app.core.units); the old name, for the modules that import it
-human_bytes = fmt_bytes
-
-
 # -- rules --------------------------------------------------------------------------
 
 Check = Callable[[LaunchProfile, Facts], "bool | dict[str, Any]"]

@@ -3,8 +3,7 @@ status, and what the computer is about to do.
 
 They live in core so that a layer below the one that produces them (the catalog
 stores memory kinds and sidecar statuses; the window compares server states) needs
-nothing else of that layer. ``app.server.gguf_info``, ``app.server.sidecar`` and
-``app.server.supervisor`` re-export the first three under their old names.
+nothing else of that layer. Every module imports them from here (tests/unit/test_states.py).
 """
 
 from __future__ import annotations

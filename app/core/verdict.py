@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.checkpoints import CheckpointFigures
-from app.core.units import fmt_duration
 
 
 class VerdictKind(enum.StrEnum):
@@ -261,6 +260,3 @@ TIME_SAVED_HELP = ("Prefill time the resumes avoided: for each resume judged HIT
                    "A resume judged DISCARDED re-prefilled everything and adds 0. Checks and A/B runs are "
                    "measurements and add nothing.")
 
-
-#: the app's one duration formatter (app.core.units); the old name, for the modules that import it
-format_duration = fmt_duration

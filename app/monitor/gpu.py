@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
-from app.monitor.units import NA, NaType, is_na
+from app.core.units import NA, NaType, is_na
 
 __all__ = [
     "GpuSample",

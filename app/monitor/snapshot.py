@@ -24,7 +24,7 @@ from typing import Any
 from app.monitor.gpu import GpuMonitor, GpuSnapshot
 from app.monitor.process import HostSample, ProcessMonitor, ProcessSample, sample_host
 from app.monitor.slots import LastTask, RestoredSlot, SlotRow, slot_rows, slots_state_from_error
-from app.monitor.units import NA, fmt_bytes, is_na, fmt_uptime
+from app.core.units import NA, fmt_bytes, is_na, fmt_uptime
 from app.monitor.warnings import MonitorWarning, compute_warnings
 
 __all__ = [

@@ -1,8 +1,7 @@
 """Warnings computed from one snapshot (pure; duck-typed on the Snapshot).
 
 Named ``warnings`` after its role; import it as ``app.monitor.warnings``. The
-dataclass is ``MonitorWarning`` (alias ``Warning`` inside this module's API) so
-that it does not shadow the builtin where it is imported.
+dataclass is ``MonitorWarning``, so that it does not shadow the builtin where it is imported.
 """
 
 from __future__ import annotations
@@ -10,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.monitor.units import MiB, fmt_bytes, is_na
+from app.core.units import MiB, fmt_bytes, is_na
 
 __all__ = [
     "MonitorWarning",
-    "Warning",
     "compute_warnings",
     "WARNING",
     "CRITICAL",
@@ -33,9 +31,6 @@ SLOT_FILL_THRESHOLD = 0.90  # warn within 10 % of a slot's n_ctx
 class MonitorWarning:
     level: str  # WARNING or CRITICAL
     text: str
-
-
-Warning = MonitorWarning  # the name used in the design brief
 
 
 def compute_warnings(snapshot: Any) -> list[MonitorWarning]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from app.proxy.model import Cause, Explanation, Message, RequestVerdict
+from app.core.conversation import Cause, Explanation, Message, RequestVerdict
 
 #: tokens short of the expected reuse still judged a HIT (re-tokenised tail + the one token)
 SLACK = 16

@@ -38,7 +38,7 @@ from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name, recov
 from app.sessions.journal import Recovery
 from app.server.client import ServerError, ServerUnreachable
 from app.server.statefile import StateFileError, read_state_tokens
-from app.proxy.model import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
+from app.core.conversation import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
 from app.store.conversations import ConversationStore
 
 log = logging.getLogger(__name__)

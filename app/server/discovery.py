@@ -20,7 +20,7 @@ from typing import Callable
 
 from app import paths
 from app import files
-from app.paths import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (imported from here too)
+from app.paths import default_model_path
 from app.core.helptext import BinaryCaps, parse_help
 from app.core.profile import BUILT_MARKER
 from app.serverbuild.cache import find_built

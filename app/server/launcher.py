@@ -19,8 +19,8 @@ from app.core.argv import absorb_extra_args, server_env, to_argv
 from app.core.helptext import BinaryCaps, unsupported
 from app.core.profile import FieldError, LaunchProfile, ProfileError
 from app.core.profile_check import validate
-from app.server.discovery import (DiscoveryError, binary_info, build_id, default_model_path,
-                                  ensure_default_model, find_server_binary)
+from app.paths import default_model_path
+from app.server.discovery import DiscoveryError, binary_info, build_id, ensure_default_model, find_server_binary
 from app.server.supervisor import Supervisor
 
 # Cache events (checkpoints, full re-processing) are logged at trace level in build 11434.

@@ -37,7 +37,8 @@ from app.core.states import ServerState
 from app.sessions.service import ServiceError, SessionService
 from app.server.attach import AttachedServer
 from app.server.client import LlamaClient
-from app.server.discovery import DiscoveryError, binary_info, default_model_path, find_server_binary  # noqa: F401
+from app.paths import default_model_path  # noqa: F401  (the faces' seam: __all__)
+from app.server.discovery import DiscoveryError, binary_info, find_server_binary  # noqa: F401
 from app.server.launcher import (CACHE_EVENTS_VERBOSITY, LaunchPlan, make_supervisor,  # noqa: F401
                                  pid_record_path, plan_launch, resolve_api_key, slot_save_path_for)
 from app.server.outcome import Outcome

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.monitor.units import fmt_bytes
+from app.core.units import fmt_bytes
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 
 DAY_S = 86400.0

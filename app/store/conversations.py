@@ -35,7 +35,7 @@ class ConversationStoreError(Exception):
 
 
 class ProxyValues(Protocol):
-    """What the store needs of ``app.proxy.model``: the module itself satisfies it."""
+    """What the store needs of ``app.core.conversation``: the module itself satisfies it."""
 
     Conversation: Any
     Message: Any

@@ -599,7 +599,7 @@ def _pid_alive(pid: int) -> bool:
 def needs_checkpoints(profile) -> bool:
     """Whether a resume of this profile's model can only roll back to a context checkpoint
     (sliding-window without --swa-full, recurrent/hybrid): then the stock server's parks buy nothing."""
-    from app.server.discovery import default_model_path
+    from app.paths import default_model_path
     from app.core.states import MemoryKind
     from app.server.gguf_info import ModelFileError, read_model_info
 

@@ -6,7 +6,7 @@ from app.core.profile import LaunchProfile
 from app.store.profiles import ProfileStore
 from app.ui.main_window import MainWindow
 from app.ui.wiring import attach_panels
-from tests.fake_server.profiles import fake_profile  # noqa: F401  (the GUI tests take it from here too)
+from tests.fake_server.profiles import fake_profile
 
 
 def make_window(qtbot, tmp_path, *, show: bool = True, **profile_fields) -> tuple[MainWindow, LaunchProfile]:

@@ -9,7 +9,8 @@ import pytest
 from app.core.profile import LaunchProfile
 from app.server.attach import AttachedServer
 from app.server.launcher import make_supervisor, pid_record_path, plan_launch
-from app.server.supervisor import ServerState, find_leftover_server, read_pid_record
+from app.core.states import ServerState
+from app.server.supervisor import find_leftover_server, read_pid_record
 from tests.fake_server.test_supervisor_fake import FAKE, free_port
 
 

@@ -135,7 +135,7 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
         assert panel.model.records[0].last_verdict == "HIT"
         # the prefill it avoided, at the rate measured from the first fill, shows in the status bar
         assert panel.model.records[0].time_saved_s > 0
-        from app.ui.sessions.panel import COL_SAVED
+        from app.ui.sessions.model import COL_SAVED
 
         saved_cell = panel.model.index(0, COL_SAVED)
         assert panel.model.data(saved_cell) != "-" and "saved" in panel.model.data(saved_cell, Qt.ToolTipRole)

@@ -20,7 +20,8 @@ from app.core.profile import LaunchProfile
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui.main_window import MainWindow
-from app.ui.sessions.panel import COL_TOKENS, COL_VERDICT, SessionsPanel
+from app.ui.sessions.panel import SessionsPanel
+from app.ui.sessions.model import COL_TOKENS, COL_VERDICT
 from app.ui.wiring import attach_panels
 from tests.conftest import run, signal_future
 from tests.fake_server.test_gui_sessions import click, open_tab, started

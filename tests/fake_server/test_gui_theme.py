@@ -7,7 +7,7 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
 from app.ui.widgets import theme
-from app.ui.dialogs.check import HistoryChart
+from app.ui.dialogs.check_charts import HistoryChart
 from tests.fake_server.gui_helpers import make_window
 
 pytestmark = pytest.mark.gui

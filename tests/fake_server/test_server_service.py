@@ -18,7 +18,8 @@ from app import paths
 from app.core.lifecycle import StopTrigger, TargetKind
 from app.servers.service import ServerService, profile_target_id, resolve_target, url_target_id
 from app.server.launcher import pid_record_path
-from app.server.supervisor import PidRecord, ServerState, write_pid_record
+from app.core.states import ServerState
+from app.server.supervisor import PidRecord, write_pid_record
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from tests.fake_server.profiles import fake_profile

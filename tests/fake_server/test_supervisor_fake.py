@@ -13,7 +13,8 @@ import pytest
 from app.core.profile import LaunchProfile, ProfileError
 from app.server.launcher import make_supervisor, pid_record_path, plan_launch
 from app.server.outcome import Cause
-from app.server.supervisor import LaunchError, ServerState, StartFailed, find_leftover_server
+from app.core.states import ServerState
+from app.server.supervisor import LaunchError, StartFailed, find_leftover_server
 from tests.conftest import free_port
 
 FAKE = os.path.join(os.path.dirname(__file__), "fake_llama_server.py")

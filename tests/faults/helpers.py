@@ -20,9 +20,10 @@ import pytest
 from app import paths
 from app.sessions.service import SessionService
 from app.server.launcher import make_supervisor, plan_launch
-from app.server.sidecar import SidecarStatus, fnv1a64_file, inspect_sidecar
+from app.core.states import SidecarStatus
+from app.server.sidecar import fnv1a64_file, inspect_sidecar
 from app.server.statefile import read_state_header
-from app.server.supervisor import ServerState
+from app.core.states import ServerState
 from app.store.catalog import Catalog, SessionRecord
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -35,7 +35,8 @@ def _park(cat: Catalog, name: str, at: float, n_tokens: int) -> None:
 
 
 def test_clock_jumping_back_keeps_ages_and_older_than_sane(qtbot, qloop, monkeypatch):
-    from app.ui.sessions.panel import COL_AGE, COL_NAME, SessionsPanel
+    from app.ui.sessions.panel import SessionsPanel
+    from app.ui.sessions.model import COL_AGE, COL_NAME
 
     real_now = time.time()
     with Catalog(paths.catalog_path()) as cat:

@@ -14,7 +14,8 @@ import struct
 
 from hypothesis import given, strategies as st
 
-from app.server.gguf_info import MemoryKind, ModelFileError, read_model_info
+from app.core.states import MemoryKind
+from app.server.gguf_info import ModelFileError, read_model_info
 from tests.fuzz.fuzzkit import bounded_memory, outcome
 
 U32 = st.integers(0, 2**32 - 1)

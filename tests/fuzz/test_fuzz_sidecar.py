@@ -15,8 +15,8 @@ import struct
 
 from hypothesis import given, strategies as st
 
-from app.server.sidecar import (LSCKPT2_MAGIC, PKCL_MAGIC, Checkpoint, SidecarError,
-                                SidecarStatus, inspect_sidecar, read_facts, read_lsckpt2, read_pkcl)
+from app.core.states import SidecarStatus
+from app.server.sidecar import (LSCKPT2_MAGIC, PKCL_MAGIC, Checkpoint, SidecarError, inspect_sidecar, read_facts, read_lsckpt2, read_pkcl)
 from tests.fuzz.fuzzkit import bounded_memory, outcome
 
 I32 = st.integers(-(2**31), 2**31 - 1)

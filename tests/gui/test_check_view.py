@@ -12,7 +12,8 @@ from PySide6.QtGui import QImage
 from app.sessions.check import ABReport, CheckReport, ProbeRow
 from app.core.verdict import VerdictKind, judge
 from app.store.catalog import HistoryEvent
-from app.ui.dialogs.check import ABChart, CheckDialog, HistoryChart, export_png
+from app.ui.dialogs.check import CheckDialog, export_png
+from app.ui.dialogs.check_charts import ABChart, HistoryChart
 
 pytestmark = pytest.mark.gui
 

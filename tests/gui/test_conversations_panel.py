@@ -14,7 +14,7 @@ import pytest
 from PySide6.QtCore import QObject, QPoint, Qt, Signal
 
 from app.core.units import fmt_duration
-from app.proxy.model import Cause, Conversation, Explanation, RequestRecord, RequestVerdict
+from app.core.conversation import Cause, Conversation, Explanation, RequestRecord, RequestVerdict
 from app.store.conversations import ConversationStore
 from app.ui.conversations.model import (COL_HINT, COL_ID, COL_REQUESTS, COL_SAVED, COL_TOKENS, COL_USED,
                                         COL_VERDICT, COL_WHERE, RCOL_CACHE, RCOL_CONV, RCOL_PROMPT, RCOL_RESTORED,

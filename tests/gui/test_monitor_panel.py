@@ -12,7 +12,7 @@ from app.monitor.gpu import GpuMonitor
 from app.monitor.process import HostSample, ProcessSample
 from app.monitor.slots import RestoredSlot, SlotsUnavailable, slot_rows
 from app.monitor.snapshot import Snapshot
-from app.monitor.units import GiB, MiB
+from app.core.units import GiB, MiB
 from app.monitor.warnings import CRITICAL, WARNING, compute_warnings
 from app.ui.monitor.panel import FILL_ROLE, RESTORED_TOOLTIP, ROW_ROLE, MonitorPanel, SlotsTableModel
 from tests.conftest import B11434

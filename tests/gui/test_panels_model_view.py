@@ -22,7 +22,8 @@ from app.store.profiles import ProfileStore
 from app.ui.widgets import theme
 from app.ui.widgets.delegates import FillBarDelegate, VerdictDelegate
 from app.ui.monitor.panel import MonitorPanel, SlotsTableModel
-from app.ui.sessions.panel import COL_NAME, COL_TOKENS, COL_VERDICT, SessionsModel, SessionsPanel
+from app.ui.sessions.panel import SessionsPanel
+from app.ui.sessions.model import COL_NAME, COL_TOKENS, COL_VERDICT, SessionsModel
 from tests.conftest import run
 from tests.doubles.fake_nvml import two_gpus
 from tests.unit.test_sessions_scale import park_many

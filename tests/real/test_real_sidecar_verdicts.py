@@ -19,7 +19,8 @@ from app import paths
 from app.core.verdict import VerdictKind
 from app.sessions.check import ARM_BASELINE, ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT
 from app.servers.service import ServerService
-from app.server.sidecar import SidecarStatus, inspect_sidecar
+from app.core.states import SidecarStatus
+from app.server.sidecar import inspect_sidecar
 from app.server.statefile import read_state_tokens
 from app.store.catalog import Catalog
 from tests.real.helpers import TEXT

@@ -14,7 +14,8 @@ from app.core.profile import ProfileError
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
 from app.server.outcome import Cause
-from app.server.supervisor import LaunchError, ServerState, StartFailed
+from app.core.states import ServerState
+from app.server.supervisor import LaunchError, StartFailed
 
 pytestmark = pytest.mark.real_server
 

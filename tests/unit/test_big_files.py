@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from app.sessions import sidecar_check
-from app.server.sidecar import SidecarStatus
+from app.core.states import SidecarStatus
 from app.server.statefile import StateFileError, read_state_header
 
 GB25 = 2_500_000_000

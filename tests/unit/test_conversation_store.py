@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from app.proxy import model
+from app.core import conversation as model
 from app.proxy.leases import open_conversation_store
-from app.proxy.model import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
+from app.core.conversation import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
 from app.store.conversations import (
     SCHEMA_VERSION,
     ConversationStore,

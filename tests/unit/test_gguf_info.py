@@ -13,7 +13,8 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from app.server.gguf_info import MemoryKind, ModelFileError, model_sha256, read_model_info  # noqa: E402
+from app.core.states import MemoryKind  # noqa: E402
+from app.server.gguf_info import ModelFileError, model_sha256, read_model_info  # noqa: E402
 
 
 def write_gguf(path: Path, arch: str, kv: dict | None = None, name: str | None = None) -> Path:

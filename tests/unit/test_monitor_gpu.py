@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from app.monitor.gpu import GpuHistory, GpuMonitor, GpuSample, GpuSnapshot, nvml_query
-from app.monitor.units import NA, GiB, MiB, fmt_bytes, fmt_mib, is_na
+from app.core.units import NA, GiB, MiB, fmt_bytes, fmt_mib, is_na
 from tests.doubles.fake_nvml import (
     CHILD_PID,
     NVML_ERROR_DRIVER_NOT_LOADED,

@@ -21,7 +21,7 @@ from app.monitor.snapshot import (
     snapshot_to_dict,
     take_snapshot,
 )
-from app.monitor.units import GiB, MiB
+from app.core.units import GiB, MiB
 from app.monitor.warnings import CRITICAL, WARNING, compute_warnings
 from tests.doubles.fake_nvml import FakeNvml, two_gpus
 

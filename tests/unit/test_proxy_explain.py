@@ -8,7 +8,7 @@ import pytest
 
 from app.proxy.explain import SlotContext, explain, explain_messages, first_divergent_token, judge
 from app.proxy.identity import chain, normalise
-from app.proxy.model import Cause, Message, RequestVerdict
+from app.core.conversation import Cause, Message, RequestVerdict
 
 V = RequestVerdict
 

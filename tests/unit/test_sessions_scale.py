@@ -18,7 +18,8 @@ from app.cli import main as cli_main
 from app.sessions import sidecar_check
 from app.sessions.records import (DAY_S, delete_older_than, delete_session, describe_usage, disk_usage,
                                list_sessions, older_than, usage_of)
-from app.server.sidecar import Checkpoint, SidecarStatus, write_pkcl
+from app.core.states import SidecarStatus
+from app.server.sidecar import Checkpoint, write_pkcl
 from app.server.statefile import write_state_file
 from app.store.catalog import Catalog, SessionRecord
 

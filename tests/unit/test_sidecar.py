@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from app.core.states import SidecarStatus
 from app.server.sidecar import (
     Checkpoint,
     SidecarError,
-    SidecarStatus,
     appended_checkpoints,
     inspect_sidecar,
     read_lsckpt2,

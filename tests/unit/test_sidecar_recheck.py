@@ -7,7 +7,7 @@ import struct
 from app import paths
 from app.cli import main as cli_main
 from app.sessions.records import get_session, list_sessions
-from app.server.sidecar import SidecarStatus
+from app.core.states import SidecarStatus
 from app.store.catalog import Catalog, SessionRecord
 from tests.unit.test_sidecar import V2_CPS, fnv1a, write_v2
 

@@ -1,18 +1,21 @@
-"""The shared enums live in app.core.states; their old modules hand out the same classes."""
+"""The shared enums live in app.core.states, and are taken from there."""
 
 from __future__ import annotations
 
 from app.core import states
 
 
-def test_the_old_places_re_export_the_core_enums():
-    from app.server.gguf_info import MemoryKind
-    from app.server.sidecar import SidecarStatus
-    from app.server.supervisor import ServerState
+def test_the_shared_enums_are_imported_from_core_only():
+    """No module takes them from the server modules that used to define them (no old import path)."""
+    import re
+    from pathlib import Path
 
-    assert MemoryKind is states.MemoryKind
-    assert SidecarStatus is states.SidecarStatus
-    assert ServerState is states.ServerState
+    root = Path(__file__).resolve().parents[2]
+    old = re.compile(r"from app\.server\.(supervisor|sidecar|gguf_info) import (\([^)]*|[^\n]*)"
+                     r"\b(ServerState|SidecarStatus|MemoryKind)\b")
+    offenders = [str(p.relative_to(root)) for d in ("app", "tests") for p in (root / d).rglob("*.py")
+                 if old.search(p.read_text(encoding="utf-8"))]
+    assert offenders == []
 
 
 def test_values_are_unchanged():

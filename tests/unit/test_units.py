@@ -32,12 +32,14 @@ def test_fmt_duration(seconds, text):
     assert fmt_duration(seconds) == text
 
 
-def test_the_old_names_are_the_one_formatter():
-    from app.core import rules, verdict
-    from app.monitor import units
+def test_one_formatter_under_one_name():
+    """No second name for the formatters (the old ``human_bytes``, ``format_duration``, app.monitor.units)."""
+    import importlib.util
 
-    assert rules.human_bytes is fmt_bytes and units.fmt_bytes is fmt_bytes
-    assert verdict.format_duration is fmt_duration and units.fmt_duration is fmt_duration
+    from app.core import rules, verdict
+
+    assert not hasattr(rules, "human_bytes") and not hasattr(verdict, "format_duration")
+    assert importlib.util.find_spec("app.monitor.units") is None and importlib.util.find_spec("app.proxy.model") is None
 
 
 def test_a_sessions_size_and_time_saved_read_the_same_in_the_window_and_the_cli(qapp):
@@ -45,7 +47,7 @@ def test_a_sessions_size_and_time_saved_read_the_same_in_the_window_and_the_cli(
 
     from app.cli.sessions import list_line
     from app.store.catalog import SessionRecord
-    from app.ui.sessions.panel import COL_SAVED, COL_SIZE, SessionsModel
+    from app.ui.sessions.model import COL_SAVED, COL_SIZE, SessionsModel
 
     rec = SessionRecord(id=1, name="chat", profile="p", state_file="chat.bin", save_dir="/x",
                         state_size=41 * MiB + 123_456, sidecar_size=7 * MiB, n_tokens=4096,

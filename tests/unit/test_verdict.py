@@ -8,7 +8,7 @@ from app.core.checkpoints import CheckpointFigures
 from app.core.verdict import VerdictKind, judge, worst
 from app.sessions.watch import ResumeWatcher, judge_from_completion
 from app.server.logparse import parse_line
-from app.server.sidecar import SidecarStatus
+from app.core.states import SidecarStatus
 from tests.conftest import B11434, SIDECAR_BUILD
 
 # -- rules ---------------------------------------------------------------------

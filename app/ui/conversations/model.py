@@ -1,6 +1,6 @@
 """The Conversations tab's models: the conversations the proxy knows, and the requests of one.
 
-:class:`ConversationsModel` holds one row per :class:`~app.proxy.model.Conversation`;
+:class:`ConversationsModel` holds one row per :class:`~app.core.conversation.Conversation`;
 :meth:`ConversationsModel.set_conversations` merges a new list in by id (changed rows
 repainted, new ones inserted, gone ones removed: no reset, so the selection and the
 scroll position stay). :class:`ShownConversations` is the
@@ -8,7 +8,7 @@ scroll position stay). :class:`ShownConversations` is the
 (``FILTER_ROLE``, as the Sessions table's) and sorted by the
 clicked header (``SORT_ROLE``: numbers as numbers).
 
-:class:`RequestsModel` lists :class:`~app.proxy.model.RequestRecord` s in time order:
+:class:`RequestsModel` lists :class:`~app.core.conversation.RequestRecord` s in time order:
 one conversation's, or one slot's timeline (every conversation's requests on that slot).
 The verdict columns give their verdict in ``VERDICT_ROLE`` for the verdict delegate.
 """
@@ -21,7 +21,7 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
 
 from app.core.units import fmt_duration
-from app.proxy.model import Conversation, RequestRecord, RequestVerdict
+from app.core.conversation import Conversation, RequestRecord, RequestVerdict
 from app.ui.sessions.model import _age
 
 COLUMNS = ["Conversation", "Client id", "Last verdict", "Tokens", "Where", "Requests", "Time saved", "Last used"]

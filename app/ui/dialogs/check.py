@@ -4,7 +4,7 @@
   buttons (Markdown, CSV, JSON, PNG).
 * :func:`export_png`: the chart of a report rendered offscreen to a PNG file.
 * The charts, :class:`ABChart` and :class:`HistoryChart`, are drawn in
-  :mod:`app.ui.dialogs.check_charts` (re-exported here).
+  :mod:`app.ui.dialogs.check_charts`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ from PySide6.QtWidgets import (QApplication, QDialog, QFileDialog, QHBoxLayout, 
 from app.sessions.check import ABReport, CheckReport, to_csv, to_json, to_markdown
 from app.ui.widgets import theme
 from app.ui.widgets.delegates import VerdictDelegate
-# the charts and their formatters were defined here: importable from here as before (__all__)
-from app.ui.dialogs.check_charts import ABChart, Chart, HistoryChart, _ab_of, _rows_of, fmt_ms, fmt_ratio, verdict_color
+from app.ui.dialogs.check_charts import ABChart, HistoryChart, _ab_of, _rows_of, verdict_color
 
-__all__ = ["CheckDialog", "export_png", "COLUMNS", "ABChart", "Chart", "HistoryChart", "fmt_ms", "fmt_ratio",
-           "verdict_color"]
 
 COLUMNS = ["run", "restore ms", "prompt ms", "prompt_n", "cache_n", "TTFT ms", "checkpoints", "verdict"]
 

@@ -24,7 +24,7 @@ from app.core.background import track
 from app.tools.loadcheck import (MAX_SECONDS, MAX_STREAMS, MIN_SECONDS, LoadCheckError, LoadReport, check_loopback,
                                 fmt_ms, gap_series, run_load_check)
 from app.ui.widgets import theme
-from app.ui.dialogs.check import Chart
+from app.ui.dialogs.check_charts import Chart
 from app.ui.widgets.theme import colour, stream_colour
 
 log = logging.getLogger(__name__)

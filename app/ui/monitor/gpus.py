@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QFrame, QGridLayout, QGroupBox, QHBoxLayout, QLab
                                QVBoxLayout, QWidget)
 
 from app.monitor.gpu import GpuHistory, GpuSample, GpuSnapshot
-from app.monitor.units import fmt_bytes, is_na
+from app.core.units import fmt_bytes, is_na
 from app.ui.widgets import theme
 from app.ui.widgets.theme import colour
 from app.ui.widgets.common import set_bar, set_style, set_text, set_visible

@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QProgressBar, QWidget
 
 from app.monitor.process import HostSample, ProcessSample
-from app.monitor.units import MiB, fmt_bytes, fmt_uptime
+from app.core.units import MiB, fmt_bytes, fmt_uptime
 from app.ui.widgets import theme
 from app.ui.sessions.slots_model import _num
 from app.ui.widgets.common import set_bar, set_text, set_visible

@@ -33,25 +33,12 @@ from app.ui.widgets.questions import AsksQuestions
 from app.ui.sessions.actions import SessionActions
 from app.ui.sessions.cleanup import SessionCleanup
 from app.ui.sessions.dialogs import answer, chosen_folder, folder_dialog
-# re-exported (__all__): the model, its columns and roles were defined here
-from app.ui.sessions.model import (COL_AGE, COL_MODEL, COL_NAME, COL_RESTORE, COL_SAVED, COL_SIDECAR,
-                                   COL_SIZE, COL_TOKENS, COL_VERDICT, COLUMNS, FILTER_ROLE, FIRST_CLICK_ORDER,
-                                   SIDECAR_HELP, SORT_ROLE, VERDICT_ROLE, SessionsModel, ShownSessions, _age, _Row,
-                                   _size, _when, filter_pattern)
 from app.ui.sessions.table import SessionsTable
 from app.ui.sessions.slot_chooser import SlotChooser
 from app.ui.widgets.tasks import RunsTasks
 from app.ui.widgets.common import wrapping_label
-from app.ui.widgets.common import wrapping_label as _wrapping_label  # was defined here
 
 log = logging.getLogger(__name__)
-
-__all__ = ["SessionsPanel", "SLOTS_POLL_MS",
-           # defined in app.ui.sessions.model (and app.ui.widgets.common), importable from here as before
-           "SessionsModel", "ShownSessions", "filter_pattern", "SIDECAR_HELP", "COLUMNS", "COL_NAME", "COL_MODEL",
-           "COL_TOKENS", "COL_SIZE", "COL_AGE", "COL_SIDECAR", "COL_RESTORE", "COL_SAVED", "COL_VERDICT",
-           "FIRST_CLICK_ORDER", "SORT_ROLE", "FILTER_ROLE", "VERDICT_ROLE", "_Row", "_age", "_size", "_when",
-           "_wrapping_label"]
 
 SLOTS_POLL_MS = 2000
 
