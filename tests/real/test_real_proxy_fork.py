@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.conversation import Cause, RequestVerdict
+from app.core.conversation import Cause
+
+from app.core.verdict import VerdictKind
 from app.proxy.explain import SLACK
 from app.server.sidecar import read_facts
 from tests.conftest import free_port
@@ -62,7 +64,7 @@ def test_fork_conversations_after_restarts_are_judged_as_the_fork_behaves(fork_p
         # -- server 1: A, B, C over two slots; A comes back from its park (PKCL v1 sidecar loaded)
         async with Proxied(fork_profile) as p:
             first, back_a, _ = await rotate(p)
-            assert back_a.verdict is RequestVerdict.HIT, back_a
+            assert back_a.verdict is VerdictKind.HIT, back_a
             assert p.proxy._backend.checkpoints_loaded[back_a.slot] is True  # predicted: the fork loads it
             report = await p.stop()  # park every conversation before the restart
             assert report.stopped and report.complete
@@ -81,7 +83,7 @@ def test_fork_conversations_after_restarts_are_judged_as_the_fork_behaves(fork_p
             _, rc = await p2.ask(msgs["C"])
             for rec, name in ((rb, "B"), (rc, "C")):
                 assert rec.conversation == convs[name] and rec.restored_from == f"proxy-{convs[name]}", rec
-                assert rec.verdict is RequestVerdict.HIT, rec
+                assert rec.verdict is VerdictKind.HIT, rec
                 assert rec.cache_n >= rec.expected_reuse - SLACK and rec.prompt_n < 100, rec  # a small delta
                 assert p2.proxy._backend.checkpoints_loaded[rec.slot] is True
             assert any("restored" in line and "context checkpoints from sidecar" in line for line in log_since(p2, 0))
@@ -92,7 +94,7 @@ def test_fork_conversations_after_restarts_are_judged_as_the_fork_behaves(fork_p
             assert ra.conversation == convs["A"] and ra.slot == rb.slot, ra
             assert ra.restored_from is None, ra
             assert not any("restored context checkpoint" in line for line in log_since(p2, seq)), log_since(p2, seq)
-            assert ra.verdict is RequestVerdict.MISS and ra.prompt_n >= ra.expected_reuse - SLACK, ra
+            assert ra.verdict is VerdictKind.MISS and ra.prompt_n >= ra.expected_reuse - SLACK, ra
             assert ra.explanation is not None and ra.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS, ra
             assert "did not restore it" in ra.explanation.detail, ra.explanation
             assert f"session 'proxy-{convs['B']}'" in ra.explanation.detail, ra.explanation
@@ -112,7 +114,7 @@ def test_fork_conversations_after_restarts_are_judged_as_the_fork_behaves(fork_p
             assert p3.proxy._backend.checkpoints_loaded[ra3.slot] is False
             assert p3.proxy._backend.hazards[ra3.slot] is None  # no other chat's checkpoints in that slot
             assert any("created context checkpoint" in line and "task -1" in line for line in log_since(p3, seq))
-            assert ra3.verdict is RequestVerdict.MISS and ra3.cache_n <= SLACK, ra3
+            assert ra3.verdict is VerdictKind.MISS and ra3.cache_n <= SLACK, ra3
             assert ra3.prompt_n >= ra3.expected_reuse - SLACK, ra3  # everything processed again
             assert ra3.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS, ra3.explanation
             assert "kept from another chat" not in ra3.explanation.detail
