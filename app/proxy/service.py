@@ -385,8 +385,12 @@ class ProxyService:
             self._save(conv)
             return
         expected = p.expected_reuse if not lease.restore_failed else 0
-        verdict = judge(Reuse(p.expected_reuse, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms,
-                                 restored=bool(lease.restored_from), new=p.new)).kind
+        # a request after a restore is judged against what the restore brought, as the resume watcher
+        # judges the same query for the Sessions tab: one event, one verdict (a failed restore brought nothing)
+        restored = bool(lease.restored_from) and not lease.restore_failed
+        reusable = (lease.slot_context.restored_tokens if restored else 0) or p.expected_reuse
+        verdict = judge(Reuse(reusable, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, restored=restored,
+                              new=p.new)).kind
         ctx_slot = explain_mod.SlotContext(
             # a conversation brought back from its park: what counts is what the restore brought
             taken_by=None if lease.restored_from else lease.taken_by,

@@ -119,8 +119,10 @@ async def test_a_chat_on_a_server_without_apply_template_keeps_the_message_expla
     monkeypatch.setenv("FAKE_SIDECAR", "1")
     async with Proxied(fake_profile(tmp_path).replace(proxy=True)) as p:
         # the client names its chat: an edited earlier message stays the same conversation (not a fork)
-        reply, _ = await p.ask(chat(system("A"), "hello", "x", "first question"), user="chat-1")
-        _, edited = await p.ask(chat(system("A"), "hello", "y", "first question", reply, "next"), user="chat-1")
+        question = "first question " + " ".join(f"w{i}" for i in range(100))  # past the tolerance after the edit
+        reply, _ = await p.ask(chat(system("A"), "hello", "x", question), user="chat-1")
+        _, edited = await p.ask(chat(system("A"), "hello", "y", question, reply, "next"), user="chat-1")
+        assert edited.verdict is VerdictKind.PARTIAL, edited
         assert edited.explanation.cause is Cause.EARLIER_MESSAGE_EDITED
         await p.proxy.settle()
         [stored, _] = p.proxy.store.requests(edited.conversation)
