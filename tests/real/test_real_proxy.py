@@ -3,7 +3,7 @@ conversations than slots rotate through their parks, every request is judged fro
 own timings, and a conversation comes back after the server (and the app) restarted.
 
 The stock llama-server keeps no context checkpoints across a restore, so on Gemma 3 (SWA) a
-conversation restored from its park re-processes its prompt: MISS, and the proxy says why. The
+conversation restored from its park re-processes its prompt: DISCARDED, and the proxy says why. The
 sidecar-writing build (v2) brings them back: the same conversation is a HIT."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from app.core.conversation import Cause
 
-from app.core.verdict import VerdictKind
+from app.core.verdict import VerdictKind, tolerance
 from app.servers.service import ServerService
 from app.proxy.service import ProxyFront
 from app.servers.launch import launch_profile
@@ -91,10 +91,10 @@ def test_conversations_rotate_through_their_parks_on_the_stock_server(real_profi
         async with Proxied(real_profile.replace(proxy=True)) as p:
             first, back, c_again = await rotate(p)
             # the stock build restored the tokens but not the checkpoints: Gemma's SWA re-processed
-            assert back.verdict is VerdictKind.MISS, back
+            assert back.verdict is VerdictKind.DISCARDED, back  # as the Sessions tab says of its park
             assert back.explanation is not None and back.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS
             assert c_again.verdict is VerdictKind.HIT, c_again  # C stayed in its slot (B went)
-            assert c_again.cache_n >= c_again.expected_reuse - 16
+            assert c_again.cache_n >= c_again.expected_reuse - tolerance(c_again.expected_reuse)
             convs = {c.id: c for c in p.proxy.list()}
             assert len(convs) == 3 and convs[back.conversation].requests == 2
 

@@ -29,7 +29,7 @@ import pytest
 
 from app import settings
 from app.core.conversation import Cause
-from app.core.verdict import VerdictKind
+from app.core.verdict import VerdictKind, tolerance
 from app.proxy.leases import SlotState
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
@@ -139,7 +139,7 @@ def test_idle_slot_clearing_on_the_stock_server(real_profile):
             reply_a2, back = await p.ask(turn(SYSTEMS["A"], ("What is the first word?", reply_a),
                                               question="And the second?"))
             assert back.conversation == conv_a.id and back.restored_from == conv_a.parked_as, back
-            assert back.verdict is VerdictKind.MISS, back
+            assert back.verdict is VerdictKind.DISCARDED, back
             assert back.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS, back.explanation
 
             p.proxy.apply_settings(settings.Settings(proxy_save_before_idle_clear=False))
@@ -151,7 +151,7 @@ def test_idle_slot_clearing_on_the_stock_server(real_profile):
             assert again.conversation == conv_a.id and again.restored_from is None, again
             assert again.slot == rec_c.slot and p.proxy.leases.ram_chosen == 1
             assert again.verdict is VerdictKind.HIT, again  # loaded from the server's RAM cache
-            assert again.cache_n >= again.expected_reuse - 16
+            assert again.cache_n >= again.expected_reuse - tolerance(again.expected_reuse)
 
     asyncio.run(go())
 
