@@ -223,3 +223,16 @@ def test_threads_share_one_store(store):
     for t in threads:
         t.join()
     assert errors == [] and len(store.requests("a")) == 80
+
+
+def test_every_verdict_word_stored_reads_back_as_itself_and_an_unknown_one_as_unknown(store, path):
+    """The proxy's words (HIT, PARTIAL, MISS, NEW) were stored before the one judge; DISCARDED and
+    UNKNOWN since: all read back, and a word a later version might write reads as UNKNOWN."""
+    store.save(full_conversation(last_verdict=VerdictKind.DISCARDED), "gemma")
+    for i, kind in enumerate(VerdictKind):
+        store.add_request("conv-1", record(float(i), verdict=kind))
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE requests SET verdict = 'SOMETHING NEW' WHERE at = 0.0")
+    assert store.get("conv-1").last_verdict is VerdictKind.DISCARDED
+    read = {r.at: r.verdict for r in store.requests("conv-1")}
+    assert [read[float(i)] for i in range(len(VerdictKind))] == [VerdictKind.UNKNOWN, *list(VerdictKind)[1:]]
