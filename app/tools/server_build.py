@@ -238,12 +238,15 @@ async def build_server(request: BuildRequest = BuildRequest(), on_progress: Prog
     if not version:
         raise BuildError("download", f"cannot tell which {PACKAGE} version to build: it is not installed for "
                                      f"{sys.executable}")
-    if request.cached_only:
+    if request.cached_only or (sdist is None and not request.force):
+        # A release's sdist never changes on PyPI: a build of this version with this very patch and
+        # these options is the build asked for, so it answers at once, with no 37 MB download first.
         found = await cached_build(version, patch_sha, options, root)
-        if found is None:
+        if found is not None:
+            return _finish(found, request, patch_sha, emit)
+        if request.cached_only:
             raise BuildError("download", "not built yet (for this version, patch and options): "
                                          "run kv-valet build-server")
-        return _finish(found, request, patch_sha, emit)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -97,6 +97,28 @@ async def test_a_second_build_is_a_cache_hit(fake):
         await build_server(BuildRequest(version="9.9.9", patch=patch, cached_only=True))
 
 
+async def test_a_built_version_answers_at_once_without_fetching_the_sdist(fake, monkeypatch):
+    """`kv-valet build-server` and the window's Build button: a version already built with this patch
+    and these options is found in the cache before any download (the sdist of a release never changes)."""
+    from app.tools import server_build
+
+    sdist, patch = fake
+    first = await build_server(request(sdist, patch))
+    fetched: list[str] = []
+
+    async def no_download(version, dest, emit, tail):
+        fetched.append(version)
+        return None
+
+    monkeypatch.setattr(server_build, "_download", no_download)
+    events: list[BuildProgress] = []
+    again = await build_server(BuildRequest(version="1.0.0", patch=patch), events.append)
+    assert again.cached and again.binary == first.binary and steps(events) == ["cached"] and fetched == []
+    with pytest.raises(BuildError, match="could not fetch"):  # another version is not in the cache: fetched
+        await build_server(BuildRequest(version="2.0.0", patch=patch))
+    assert fetched == ["2.0.0"]
+
+
 async def test_cancel_mid_compile_leaves_no_entry_and_no_process(fake):
     sdist, patch = fake
     options = BuildOptions(extra=("-DFAKE_HANG=ON",))  # the link never ends: the cancel is always mid-build
