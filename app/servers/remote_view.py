@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from app.core.states import Health, ServerState, health_text
 from app.monitor.slots import SlotRow
 from app.store.catalog import SessionRecord
 
@@ -74,10 +75,10 @@ def slot_rows_of(status: dict) -> list[SlotRow]:
 
 def status_line(host: str, profile: str, status: dict) -> str:
     """One line of what a host's server does now: health, slots in use, VRAM per GPU."""
-    health = str(status.get("health") or "not running")
+    health, why = Health.parse(status.get("health"))
     slots = [s for s in status.get("slots") or () if isinstance(s, dict)]
     held = sum(1 for s in slots if s.get("busy") or (s.get("tokens_held") or 0) > 0)
-    parts = [f"'{profile}' on {host}: {'Ready' if health == 'ok' else health}"]
+    parts = [f"'{profile}' on {host}: {'Ready' if health is Health.OK else health_text(health, why)}"]
     if slots:
         parts.append(f"{held} / {len(slots)} slots in use")
     gpus = (status.get("gpu") or {}).get("gpus") or ()
@@ -90,16 +91,12 @@ def status_line(host: str, profile: str, status: dict) -> str:
     return " · ".join(parts)
 
 
-def remote_state(status: dict | None, row_state) -> "ServerState":
+def remote_state(status: dict | None, row_state) -> ServerState:
     """The state of a host's server: Ready when its ``status --json`` says health ok, Loading
     while it loads, else Stopped; ``row_state`` (the server list's) until the host answered."""
-    from app.core.states import ServerState
-
     if not status:
         return row_state
-    health = str(status.get("health") or "")
-    return ServerState.READY if health == "ok" else ServerState.LOADING if health == "loading" else \
-        ServerState.STOPPED
+    return Health.parse(status.get("health"))[0].state()
 
 
 def state_text(state, host: str) -> str:
@@ -125,7 +122,8 @@ def snapshot_of(status: dict, *, host: str, profile: str, taken_at: float):
     h = status.get("host") if isinstance(status.get("host"), dict) else {}
     warnings = tuple(MonitorWarning(**_known(MonitorWarning, w)) for w in status.get("warnings") or ()
                      if isinstance(w, dict))
-    return Snapshot(taken_at=taken_at, url=f"{profile} on {host}", health=str(status.get("health") or "not running"),
+    health, why = Health.parse(status.get("health"))
+    return Snapshot(taken_at=taken_at, url=f"{profile} on {host}", health=health, health_detail=why,
                     slots=tuple(slot_rows_of(status)), slots_error=status.get("slots_error"), gpu=gpu, process=proc,
                     host=HostSample(h.get("ram_total"), h.get("ram_used"), h.get("ram_available")),
                     cache_ram_mib=status.get("cache_ram_mib"), warnings=warnings, error=status.get("error"))

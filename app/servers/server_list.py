@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
-from app.core.states import ServerState
+from app.core.states import Health, ServerState, health_text
 from app.core.units import fmt_bytes, fmt_pct, is_na
 from app.monitor.gpu import NO_GPU_PREFIX, GpuMonitor, GpuSnapshot
 from app.monitor.process import ProcessMonitor
@@ -296,9 +296,8 @@ def remote_row(host: str, entry: dict) -> ServerRow:
     profile = dict(entry.get("profile") or {})
     st = dict(entry.get("status") or {})
     name = str(profile.get("name") or "?")
-    health = str(st.get("health") or "")
-    state = (ServerState.READY if health == "ok" else ServerState.LOADING if health == "loading"
-             else ServerState.STOPPED)
+    health, why = Health.parse(st.get("health"))
+    state = health.state()
     slots = None
     if isinstance(st.get("slots"), list) and state is ServerState.READY and not st.get("slots_error"):
         rows = st["slots"]
@@ -311,7 +310,7 @@ def remote_row(host: str, entry: dict) -> ServerRow:
     process = (ProcessUse(int(p["pid"]), p.get("rss"), p.get("cpu_pct"))
                if isinstance(p, dict) and p.get("alive") and p.get("pid") is not None else None)
     return ServerRow(f"{host}:{name}", name, state, "remote", host, str(st.get("url") or profile.get("url") or ""),
-                     "" if state is not ServerState.STOPPED else (health or "not running"), name, slots,
+                     "" if state is not ServerState.STOPPED else health_text(health, why), name, slots,
                      st.get("slots_error") if state is ServerState.READY else None, gpus,
                      "" if gpus else str(gpu.get("message") or ""), process)
 

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from app.core.states import Health
 from app.core.profile import LaunchProfile
 from app.monitor.gpu import GpuMonitor
 from app.monitor.slots import RestoredSlot
@@ -64,7 +65,7 @@ def test_wiring_adds_a_monitor_tab_that_follows_the_controller(window, qloop, pr
     window.tabs.setCurrentWidget(panel)
     window.show()
 
-    first = signal_future(panel.sig_snapshot, lambda s: s.health == "ok")
+    first = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK)
     assert run(qloop, window.controller.start_async(profile)) is True
     snap = run(qloop, first)
     assert snap.url == window.controller.url
@@ -91,7 +92,7 @@ def test_slot_busy_then_idle_and_paused_while_hidden(window, qloop, profile, mon
     window.show()
 
     sampling = signal_future(panel.sig_sampling, lambda on: on is True)
-    idle = signal_future(panel.sig_snapshot, lambda s: s.health == "ok" and len(s.slots) == 2)
+    idle = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK and len(s.slots) == 2)
     assert run(qloop, window.controller.start_async(profile)) is True
     run(qloop, sampling)
     snap = run(qloop, idle)
@@ -165,7 +166,7 @@ def test_no_slots_server_shows_the_reason(window, qloop, profile):
     window.add_panel(panel, "Monitor")
     window.tabs.setCurrentWidget(panel)
     window.show()
-    got = signal_future(panel.sig_snapshot, lambda s: s.health == "ok")
+    got = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK)
     assert run(qloop, window.controller.start_async(profile.replace(slots_endpoint=False))) is True
     assert "--no-slots" in window.controller.plan.argv
     snap = run(qloop, got)

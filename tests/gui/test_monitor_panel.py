@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from app.core.states import Health
 from app.monitor.gpu import GpuMonitor
 from app.monitor.process import HostSample, ProcessSample
 from app.monitor.slots import RestoredSlot, SlotsUnavailable, slot_rows
@@ -34,7 +35,7 @@ def make_snapshot(*, slots_json=SLOTS_AFTER_TASK, restored=None, gpu=None, slots
     snap = Snapshot(
         taken_at=time.time() if taken_at is None else taken_at,
         url="http://127.0.0.1:8080",
-        health="ok",
+        health=Health.OK,
         slots=() if slots_error else tuple(slot_rows(slots_json, restored or {})),
         slots_error=slots_error,
         gpu=gpu,

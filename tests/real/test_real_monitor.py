@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from app.core.states import Health
 from app.core.profile import LaunchProfile
 from app.server.client import LlamaClient
 from app.server.launcher import make_supervisor, plan_launch
@@ -52,7 +53,7 @@ def test_slot_table_follows_a_real_completion(real_binary, real_model, tmp_path,
     seen = []
     panel.sig_snapshot.connect(seen.append)
     try:
-        first = signal_future(panel.sig_snapshot, lambda s: s.health == "ok" and len(s.slots) == 2)
+        first = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK and len(s.slots) == 2)
         run(qloop, sup.start())
         snap = run(qloop, first)
         assert snap.process is not None and snap.process.pid == sup.pid and snap.process.alive

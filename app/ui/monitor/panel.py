@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFrame, QHBoxLayout, QHeaderVi
                                QSizePolicy, QTableView, QVBoxLayout, QWidget)
 
 from app.core.background import track
-from app.core.states import ServerState
+from app.core.states import Health, ServerState
 from app.monitor.gpu import GpuHistory, GpuMonitor, GpuSnapshot
 from app.monitor.process import ProcessMonitor
 from app.monitor.sampler import Sampler
@@ -46,6 +46,9 @@ from app.ui.widgets.common import set_text as _set_text
 from app.ui.widgets.common import set_visible as _set_visible
 
 log = logging.getLogger(__name__)
+
+#: app.ui.widgets.theme roles of a server's health (any other: "crit")
+HEALTH_ROLES = {Health.OK: "ok", Health.LOADING: "warn", Health.NOT_RUNNING: "muted"}
 
 __all__ = ["SlotsTableModel", "GpuHistoryChart", "GpuCard", "MonitorPanel", "RESTORED_TOOLTIP", "FILL_ROLE",
            "ROW_ROLE", "FillBarDelegate"]
@@ -199,9 +202,8 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         """Show one snapshot (public: tests feed synthetic ones) and emit sig_snapshot."""
         self.last_snapshot = snap
         when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
-        health = snap.health
-        colour_ = theme.hex_of("ok" if health == "ok" else "warn" if health == "loading" else "crit")
-        _set_text(self.status_label, f"{snap.url or 'server'} · health <b style='color:{colour_}'>{health}</b> · "
+        colour_ = theme.hex_of(HEALTH_ROLES.get(snap.health, "crit"))
+        _set_text(self.status_label, f"{snap.url or 'server'} · health <b style='color:{colour_}'>{snap.health_text}</b> · "
                                      f"sampled {when}")
         self._apply_warnings(snap)
         self._apply_slots(snap)
@@ -294,12 +296,8 @@ class MonitorPanel(PausesWhenHidden, QWidget):
             gpu = self._gpu
             proc = ProcessMonitor(pid) if pid else None
 
-            async def fetch_health() -> Any:
-                h = await client.health()
-                return "ok" if h.ok else "loading" if h.loading else f"unreachable: {h.message}"
-
             async def take() -> Snapshot:
-                return await take_snapshot(fetch_health, client.slots, gpu, proc, dict(self.restored),
+                return await take_snapshot(client.health, client.slots, gpu, proc, dict(self.restored),
                                            cache_ram, url, last_tasks=dict(self.last_tasks))
 
             self._sampling_key = key
