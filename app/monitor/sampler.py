@@ -109,6 +109,14 @@ class Sampler:
         except Exception:
             log.exception("sampler task ended with an error")
 
+    async def run(self) -> None:
+        """Tick until cancelled, then stop: for a caller whose own task owns the sampler's life."""
+        self.start()
+        try:
+            await asyncio.wait({self._task})
+        finally:
+            await self.stop()
+
     def pause(self) -> None:
         self._running.clear()
 

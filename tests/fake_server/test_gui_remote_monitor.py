@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from app.servers import remote_view as rv_jobs
+from app.servers import remote_sessions as rv_jobs
 from app.servers.server_list import RemoteServerSource
 from app.ui.servers import remote_view
 from tests.conftest import signal_future
