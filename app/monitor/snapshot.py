@@ -36,6 +36,7 @@ __all__ = [
     "health_from_error",
     "format_snapshot",
     "snapshot_to_dict",
+    "summary",
 ]
 
 log = logging.getLogger(__name__)
@@ -252,6 +253,20 @@ async def take_snapshot(
         log.exception("compute_warnings failed")
         warnings = ()
     return dataclasses.replace(snap, warnings=warnings)
+
+
+def summary(s: Snapshot) -> str:
+    """One short line of a snapshot for the status bar: health, slots in use, VRAM per GPU."""
+    parts = [s.health_text if s.health is not Health.OK else "health ok"]
+    if s.slots:
+        held = sum(1 for r in s.slots if r.busy or (r.tokens_held or 0) > 0)
+        parts.append(f"{held} / {len(s.slots)} slots in use")
+    for g in s.gpu.gpus:
+        if g.lost:
+            parts.append(f"GPU{g.index} lost")
+        elif not is_na(g.mem_used) and not is_na(g.mem_total) and g.mem_total:
+            parts.append(f"GPU{g.index} {g.mem_used / 2**30:.1f}/{g.mem_total / 2**30:.1f} GiB")
+    return " · ".join(parts)
 
 
 def error_snapshot(url: str, exc: BaseException | str, cache_ram_mib: int | None = None) -> Snapshot:

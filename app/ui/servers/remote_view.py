@@ -87,6 +87,9 @@ class RemoteView(QObject):
         if remote is not self.shown:
             return
         self.show_state()
+        if remote.loaded:
+            self.window.snapshot_label.show_snapshot(rs.snapshot_of(remote.status, host=remote.host,
+                                                                    profile=remote.profile_name, taken_at=time.time()))
         if remote.listings > self._listed:
             self._listed = remote.listings
             clicked, self._clicked = self._clicked, None
@@ -133,6 +136,7 @@ class RemoteView(QObject):
                 self.monitor.clear_shown(snap.error)
             else:
                 self.monitor.apply_snapshot(snap)
+            self.window.snapshot_label.show_snapshot(snap)
             self.sig_monitor.emit(remote.target_id)
 
         self.sampler = Sampler(take, on_snapshot=shown, interval=MONITOR_EVERY_S, busy_interval=MONITOR_EVERY_S,

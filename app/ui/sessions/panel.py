@@ -264,6 +264,7 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         if not self._closed:
             self.refresh()
             self._set_connected(self.sessions is not None)  # a host's server may have started or stopped
+            self.spawn(self._read_slots())  # the slots as they are after the change (a park, a host's answer)
             self.sig_changed.emit()
 
     # -- the slot chooser follows the live /slots ---------------------------

@@ -96,7 +96,7 @@ class SessionsTable:
         """PKCL v2 sidecars: hash their state files off the GUI thread, once per change."""
         from app.sessions.sidecar_check import needs_hash
 
-        if self.sessions is None or self._hashing:
+        if self.sessions is None or not self.sessions.capabilities.local_files or self._hashing:
             return
         todo = [r for r in records if (r.id, r.state_size, r.updated_at) not in self._hash_tried and needs_hash(r)]
         if not todo:
