@@ -310,7 +310,7 @@ class SessionService:
 
     async def reload(self) -> None:
         """The records were changed from outside (a move): tell the observers."""
-        self._emit(self._changed)
+        self._changed.emit()
 
     def on_restored(self, cb: Callable[[int, RestoredSlot], None]) -> None:
         self._restored.add(cb)
