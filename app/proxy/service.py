@@ -129,6 +129,26 @@ class SessionBackend:
             svc.delete(name)
 
 
+#: who took an idle slot when a request the proxy passed through untouched ran in it
+OUTSIDE = "a request that chose its own slot or caching"
+
+
+def client_choice(path: str, body: dict) -> str | None:
+    """Why a completion request must pass through untouched (the client asked for something the
+    proxy's pinning would change), or None: its own ``id_slot`` (>= 0), ``cache_prompt: false``, or a
+    batch of prompts (``"prompt": [..., ...]``, each answered in a slot of the server's choice)."""
+    slot = body.get("id_slot")
+    if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0:
+        return f"it asked for slot {slot} itself (\"id_slot\": {slot})"
+    if body.get("cache_prompt") is False:
+        return "it turned prompt caching off (\"cache_prompt\": false)"
+    prompt = body.get("prompt")
+    if path in TEXT_PATHS and isinstance(prompt, list) and len(prompt) > 1 \
+            and not all(isinstance(t, int) for t in prompt):
+        return f"it sent a batch of {len(prompt)} prompts, each answered in a slot of the server's choice"
+    return None
+
+
 @dataclass
 class _Pending:
     conv: Conversation | None
@@ -143,6 +163,9 @@ class _Pending:
     body: dict | None = None  # the request as the client sent it
     previous_body: dict | None = None  # the conversation's previous request (for the token comparison)
     restore_hazard: str | None = None  # restored into another chat's checkpoints (the fork keeps them)
+    own: str | None = None  # passed through untouched: why (client_choice)
+    tasks_before: dict[int, object] | None = None  # with ``own``: each slot's id_task before the request
+    slots_before: list | None = None  # with ``own``: the leases' view of the slots before the request
 
 
 class ProxyService:
@@ -214,7 +237,7 @@ class ProxyService:
             log.info("server %s: %s", self.target_id, note)
         if h.supervisor is not None:
             h.supervisor.on_state(self._on_server_state)
-        self.http = ProxyServer(h.client, interceptor=self, api_key=api_key)
+        self.http = ProxyServer(h.client, interceptor=self, api_key=api_key, slot_actions=slot_actions_on(p))
         await self.http.start(host, port)
         return self.http.url
 
@@ -285,6 +308,7 @@ class ProxyService:
             await self.watch.before_request()
         hint = identity.hint_from(headers, body)
         stream = bool(body.get("stream"))
+        own = client_choice(path, body)
         if path in CHAT_PATHS and isinstance(body.get("messages"), list):
             messages = identity.normalise(body["messages"])
             chain = identity.chain(self.setup, messages)
@@ -309,6 +333,12 @@ class ProxyService:
                 self.index.add_hint(hint, conv.id)
         previous = list(conv.messages) if not new else None
         previous_body = self._remember(conv.id, body)
+        if own is not None and not self.steps_aside:  # what the client asked for wins: no lease, no pinning
+            conv.messages, conv.chain = messages, chain
+            tasks = await self._slot_tasks()
+            return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
+                                  body=body, previous_body=previous_body, own=own, tasks_before=tasks,
+                                  slots_before=self.leases.snapshot() if self.leases is not None else None)
         if self.steps_aside:  # the server keeps prompts itself: no pinning, no parks; judged all the same
             conv.messages, conv.chain = messages, chain
             return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
@@ -361,6 +391,8 @@ class ProxyService:
         assert isinstance(p, _Pending)
         if p.conv is None:
             return
+        if p.own is not None:
+            return await self._after_own(p, result)
         if p.lease is None:
             return await self._after_passthrough(p, result)
         conv, lease = p.conv, p.lease
@@ -396,6 +428,11 @@ class ProxyService:
             slept=lease.slept and not lease.restored_from, restored_from=lease.restored_from,
             restore_had_checkpoints=lease.restore_had_checkpoints, restore_failed=lease.restore_failed)
         why = explain_mod.explain(verdict, p.previous, p.messages, ctx_slot)
+        if why is not None and why.cause is Cause.SLOT_TAKEN and lease.taken_by == OUTSIDE:
+            why = Explanation(Cause.SLOT_TAKEN, "A request its client pinned to this slot (or sent with prompt "
+                                                "caching off), which the proxy passed through untouched, used the "
+                                                "slot since this conversation's last request, so the slot no "
+                                                "longer held its tokens.")
         if why is not None and lease.slot_context.ram_tokens and why.cause in (Cause.IDLE_SLOT_CLEARED,
                                                                               Cause.SLOT_TAKEN):
             why = explain_mod.ram_cache_missed(why, lease.slot_context.ram_tokens)
@@ -477,6 +514,60 @@ class ProxyService:
         self._save(conv)
         self._record(conv, rec, p)
 
+    async def _slot_tasks(self) -> dict[int, object] | None:
+        """Each slot's ``id_task`` now (None: /slots could not be read)."""
+        try:
+            rows = await self.handle.client.slots()
+        except (ServerError, ServerUnreachable) as e:
+            log.info("cannot read /slots around a request passed through untouched: %s", e)
+            return None
+        return {r.get("id"): r.get("id_task") for r in rows if isinstance(r, dict)}
+
+    async def _after_own(self, p: _Pending, result: Result) -> None:
+        """A request the client set its own slot or caching for, passed through untouched: the idle
+        slots it ran in lose their conversations (the leases are told), and it is judged from its
+        timings against what the conversation held, the client's choice given as the reason."""
+        conv = p.conv
+        assert conv is not None and p.own is not None
+        after = await self._slot_tasks()
+        ran = [i for i, task in (after or {}).items() if p.tasks_before is not None and task is not None
+               and task != p.tasks_before.get(i)]
+        if self.leases is not None and p.tasks_before is not None and after is not None:
+            before_views = {v.index: v for v in p.slots_before or []}
+            for view in self.leases.snapshot():
+                was = before_views.get(view.index)
+                if after.get(view.index) != p.tasks_before.get(view.index) and was == view:
+                    # a task ran there and the proxy's own leases did not touch the slot meanwhile
+                    self.leases.note_slot_used_outside(view.index, OUTSIDE)
+        conv.last_used = time.time()
+        conv.requests += 1
+        self.index.add(conv.id, conv.chain)
+        final = result.final or {}
+        t = Timings.from_json(final.get("timings")) if result.final else None
+        judged = t is not None and result.status == 200 and result.error is None and t.prompt_n is not None
+        verdict = (explain_mod.judge(t.cache_n, t.prompt_n, p.expected_reuse, new=p.new) if judged
+                   else RequestVerdict.NEW)
+        text = f"The proxy passed this request through untouched: {p.own}. It leased no slot for it."
+        if not judged:
+            text += " Not judged: " + ("the answer carried no single timings." if result.status == 200
+                                       and result.error is None else f"it failed ({result.error}).")
+        elif verdict in (RequestVerdict.PARTIAL, RequestVerdict.MISS):
+            found = explain_mod.explain_messages(p.previous, p.messages) if p.previous is not None else None
+            if found is not None and found.cause is not Cause.UNKNOWN:
+                text += f" Also, {found.cause.value}: {found.detail}"
+        slot = final.get("id_slot")
+        if not (isinstance(slot, int) and slot >= 0):
+            slot = ran[0] if len(ran) == 1 else None  # an OpenAI-style answer does not say: /slots does
+        rec = RequestRecord(at=p.started, conversation=conv.id, slot=slot, path=p.path, stream=p.stream, cache_n=t.cache_n if judged else None,
+                            prompt_n=t.prompt_n if judged else None, prompt_ms=t.prompt_ms if judged else None,
+                            predicted_n=t.predicted_n if judged else None, expected_reuse=p.expected_reuse,
+                            verdict=verdict, explanation=Explanation(Cause.CLIENT_CHOSE, text))
+        if judged:
+            conv.last_verdict = verdict
+        self._save(conv)
+        self.store.add_request(conv.id, rec)
+        self._tell(self._record_cbs, rec)
+
     def _save(self, conv: Conversation) -> None:
         self.store.save(conv, self.profile)
 
@@ -530,6 +621,17 @@ class ProxyService:
         if self.leases is not None:
             return await self.leases.forget(conv_id)
         return self.store.forget(conv_id)
+
+
+def slot_actions_on(profile) -> bool:
+    """Whether the user turned llama-server's slot actions on themselves (their profile names a
+    ``--slot-save-path``): only then may the proxy's clients save, restore and erase slots through it.
+    The folder the proxy needs for its own parks must not give them that."""
+    if profile is None:
+        return False
+    extra = tuple(profile.extra_args or ())
+    return bool(profile.slot_save_path) or any(a == "--slot-save-path" or a.startswith("--slot-save-path=")
+                                               for a in extra)
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
