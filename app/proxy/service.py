@@ -325,6 +325,12 @@ class ProxyService:
         else:
             return body, _Pending(None, None, [], None, 0, True, path, stream)
         conv = self.conversations.get(conv_id) if conv_id else None
+        if conv is not None and hint is not None and conv.hint != hint:
+            if conv.hint is not None:  # found by its messages, but the client names another conversation
+                conv = None
+            else:  # a conversation the client names from now on
+                conv.hint = hint
+                self.index.add_hint(hint, conv.id)
         new = conv is None
         if conv is None:
             conv = Conversation(id=secrets.token_hex(6), setup=self.setup, hint=hint)
