@@ -19,6 +19,7 @@ from app.proxy.service import ProxyFront, client_choice
 from app.server.client import LlamaClient
 from app.servers.launch import launch_profile
 from app.servers.service import ServerService
+from app.ui.conversations.model import why_text
 from tests.conftest import free_port
 from tests.fake_server.profiles import fake_profile
 
@@ -87,6 +88,8 @@ async def test_a_pinned_request_passes_through_and_the_slot_it_took_is_said(prof
         assert own.slot == first.slot and own.conversation != first.conversation
         assert own.explanation is not None and own.explanation.cause is Cause.CLIENT_CHOSE
         assert f'"id_slot": {first.slot}' in own.explanation.detail
+        # the Conversations tab's request row says why
+        assert why_text(own).startswith(Cause.CLIENT_CHOSE.value) and "asked for slot" in why_text(own)
         [view] = [v for v in p.proxy.leases.snapshot() if v.index == first.slot]
         assert view.conversation is None  # the proxy knows A is no longer there
         assert [v for v in leased if v.index != first.slot] == \
