@@ -36,7 +36,7 @@ import hmac
 import ipaddress
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,6 +66,7 @@ MAX_REQUEST_BYTES = 256 * 1024 * 1024
 _MAX_JSON_KEPT = 64 * 1024 * 1024
 #: an SSE line longer than this is not parsed (the bytes still pass through)
 _MAX_LINE = 16 * 1024 * 1024
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SHUTDOWN_S = 0.5  # aiohttp's grace for a request that arrived while stop() ended the others
 
 
@@ -223,12 +224,14 @@ class ProxyServer:
     """An HTTP server on the running asyncio loop that passes every request on to ``upstream``."""
 
     def __init__(self, upstream: LlamaClient, *, interceptor: Interceptor | None = None,
-                 api_key: str | None = None, slot_actions: bool = True):
+                 api_key: str | None = None, slot_actions: bool = True,
+                 metrics: Callable[[], bytes] | None = None):
         self._upstream = upstream
         self._interceptor = interceptor
         self._api_key = api_key or None
         # False: the proxy's own --slot-save-path must not turn /slots/{id}?action=… on for clients
         self._slot_actions = slot_actions
+        self._metrics = metrics  # KV Valet's own families, served after the server's at /metrics
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._stopping = False
@@ -318,6 +321,8 @@ class ProxyServer:
             return _error(400, "the request target must be a path", "invalid_request_error")
         if not self._slot_actions and request.method == "POST" and request.path.startswith("/slots/"):
             return _error(501, *SLOT_ACTIONS_OFF)
+        if self._metrics is not None and request.method == "GET" and request.path == "/metrics":
+            return await self._serve_metrics(request, target)
         body = await request.read()
         if self._interceptor is None or request.method != "POST" or request.path not in INTERCEPTED:
             resp, broken = await self._pass(request, target, request.headers, body, None, anonymous=anonymous)
@@ -356,6 +361,20 @@ class ProxyServer:
                                        f"the proxy's after() for {request.method} {request.path}"))
             if broken:
                 _cut(request)  # only now: closing the connection cancels this handler
+
+    async def _serve_metrics(self, request: web.Request, target: str) -> web.Response:
+        """The server's own metrics unchanged (when it runs with ``--metrics``), then KV Valet's."""
+        assert self._metrics is not None
+        theirs = b""
+        try:
+            async with self._upstream.forward("GET", target, headers=request.headers, content=None) as up:
+                if up.status_code == 200:
+                    theirs = await up.aread()
+                    if theirs and not theirs.endswith(b"\n"):
+                        theirs += b"\n"
+        except ServerUnreachable as e:
+            log.info("proxy: /metrics without the server's own: %s", e.reason)
+        return web.Response(body=theirs + self._metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _after(self, ctx: object, collector: _Collector, method: str, path: str) -> None:
         assert self._interceptor is not None

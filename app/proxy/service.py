@@ -31,6 +31,7 @@ from app.proxy import explain as explain_mod
 from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
+from app.proxy.metrics import ProxyMetrics
 from app.sessions.resume import ResumeHazard
 from app.sessions.watch import common_prefix
 from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name
@@ -66,12 +67,33 @@ class SessionBackend:
         self.hazards: dict[int, str | None] = {}
         # park name -> (path, body) of the request a restore of that park is for: the final check
         self.requests: dict[str, tuple[str, dict]] = {}
+        self.metrics: ProxyMetrics | None = None  # told of each park and restore
+
+    @staticmethod
+    def _conv_of(name: str) -> str:
+        return name[len("proxy-"):] if name.startswith("proxy-") else name
 
     async def _svc(self):
         return await self.servers.sessions(self.handle.id)
 
+    async def _observed(self, kind: str, name: str, op):
+        """Await ``op`` (a park or a restore of ``name``) and tell the metrics how it went."""
+        t0 = time.monotonic()
+        try:
+            result = await op
+        except ResumeHazard:
+            raise  # not restored on purpose: no restore to count
+        except BaseException:
+            if self.metrics is not None:
+                getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), 0.0, 0, ok=False)
+            raise
+        if self.metrics is not None:
+            getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), time.monotonic() - t0,
+                                                    self.parked_size(name), ok=True)
+        return result
+
     async def save(self, slot: int, name: str) -> int:
-        result = await (await self._svc()).park(slot, name)
+        result = await self._observed("park", name, (await self._svc()).park(slot, name))
         return result.record.n_tokens if result.record is not None else 0
 
     async def restore(self, slot: int, name: str) -> int:
@@ -79,7 +101,8 @@ class SessionBackend:
             await self._check_tokens(name, *self.requests[name])
         try:
             # never onto another chat's checkpoints (the fork keeps a slot's across a restore): re-process
-            result = await (await self._svc()).resume(name, slot, force=True, avoid_hazard=True)
+            result = await self._observed("restore", name, (await self._svc()).resume(name, slot, force=True,
+                                                                                     avoid_hazard=True))
         except ResumeHazard as e:
             raise RestoreAvoided(e.hazard) from None
         # did the restore bring context checkpoints back (a sidecar this build loads)? None: not known
@@ -191,6 +214,7 @@ class ProxyService:
         self.watch: watch_mod.ServerWatch | None = None
         self._bodies: OrderedDict[str, dict] = OrderedDict()
         self._explaining: set = set()
+        self.metrics: ProxyMetrics | None = None  # its cache reuse in Prometheus (started with the proxy)
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -223,6 +247,9 @@ class ProxyService:
                     self.index.add_hint(conv.hint, conv.id)
         self._started_at = h.started_at
         self._backend = SessionBackend(h, self.servers)
+        self.metrics = ProxyMetrics(self.profile, self._prefill_ms_per_token)
+        self._backend.metrics = self.metrics
+        self.on_record(self.metrics.observe_request)
         self.leases = SlotLeases(len(slots), self._backend, store=self.store,
                                  profile=self.profile, prefill_ms_per_token=self._prefill_ms_per_token,
                                  restore_ms_estimate=self._restore_ms, disk_budget_bytes=self.disk_budget_bytes)
@@ -237,7 +264,8 @@ class ProxyService:
             log.info("server %s: %s", self.target_id, note)
         if h.supervisor is not None:
             h.supervisor.on_state(self._on_server_state)
-        self.http = ProxyServer(h.client, interceptor=self, api_key=api_key, slot_actions=slot_actions_on(p))
+        self.http = ProxyServer(h.client, interceptor=self, api_key=api_key, slot_actions=slot_actions_on(p),
+                                metrics=self.metrics.exposition)
         await self.http.start(host, port)
         return self.http.url
 
@@ -357,6 +385,8 @@ class ProxyService:
             lease = await self.leases.acquire(conv, estimate)
         finally:
             self._backend.requests.pop(park_name(conv.id), None)
+        if self.metrics is not None:
+            self.metrics.lease_taken(conv.id)
         if self.watch is not None:
             await self.watch.before_dispatch()  # the server clears idle slots: the others are saved first
         hazard = None
@@ -411,6 +441,8 @@ class ProxyService:
             n_tokens = await self._tokens_in(lease.slot)  # what the server kept of a cut-short request
         assert self.leases is not None
         self.leases.release(lease, n_tokens or 0, ok=ok and bool(n_tokens))
+        if self.metrics is not None:
+            self.metrics.lease_given_back()
         if self.watch is not None:
             self.watch.note_activity()
             await self.watch.check_cleared()  # did this request's task make the server clear idle slots?
