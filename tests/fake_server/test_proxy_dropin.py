@@ -179,3 +179,20 @@ async def test_header_case_and_a_public_root():
         await proxy.stop()
         await client.aclose()
         await runner.cleanup()
+
+
+async def test_metrics_without_the_servers_own(profile):
+    """A server without --metrics: the proxy's /metrics serves KV Valet's families alone, parsed by
+    prometheus_client's own parser, its request counter the proxy's records."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with Proxied(profile) as p:
+        await p.ask(chat("A", "hello"))
+        async with httpx.AsyncClient(base_url=p.proxy.http.url) as h:
+            assert (await h.get("/metrics")).status_code == 200
+            text = (await h.get("/metrics")).text
+        names = {f.name for f in text_string_to_metric_families(text)}
+        assert names and all(n.startswith("kvvalet_") for n in names)
+        [req] = [s for f in text_string_to_metric_families(text) for s in f.samples
+                 if s.name == "kvvalet_proxy_requests_total"]
+        assert req.value == 1 and req.labels["verdict"] == "NEW"
