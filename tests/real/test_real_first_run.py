@@ -82,7 +82,6 @@ def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_prof
     cache hit on the entry tests/sidecar-server/build made, linked into this test's cache
     folder), the same steps on the built server to a HIT, and the session parked on the
     stock build still resumes there (DISCARDED: it has no sidecar, and the verdict says so)."""
-    from app.serverbuild import cache
     from app.ui.dialogs.first_run import BUILT_STEPS
 
     root = link_real_build(sidecar_server_bin, tmp_path, monkeypatch)
