@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from app.core.conversation import Cause, RequestVerdict
+from app.core.conversation import Cause
+from app.core.verdict import VerdictKind
 from tests.real.test_real_proxy import SYSTEMS, Proxied, turn
 
 pytestmark = pytest.mark.real_server
@@ -21,18 +22,18 @@ def test_explicit_keys_name_the_conversation(real_profile):
     async def go():
         async with Proxied(real_profile.replace(proxy=True)) as p:
             r1, first = await p.ask(turn(SYSTEMS["A"], question=Q1), prompt_cache_key="chat-1")
-            assert first.verdict is RequestVerdict.NEW
+            assert first.verdict is VerdictKind.NEW
             # the client edited its first question: under its key, the same conversation, the miss said
             _, edited = await p.ask(turn(SYSTEMS["A"], (Q1_EDITED, r1), question=Q2), prompt_cache_key="chat-1")
             assert edited.conversation == first.conversation
-            assert edited.verdict in (RequestVerdict.PARTIAL, RequestVerdict.MISS), edited
+            assert edited.verdict in (VerdictKind.PARTIAL, VerdictKind.MISS), edited
             assert edited.explanation is not None and edited.explanation.cause is Cause.EARLIER_MESSAGE_EDITED
             assert p.proxy.conversations[first.conversation].hint == "chat-1"
 
             # the same edit with no key: the hash chain makes it a fork, a conversation of its own
             r3, plain = await p.ask(turn(SYSTEMS["B"], question=Q1))
             _, fork = await p.ask(turn(SYSTEMS["B"], (Q1_EDITED, r3), question=Q2))
-            assert fork.conversation != plain.conversation and fork.verdict is RequestVerdict.NEW
+            assert fork.conversation != plain.conversation and fork.verdict is VerdictKind.NEW
 
             # a conversation-id header of the x-…-conv-id kind names it too
             _, named = await p.ask(turn(SYSTEMS["C"], question=Q1), extra_headers={"X-Acme-Conv-Id": "acme-7"})
