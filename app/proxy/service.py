@@ -402,7 +402,8 @@ class ProxyService:
         if lease.restore_avoided and verdict is not RequestVerdict.HIT:
             # what the messages say changed comes first: had the slot been kept, it would have cost the same
             found = explain_mod.explain_messages(p.previous, p.messages) if p.previous is not None else None
-            why = _restore_avoided(conv.parked_as, lease.restore_avoided, found or why)
+            # (only they: a slot another chat took is not why a park that is not this chat's went unrestored)
+            why = _restore_avoided(conv.parked_as, lease.restore_avoided, found)
         if p.restore_hazard and lease.restore_had_checkpoints is False and (t.cache_n or 0) > explain_mod.SLACK:
             why = _foreign_checkpoint(lease.restored_from, t.cache_n, p.restore_hazard)
         rate = self._prefill_ms_per_token()
