@@ -22,11 +22,11 @@ app wires them, offscreen):
    while the Log tab is shown, the Monitor polls and the Sessions tab watches for
    verdicts; then Stop.
 
-After each cycle, and every 2 s of the flood, it samples the process: RSS (after a
+After each cycle, and every second of the flood, it samples the process: RSS (after a
 ``gc.collect()``), open file descriptors, OS threads, asyncio tasks, active and existing
 QTimers and Qt objects of the window. A leak is a trend, so growth is judged after a
 warm-up (the first 10 %) as the least-squares slope over every remaining sample, in units
-per sample (per cycle; per 2 s of flood): a transient or a one-off step (an executor
+per sample (per cycle; per second of flood): a transient or a one-off step (an executor
 thread started once, a poll in flight at one end) moves the slope little, a leak of one
 per cycle makes it 1. Bounds: under ``COUNT_SLOPE`` per sample for descriptors, threads,
 tasks, timers and Qt objects, under ``RSS_SLOPE_MB`` MB per sample for RSS, for short and
@@ -54,11 +54,14 @@ if str(ROOT) not in sys.path:
 PROMPT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
           "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 5
 COUNT_SLOPE = 0.25  # per sample: a leak of one every 4 cycles is caught, a single step of one is not
-#: MB per sample. A cycle: 10 MB over 100 cycles. 2 s of flood (10,000 lines at 5,000/s): 50 bytes a
-#: line, below what one kept line costs (a str and its record: 100+ bytes); a short flood measured
-#: +0.14 MB per sample on a busy machine after the stores were full (allocator settling)
-RSS_SLOPE_MB = {"cycles": 0.1, "flood": 0.5}
-MIN_JUDGED = 5  # fewer samples after the warm-up judge nothing (a slope of 2 points is noise)
+#: MB per sample. A cycle: 10 MB over 100 cycles. A second of flood (5,000 lines): 50 bytes a line,
+#: below what one kept line costs (a str and its record: 100+ bytes); a short flood measured up to
+#: +0.28 MB per second on a busy machine after the stores were full (allocator settling)
+RSS_SLOPE_MB = {"cycles": 0.1, "flood": 0.25}
+FLOOD_SAMPLE_S = 1.0  # the flood's sampling period
+#: fewer samples after the warm-up judge nothing: over six, one transient task in a sample read as a
+#: slope of 0.37 on a busy machine; over ten or more a single transient stays under 0.1
+MIN_JUDGED = 10
 COUNTED = ("fds", "threads", "tasks", "timers_active", "timers", "qobjects")
 
 
@@ -318,12 +321,12 @@ async def soak(w, real, flood, *, cycles: int, flood_seconds: float, flood_rate:
         cap = getattr(getattr(sup.log, "_lines", None), "maxlen", None) or 20000
         filling = 0  # samples taken before the bounded log stores were full: their growth is by design
         while (elapsed := time.monotonic() - t0) < flood_seconds or sup.lines_read - read0 < flood_lines:
-            # the sampling period (2 s) and the flood's length: what is measured, not a wait for a result
-            await asyncio.sleep(max(0.1, min(2.0, flood_seconds - elapsed)))
+            # the sampling period and the flood's length: what is measured, not a wait for a result
+            await asyncio.sleep(max(0.1, min(FLOOD_SAMPLE_S, flood_seconds - elapsed)))
             flood_samples.append(sample(w, "flood", int(time.monotonic() - t0)))
             if len(sup.log) < cap or sup.lines_read - read0 < cap:
                 filling = len(flood_samples)
-            if len(flood_samples) % 30 == 0:
+            if len(flood_samples) % 60 == 0:
                 progress(f"flood {int(elapsed)} s: RSS {flood_samples[-1].rss_mb} MB, lines {sup.lines_read:,}")
         lines = sup.lines_read - read0
         rate = lines / (time.monotonic() - t0)
