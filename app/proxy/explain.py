@@ -253,7 +253,8 @@ def explain(verdict: VerdictKind, previous: list[Message] | None, current: list[
     if ctx.avoided:
         # what the messages say changed comes first: had the slot been kept, it would have cost the same
         found = explain_messages(previous, current) if previous is not None else None
-        return _restore_avoided(ctx.parked_as, ctx.avoided, found or why)
+        # (only they: a slot another chat took is not why a park that is not this chat's went unrestored)
+        return _restore_avoided(ctx.parked_as, ctx.avoided, found)
     return why
 
 
