@@ -126,6 +126,16 @@ def atomic_writer(path: str | os.PathLike, *, mode: int = PRIVATE_FILE_MODE) -> 
     fsync_dir(folder)
 
 
+def fsync_file(path: str | os.PathLike) -> None:
+    """fsync a file's data (one another process wrote: the server's saved state), so a rename of it
+    that is then fsynced in its folder survives a power cut with its bytes, not as an empty file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(folder: str | os.PathLike) -> None:
     """fsync a folder, so a rename in it survives a power cut (where the platform allows it)."""
     try:

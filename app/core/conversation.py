@@ -30,6 +30,7 @@ class Cause(enum.StrEnum):
     RESTORE_WITHOUT_CHECKPOINTS = "the restore brought no context checkpoints back (no usable sidecar)"
     RESTORE_FAILED = "the restore failed: the slot was emptied"
     PARK_NOT_ITS_OWN = "its park held other tokens than the request's (not restored)"
+    CLIENT_CHOSE = "the client chose its own slot or caching (passed through untouched)"
     UNKNOWN = "not known"
 
 

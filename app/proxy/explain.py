@@ -177,12 +177,17 @@ def first_divergent_token(a: list[int], b: list[int]) -> int:
 # -- the slot ------------------------------------------------------------------
 
 
+#: who took a slot when a request the proxy passed through untouched (its client pinned the slot or
+#: turned prompt caching off) used it: the leases record it as the slot's taker
+OUTSIDE = "a request that chose its own slot or caching"
+
+
 @dataclass(frozen=True)
 class SlotContext:
     """What the proxy knows happened to the slot between this conversation's last request and
     this one."""
 
-    taken_by: str | None = None  # another conversation's id, when it used the slot meanwhile
+    taken_by: str | None = None  # another conversation's id (or OUTSIDE), when it used the slot meanwhile
     idle_cleared: bool = False  # the server's idle-slot cache saved and cleared it
     restarted: bool = False  # the server restarted
     slept: bool = False  # the server slept (its context destroyed)
@@ -207,6 +212,10 @@ def _server_side(ctx: SlotContext) -> Explanation | None:
         return Explanation(Cause.SERVER_SLEPT,
                            "The server slept since this conversation's last request and destroyed its context, "
                            "so the slot held nothing of it.")
+    if ctx.taken_by == OUTSIDE:
+        return Explanation(Cause.SLOT_TAKEN, "A request its client pinned to this slot (or sent with prompt caching "
+                                             "off), which the proxy passed through untouched, used the slot since "
+                                             "this conversation's last request, so the slot no longer held its tokens.")
     if ctx.taken_by:
         return Explanation(Cause.SLOT_TAKEN,
                            f"Conversation {ctx.taken_by} used the slot since this conversation's last request, "
@@ -244,7 +253,8 @@ def explain(verdict: VerdictKind, previous: list[Message] | None, current: list[
     if ctx.avoided:
         # what the messages say changed comes first: had the slot been kept, it would have cost the same
         found = explain_messages(previous, current) if previous is not None else None
-        return _restore_avoided(ctx.parked_as, ctx.avoided, found or why)
+        # (only they: a slot another chat took is not why a park that is not this chat's went unrestored)
+        return _restore_avoided(ctx.parked_as, ctx.avoided, found)
     return why
 
 

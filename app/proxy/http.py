@@ -18,8 +18,12 @@ processed. ``after`` gets ``disconnected=True``.
 Security: the proxy refuses a non-loopback host without an API key (:class:`ProxyRefused`); with
 a key, every request but ``/health`` (and a CORS preflight, like llama-server) needs
 ``Authorization: Bearer KEY`` (or ``X-Api-Key: KEY``), else 401 in llama-server's error shape.
-The key is never logged, nor shown in ``repr``; it is never sent upstream either (the upstream
-client's own key replaces the client's ``Authorization``).
+A ``GET /`` without the key (llama-server's web UI, public there) is passed on with no key at all,
+so the upstream's own rule decides. The key is never logged, nor shown in ``repr``; it is never sent
+upstream either (the upstream client's own key replaces the client's ``Authorization``).
+``slot_actions=False``: ``POST /slots/{id}?action=save|restore|erase`` is refused with llama-server's
+own 501 "not supported" answer (the proxy's own ``--slot-save-path`` must not give clients what the
+user's profile did not). Response headers keep the case the server wrote them in.
 
 No Qt here: the server runs on whatever asyncio loop is running (qasync's in the window), started
 with ``web.AppRunner`` + ``web.TCPSite``.
@@ -32,7 +36,7 @@ import hmac
 import ipaddress
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,6 +52,11 @@ INTERCEPTED = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/compl
                          "/completion"})
 #: paths a client reaches without the proxy's key (like llama-server's public endpoints)
 PUBLIC = frozenset({"/health", "/v1/health"})
+#: paths a client without the proxy's key may GET when the upstream serves them without a key (the web UI)
+PUBLIC_IF_UPSTREAM = frozenset({"/"})
+#: llama-server's answer to a slot action when it runs without --slot-save-path (build 11434, verbatim)
+SLOT_ACTIONS_OFF = ("This server does not support slots action. Start it with `--slot-save-path`",
+                    "not_supported_error")
 #: response headers not copied from upstream (aiohttp frames the body itself)
 _NOT_COPIED = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "trailers", "upgrade",
                          "content-length", "proxy-authenticate", "proxy-connection"})
@@ -57,6 +66,7 @@ MAX_REQUEST_BYTES = 256 * 1024 * 1024
 _MAX_JSON_KEPT = 64 * 1024 * 1024
 #: an SSE line longer than this is not parsed (the bytes still pass through)
 _MAX_LINE = 16 * 1024 * 1024
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SHUTDOWN_S = 0.5  # aiohttp's grace for a request that arrived while stop() ended the others
 
 
@@ -214,10 +224,14 @@ class ProxyServer:
     """An HTTP server on the running asyncio loop that passes every request on to ``upstream``."""
 
     def __init__(self, upstream: LlamaClient, *, interceptor: Interceptor | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, slot_actions: bool = True,
+                 metrics: Callable[[], bytes] | None = None):
         self._upstream = upstream
         self._interceptor = interceptor
         self._api_key = api_key or None
+        # False: the proxy's own --slot-save-path must not turn /slots/{id}?action=… on for clients
+        self._slot_actions = slot_actions
+        self._metrics = metrics  # KV Valet's own families, served after the server's at /metrics
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._stopping = False
@@ -289,15 +303,22 @@ class ProxyServer:
             return await self._serve(request)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
+        anonymous = False
         if (self._api_key and request.path not in PUBLIC and request.method != "OPTIONS"
                 and not self._authorised(request)):
-            return _error(401, "Invalid API Key", "authentication_error")
+            if request.method not in ("GET", "HEAD") or request.path not in PUBLIC_IF_UPSTREAM:
+                return _error(401, "Invalid API Key", "authentication_error")
+            anonymous = True  # sent without any key: the upstream serves it publicly, or answers its own 401
         target = request.raw_path
         if not target.startswith("/") or target.startswith("//") or not target.isascii():
             return _error(400, "the request target must be a path", "invalid_request_error")
+        if not self._slot_actions and request.method == "POST" and request.path.startswith("/slots/"):
+            return _error(501, *SLOT_ACTIONS_OFF)
+        if self._metrics is not None and request.method == "GET" and request.path == "/metrics":
+            return await self._serve_metrics(request, target)
         body = await request.read()
         if self._interceptor is None or request.method != "POST" or request.path not in INTERCEPTED:
-            resp, broken = await self._pass(request, target, request.headers, body, None)
+            resp, broken = await self._pass(request, target, request.headers, body, None, anonymous=anonymous)
             if broken:
                 _cut(request)
             return resp
@@ -334,6 +355,20 @@ class ProxyServer:
             if broken:
                 _cut(request)  # only now: closing the connection cancels this handler
 
+    async def _serve_metrics(self, request: web.Request, target: str) -> web.Response:
+        """The server's own metrics unchanged (when it runs with ``--metrics``), then KV Valet's."""
+        assert self._metrics is not None
+        theirs = b""
+        try:
+            async with self._upstream.forward("GET", target, headers=request.headers, content=None) as up:
+                if up.status_code == 200:
+                    theirs = await up.aread()
+                    if theirs and not theirs.endswith(b"\n"):
+                        theirs += b"\n"
+        except ServerUnreachable as e:
+            log.info("proxy: /metrics without the server's own: %s", e.reason)
+        return web.Response(body=theirs + self._metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     async def _after(self, ctx: object, collector: _Collector, method: str, path: str) -> None:
         assert self._interceptor is not None
         try:
@@ -343,7 +378,7 @@ class ProxyServer:
                           method, path, collector.status, collector.disconnected)
 
     async def _pass(self, request: web.Request, target: str, headers: Mapping[str, str], content: bytes,
-                    collector: _Collector | None) -> tuple[web.StreamResponse, bool]:
+                    collector: _Collector | None, *, anonymous: bool = False) -> tuple[web.StreamResponse, bool]:
         """Send the request upstream and stream its answer back, chunk by chunk. Returns the
         response and whether the upstream answer broke off after it had started (the caller then
         cuts the client's connection, so the client sees an incomplete answer, not a short one)."""
@@ -351,9 +386,10 @@ class ProxyServer:
         try:
             async with self._upstream.forward(request.method, target, headers=headers,
                                               content=content if content or request.method not in ("GET", "HEAD")
-                                              else None) as up:
+                                              else None, anonymous=anonymous) as up:
                 resp = web.StreamResponse(status=up.status_code, reason=up.reason_phrase or None)
-                for k, v in up.headers.multi_items():
+                for raw_k, raw_v in up.headers.raw:  # the names as the server wrote them (httpx lower-cases its view)
+                    k, v = raw_k.decode("latin-1"), raw_v.decode("latin-1")
                     if k.lower() not in _NOT_COPIED:
                         resp.headers.add(k, v)
                 length = up.headers.get("content-length")

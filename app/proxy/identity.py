@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -292,23 +293,38 @@ class ConversationIndex:
         return best, n
 
 
-def hint_from(headers: Mapping[str, str], body: Any) -> str | None:
-    """The client's own conversation id: the ``X-Session-Id`` header (any case), else the
-    body's ``"user"`` string; stripped, at most 200 characters, None when empty."""
-    value: Any = None
-    try:
-        items = headers.items()
-    except AttributeError:
-        items = ()
-    for k, v in items:
-        if isinstance(k, str) and k.lower() == "x-session-id" and isinstance(v, str) and v.strip():
-            value = v
-            break
-    if value is None and isinstance(body, Mapping):
-        user = body.get("user")
-        if isinstance(user, str):
-            value = user
-    if value is None:
+#: headers that name a conversation, besides any ``x-…-conv-id`` / ``x-…-conversation-id``
+CONVERSATION_HEADERS = ("x-session-id", "x-conversation-id", "conversation-id", "conversation_id", "session-id",
+                        "session_id")
+_CONV_HEADER = re.compile(r"^x-[a-z0-9-]+-conv(?:ersation)?-id$")
+
+
+def _hint(value: Any) -> str | None:
+    if not isinstance(value, str):
         return None
     value = value.strip()[:HINT_MAX].strip()
     return value or None
+
+
+def hint_from(headers: Mapping[str, str], body: Any) -> str | None:
+    """The client's own conversation key, explicit keys first: the body's ``"prompt_cache_key"``
+    (OpenAI's), then a conversation-id header (``X-Session-Id``, ``X-Conversation-Id``, any
+    ``X-…-Conv-Id``, any case), then the body's ``"user"`` string. Stripped, at most 200 characters,
+    None when there is none (the message hash chain then names the conversation)."""
+    if isinstance(body, Mapping):
+        key = _hint(body.get("prompt_cache_key"))
+        if key is not None:
+            return key
+    try:
+        items = list(headers.items())
+    except AttributeError:
+        items = []
+    named = [(k.lower(), v) for k, v in items if isinstance(k, str)]
+    for wanted in CONVERSATION_HEADERS:
+        for k, v in named:
+            if k == wanted and (h := _hint(v)) is not None:
+                return h
+    for k, v in named:
+        if _CONV_HEADER.match(k) and (h := _hint(v)) is not None:
+            return h
+    return _hint(body.get("user")) if isinstance(body, Mapping) else None

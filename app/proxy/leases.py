@@ -423,6 +423,19 @@ class SlotLeases:
         self._journal("cleared", s, conv_id=conv_id, touched=[conv])
         self._wake()
 
+    def note_slot_used_outside(self, slot: int, by: str) -> None:
+        """A request the proxy passed through untouched (its client chose the slot, or turned prompt
+        caching off) ran in ``slot``: an idle conversation there lost its tokens, taken by ``by``."""
+        s = self._slots[slot]
+        if s.state not in _IDLE:
+            return  # leased or being saved: the proxy's own request owns it now
+        conv_id = s.holder
+        conv = self._empty(s, Cause.SLOT_TAKEN)
+        if conv_id is not None:
+            self._note_lost(conv_id, Cause.SLOT_TAKEN, by)
+        self._journal("cleared", s, conv_id=conv_id, touched=[conv], detail=by)
+        self._wake()
+
     def note_server_restarted(self) -> None:
         """Every slot is empty; conversations keep their parks, those never parked lost their cache."""
         self._reset_all(Cause.SERVER_RESTARTED)

@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 
 from app.core.observers import Observers
 from app.core.background import TaskGroup
-from app.core.conversation import Cause, Conversation, Message, RequestRecord, ServerCaching
+from app.core.conversation import Cause, Conversation, Explanation, Message, RequestRecord, ServerCaching
 from app.core.timings import Timings
 from app.core.verdict import WASTEFUL, Reuse, VerdictKind, judge, tolerance
 from app.servers.service import ServerHandle, ServerService
@@ -33,6 +33,7 @@ from app.proxy import explain as explain_mod
 from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
+from app.proxy.metrics import ProxyMetrics
 from app.sessions.resume import ResumeHazard
 from app.sessions.watch import common_prefix
 from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name, recover_leases
@@ -68,12 +69,33 @@ class SessionBackend:
         self.hazards: dict[int, str | None] = {}
         # park name -> (path, body) of the request a restore of that park is for: the final check
         self.requests: dict[str, tuple[str, dict]] = {}
+        self.metrics: ProxyMetrics | None = None  # told of each park and restore
+
+    @staticmethod
+    def _conv_of(name: str) -> str:
+        return name[len("proxy-"):] if name.startswith("proxy-") else name
 
     async def _svc(self):
         return await self.servers.sessions(self.handle.id)
 
+    async def _observed(self, kind: str, name: str, op):
+        """Await ``op`` (a park or a restore of ``name``) and tell the metrics how it went."""
+        t0 = time.monotonic()
+        try:
+            result = await op
+        except ResumeHazard:
+            raise  # not restored on purpose: no restore to count
+        except BaseException:
+            if self.metrics is not None:
+                getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), 0.0, 0, ok=False)
+            raise
+        if self.metrics is not None:
+            getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), time.monotonic() - t0,
+                                                    self.parked_size(name), ok=True)
+        return result
+
     async def save(self, slot: int, name: str) -> int:
-        result = await (await self._svc()).park(slot, name)
+        result = await self._observed("park", name, (await self._svc()).park(slot, name))
         return result.record.n_tokens if result.record is not None else 0
 
     async def restore(self, slot: int, name: str) -> int:
@@ -81,7 +103,8 @@ class SessionBackend:
             await self._check_tokens(name, *self.requests[name])
         try:
             # never onto another chat's checkpoints (the fork keeps a slot's across a restore): re-process
-            result = await (await self._svc()).resume(name, slot, force=True, avoid_hazard=True)
+            result = await self._observed("restore", name, (await self._svc()).resume(name, slot, force=True,
+                                                                                     avoid_hazard=True))
         except ResumeHazard as e:
             raise RestoreAvoided(e.hazard) from None
         # did the restore bring context checkpoints back (a sidecar this build loads)? None: not known
@@ -131,6 +154,26 @@ class SessionBackend:
             svc.delete(name)
 
 
+#: who took an idle slot when a request the proxy passed through untouched ran in it
+OUTSIDE = explain_mod.OUTSIDE
+
+
+def client_choice(path: str, body: dict) -> str | None:
+    """Why a completion request must pass through untouched (the client asked for something the
+    proxy's pinning would change), or None: its own ``id_slot`` (>= 0), ``cache_prompt: false``, or a
+    batch of prompts (``"prompt": [..., ...]``, each answered in a slot of the server's choice)."""
+    slot = body.get("id_slot")
+    if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0:
+        return f"it asked for slot {slot} itself (\"id_slot\": {slot})"
+    if body.get("cache_prompt") is False:
+        return "it turned prompt caching off (\"cache_prompt\": false)"
+    prompt = body.get("prompt")
+    if path in TEXT_PATHS and isinstance(prompt, list) and len(prompt) > 1 \
+            and not all(isinstance(t, int) for t in prompt):
+        return f"it sent a batch of {len(prompt)} prompts, each answered in a slot of the server's choice"
+    return None
+
+
 @dataclass
 class _Pending:
     conv: Conversation | None
@@ -145,6 +188,9 @@ class _Pending:
     body: dict | None = None  # the request as the client sent it
     previous_body: dict | None = None  # the conversation's previous request (for the token comparison)
     restore_hazard: str | None = None  # restored into another chat's checkpoints (the fork keeps them)
+    own: str | None = None  # passed through untouched: why (client_choice)
+    tasks_before: dict[int, object] | None = None  # with ``own``: each slot's id_task before the request
+    slots_before: list | None = None  # with ``own``: the leases' view of the slots before the request
 
 
 class ProxyService:
@@ -170,6 +216,7 @@ class ProxyService:
         self.watch: watch_mod.ServerWatch | None = None
         self._bodies: OrderedDict[str, dict] = OrderedDict()
         self._explaining = TaskGroup("the proxy's token comparisons")
+        self.metrics: ProxyMetrics | None = None  # its cache reuse in Prometheus (started with the proxy)
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -202,6 +249,9 @@ class ProxyService:
                     self.index.add_hint(conv.hint, conv.id)
         self._started_at = h.started_at
         self._backend = SessionBackend(h, self.servers)
+        self.metrics = ProxyMetrics(self.profile, self._prefill_ms_per_token)
+        self._backend.metrics = self.metrics
+        self.on_record(self.metrics.observe_request)
         self.leases = SlotLeases(len(slots), self._backend, store=self.store,
                                  profile=self.profile, prefill_ms_per_token=self._prefill_ms_per_token,
                                  restore_ms_estimate=self._restore_ms, disk_budget_bytes=self.disk_budget_bytes)
@@ -217,7 +267,8 @@ class ProxyService:
             log.info("server %s: %s", self.target_id, note)
         if h.supervisor is not None:
             h.supervisor.on_state(self._on_server_state)
-        self.http = ProxyServer(h.client, interceptor=self, api_key=api_key)
+        self.http = ProxyServer(h.client, interceptor=self, api_key=api_key, slot_actions=slot_actions_on(p),
+                                metrics=self.metrics.exposition)
         await self.http.start(host, port)
         return self.http.url
 
@@ -287,6 +338,7 @@ class ProxyService:
             await self.watch.before_request()
         hint = identity.hint_from(headers, body)
         stream = bool(body.get("stream"))
+        own = client_choice(path, body)
         if path in CHAT_PATHS and isinstance(body.get("messages"), list):
             messages = identity.normalise(body["messages"])
             chain = identity.chain(self.setup, messages)
@@ -303,6 +355,12 @@ class ProxyService:
         else:
             return body, _Pending(None, None, [], None, 0, True, path, stream)
         conv = self.conversations.get(conv_id) if conv_id else None
+        if conv is not None and hint is not None and conv.hint != hint:
+            if conv.hint is not None:  # found by its messages, but the client names another conversation
+                conv = None
+            else:  # a conversation the client names from now on
+                conv.hint = hint
+                self.index.add_hint(hint, conv.id)
         new = conv is None
         if conv is None:
             conv = Conversation(id=secrets.token_hex(6), setup=self.setup, hint=hint)
@@ -311,6 +369,12 @@ class ProxyService:
                 self.index.add_hint(hint, conv.id)
         previous = list(conv.messages) if not new else None
         previous_body = self._remember(conv.id, body)
+        if own is not None and not self.steps_aside:  # what the client asked for wins: no lease, no pinning
+            conv.messages, conv.chain = messages, chain
+            tasks = await self._slot_tasks()
+            return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
+                                  body=body, previous_body=previous_body, own=own, tasks_before=tasks,
+                                  slots_before=self.leases.snapshot() if self.leases is not None else None)
         if self.steps_aside:  # the server keeps prompts itself: no pinning, no parks; judged all the same
             conv.messages, conv.chain = messages, chain
             return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
@@ -323,6 +387,8 @@ class ProxyService:
             lease = await self.leases.acquire(conv, estimate)
         finally:
             self._backend.requests.pop(park_name(conv.id), None)
+        if self.metrics is not None:
+            self.metrics.lease_taken(conv.id)
         if self.watch is not None:
             await self.watch.before_dispatch()  # the server clears idle slots: the others are saved first
         hazard = None
@@ -363,6 +429,8 @@ class ProxyService:
         assert isinstance(p, _Pending)
         if p.conv is None:
             return
+        if p.own is not None:
+            return await self._after_own(p, result)
         if p.lease is None:
             return await self._after_passthrough(p, result)
         conv, lease = p.conv, p.lease
@@ -375,6 +443,8 @@ class ProxyService:
             n_tokens = await self._tokens_in(lease.slot)  # what the server kept of a cut-short request
         assert self.leases is not None
         self.leases.release(lease, n_tokens or 0, ok=ok and bool(n_tokens))
+        if self.metrics is not None:
+            self.metrics.lease_given_back()
         if self.watch is not None:
             self.watch.note_activity()
             await self.watch.check_cleared()  # did this request's task make the server clear idle slots?
@@ -469,6 +539,61 @@ class ProxyService:
         self._save(conv)
         self._record(conv, rec, p)
 
+    async def _slot_tasks(self) -> dict[int, object] | None:
+        """Each slot's ``id_task`` now (None: /slots could not be read)."""
+        try:
+            rows = await self.handle.client.slots()
+        except (ServerError, ServerUnreachable) as e:
+            log.info("cannot read /slots around a request passed through untouched: %s", e)
+            return None
+        return {r.get("id"): r.get("id_task") for r in rows if isinstance(r, dict)}
+
+    async def _after_own(self, p: _Pending, result: Result) -> None:
+        """A request the client set its own slot or caching for, passed through untouched: the idle
+        slots it ran in lose their conversations (the leases are told), and it is judged from its
+        timings against what the conversation held, the client's choice given as the reason."""
+        conv = p.conv
+        assert conv is not None and p.own is not None
+        after = await self._slot_tasks()
+        ran = [i for i, task in (after or {}).items() if p.tasks_before is not None and task is not None
+               and task != p.tasks_before.get(i)]
+        if self.leases is not None and p.tasks_before is not None and after is not None:
+            before_views = {v.index: v for v in p.slots_before or []}
+            for view in self.leases.snapshot():
+                was = before_views.get(view.index)
+                if after.get(view.index) != p.tasks_before.get(view.index) and was == view:
+                    # a task ran there and the proxy's own leases did not touch the slot meanwhile
+                    self.leases.note_slot_used_outside(view.index, OUTSIDE)
+        conv.last_used = time.time()
+        conv.requests += 1
+        self.index.add(conv.id, conv.chain)
+        final = result.final or {}
+        t = Timings.from_json(final.get("timings")) if result.final else None
+        judged = t is not None and result.status == 200 and result.error is None and t.prompt_n is not None
+        verdict = (judge(Reuse(p.expected_reuse, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, new=p.new)).kind
+                   if judged else VerdictKind.NEW)
+        text = f"The proxy passed this request through untouched: {p.own}. It leased no slot for it."
+        if not judged:
+            text += " Not judged: " + ("the answer carried no single timings." if result.status == 200
+                                       and result.error is None else f"it failed ({result.error}).")
+        elif verdict in WASTEFUL:
+            found = explain_mod.explain_messages(p.previous, p.messages) if p.previous is not None else None
+            if found is not None and found.cause is not Cause.UNKNOWN:
+                text += f" Also, {found.cause.value}: {found.detail}"
+        slot = final.get("id_slot")
+        if not (isinstance(slot, int) and slot >= 0):
+            slot = ran[0] if len(ran) == 1 else None  # an OpenAI-style answer does not say: /slots does
+        rec = RequestRecord(at=p.started, conversation=conv.id, slot=slot, path=p.path, stream=p.stream,
+                            cache_n=t.cache_n if judged else None, prompt_n=t.prompt_n if judged else None,
+                            prompt_ms=t.prompt_ms if judged else None,
+                            predicted_n=t.predicted_n if judged else None, expected_reuse=p.expected_reuse,
+                            verdict=verdict, explanation=Explanation(Cause.CLIENT_CHOSE, text))
+        if judged:
+            conv.last_verdict = verdict
+        self._save(conv)
+        self.store.add_request(conv.id, rec)
+        self._record_cbs.emit(rec)
+
     def _save(self, conv: Conversation) -> None:
         self.store.save(conv, self.profile)
 
@@ -522,6 +647,17 @@ class ProxyService:
         if self.leases is not None:
             return await self.leases.forget(conv_id)
         return self.store.forget(conv_id)
+
+
+def slot_actions_on(profile) -> bool:
+    """Whether the user turned llama-server's slot actions on themselves (their profile names a
+    ``--slot-save-path``): only then may the proxy's clients save, restore and erase slots through it.
+    The folder the proxy needs for its own parks must not give them that."""
+    if profile is None:
+        return False
+    extra = tuple(profile.extra_args or ())
+    return bool(profile.slot_save_path) or any(a == "--slot-save-path" or a.startswith("--slot-save-path=")
+                                               for a in extra)
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:

@@ -107,7 +107,7 @@ class LlamaClient:
     @contextlib.asynccontextmanager
     async def forward(self, method: str, path: str, *, headers: Mapping[str, str], content: bytes | None,
                       params: Mapping[str, str] | None = None,
-                      timeout: float | None = None) -> AsyncIterator[httpx.Response]:
+                      timeout: float | None = None, anonymous: bool = False) -> AsyncIterator[httpx.Response]:
         """Send a request as a proxy passes it on, and yield the response unread (streaming): the
         caller reads ``status_code``, ``headers`` and ``aiter_raw()`` chunks as they come.
 
@@ -115,7 +115,8 @@ class LlamaClient:
         it holds (never another host). Hop-by-hop headers, ``host`` and ``content-length`` are not
         passed on; the caller's ``authorization`` (and ``x-api-key``) is replaced by this client's
         own key, if it has one; the body is asked for uncompressed, so the raw bytes are the
-        server's text. ``timeout``: seconds between bytes (default an hour: a long prefill sends
+        server's text; ``anonymous``: sent with no key at all (the server decides whether it serves the
+        path publicly). ``timeout``: seconds between bytes (default an hour: a long prefill sends
         nothing); connecting gives up after ``DEFAULT_TIMEOUT``.
 
         Connections: from (and back to) this client's keep-alive pool. Leaving the block before
@@ -137,6 +138,9 @@ class LlamaClient:
         url = base.copy_with(raw_path=base.raw_path.rstrip(b"/") + path.encode("ascii", "strict"))
         t = FORWARD_TIMEOUT if timeout is None else httpx.Timeout(timeout, connect=DEFAULT_TIMEOUT)
         request = self._client.build_request(method, url, headers=out, content=content, params=params, timeout=t)
+        if anonymous:
+            for name in ("authorization", "x-api-key"):
+                request.headers.pop(name, None)
         for attempt in range(STALE_RETRIES + 1):
             try:
                 r = await self._client.send(request, stream=True)

@@ -240,6 +240,7 @@ def _list_new(catalog: Catalog, p: ParkJournal) -> SessionRecord:
         new = Path(str(tmp) + suf)
         if new.exists():
             os.replace(new, Path(str(final) + suf))
+    files.fsync_dir(d)  # the renames are durable before the row says the session is there
     rec = SessionRecord(**(p.record or {}))
     rec.id = None
     return catalog.add_or_replace(rec)
@@ -502,6 +503,11 @@ def _commit(catalog: Catalog, p: ParkJournal) -> SessionRecord:
     before the record is written they go back (the caller's _rollback).
     """
     d, tmp, final, backup = p.paths
+    # durable: the new files' bytes on disk before they are renamed in, the renames on disk before
+    # the row (FULL: on disk when it returns) says "parked"; a power cut then keeps this park
+    for f in (tmp, *(Path(str(tmp) + s) for s in SIDECAR_SUFFIXES)):
+        if f.exists():
+            files.fsync_file(f)
     for suf in SIDECAR_SUFFIXES:
         old = Path(str(final) + suf)
         if old.exists():  # stale or previous sidecar: never paired with the new state file

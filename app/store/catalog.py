@@ -281,6 +281,9 @@ _MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _
 class Catalog(SqliteFile):
     """The SQLite catalog of parked sessions, their history and learned facts."""
 
+    # a park says "parked" once its row is on disk: a power cut after that keeps it (tests/faults/test_power_cut.py;
+    # the cost per park: tests/bench/bench_durable_park.py)
+    SYNCHRONOUS = "FULL"
     NAME = "the session catalog"
     SHORT_NAME = "the catalog"
     ERROR = CatalogError

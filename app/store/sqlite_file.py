@@ -47,6 +47,8 @@ class SqliteFile:
     ERROR: type[Exception] = RuntimeError
     SCHEMA_VERSION = 0
     MIGRATIONS: dict[int, str] = {}  # MIGRATIONS[n] takes a file at version n to version n + 1
+    #: NORMAL (WAL): a commit can be lost to a power cut, never the file; FULL: a commit is on disk when it returns
+    SYNCHRONOUS = "NORMAL"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -64,7 +66,7 @@ class SqliteFile:
         self._conn.row_factory = sqlite3.Row
         try:
             set_wal(self._conn)
-            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn.execute(f"PRAGMA synchronous = {self.SYNCHRONOUS}")
             self._conn.execute("PRAGMA foreign_keys = ON")
             self._migrate()
         except sqlite3.DatabaseError as e:  # a folder, not a database, unreadable: say which file

@@ -87,6 +87,7 @@ class StreamRecorder:
         self.stalls: list[tuple[float, float]] = []
         self.errors = 0
         self.open_stall = False  # the last stall was still open when the run ended
+        self.first_at: float | None = None  # the stream's first token (perf_counter)
         self._request_start: float | None = None
         self._last: float | None = None
 
@@ -98,6 +99,8 @@ class StreamRecorder:
     def token(self, now: float, count: int = 1) -> None:
         """A token event arrived at ``now`` (carrying ``count`` tokens)."""
         self.tokens += count
+        if self.first_at is None:
+            self.first_at = now
         if self._last is None:
             if self._request_start is not None:
                 self.ttft_ms.append((now - self._request_start) * 1000.0)
@@ -137,7 +140,8 @@ class StreamRecorder:
             gap_max_ms=float(gaps[-1]) if gaps else None,
             stalls=list(self.stalls), n_gaps=len(gaps),
             ttft_p50_ms=percentile(ttft, 50), ttft_max_ms=float(ttft[-1]) if ttft else None,
-            errors=self.errors, open_stall=self.open_stall, gap_t=array("d", self.gap_t),
+            errors=self.errors, open_stall=self.open_stall,
+            first_token_s=None if self.first_at is None else self.first_at - self.t0, gap_t=array("d", self.gap_t),
             gap_ms=array("d", self.gap_ms))
 
 
@@ -158,6 +162,7 @@ class StreamStats:
     ttft_max_ms: float | None = None
     errors: int = 0
     open_stall: bool = False  # the last of ``stalls`` was still open at the end (a lower bound)
+    first_token_s: float | None = None  # when the stream's first token came, s after the start
     # every gap (start offset s, ms), for charts; left out of JSON and of comparisons
     gap_t: array = field(default_factory=lambda: array("d"), repr=False, compare=False)
     gap_ms: array = field(default_factory=lambda: array("d"), repr=False, compare=False)
@@ -374,7 +379,10 @@ async def run_load_check(client, *, streams: int, seconds: float, stall_ms: floa
     """Run ``streams`` back-to-back streaming completions against ``client`` (a
     :class:`app.server.client.LlamaClient`) for ``seconds``; return the gap statistics.
 
-    Stops by itself at the deadline (in-flight requests are cancelled), or early when
+    Stops by itself at the deadline (in-flight requests are cancelled) once every stream has
+    had its first token (a stream still waiting for one keeps the run going past the deadline
+    until it comes or the stream meets an error: a run that measured nothing of a stream says nothing of
+    it; ``elapsed_s`` is then the time to that token), or early when
     ``cancel`` is set (the report then says ``cancelled``). ``on_progress(fraction,
     tokens)`` is called about four times a second, and with 1.0 at the end. Raises
     :class:`LoadCheckError` for bad bounds, a non-loopback URL, a server that does not
@@ -397,7 +405,7 @@ async def run_load_check(client, *, streams: int, seconds: float, stall_ms: floa
         nonlocal n_errors
         text = stream_prompt(rec.index, prompt)
         retried = False
-        while time.perf_counter() < deadline and not cancel.is_set():
+        while (time.perf_counter() < deadline or (rec.tokens == 0 and not rec.errors)) and not cancel.is_set():
             rec.start_request(time.perf_counter())
             got_token = False
             try:
@@ -410,6 +418,8 @@ async def run_load_check(client, *, streams: int, seconds: float, stall_ms: floa
                         if count:
                             got_token = True
                             rec.token(now, count)
+                            if all(r.tokens for r in recorders):
+                                every_stream_flowing.set()
                         # read on past the "stop" event to the end of the body: the
                         # connection then goes back to the pool for the next request
                 retried = False
@@ -433,8 +443,13 @@ async def run_load_check(client, *, streams: int, seconds: float, stall_ms: floa
             finally:
                 rec.end_request()
 
+    every_stream_flowing = asyncio.Event()
     tasks = [asyncio.create_task(worker(r), name=f"loadcheck-stream-{r.index}") for r in recorders]
     cancel_wait = asyncio.create_task(cancel.wait(), name="loadcheck-cancel")
+    flowing_wait = asyncio.create_task(every_stream_flowing.wait(), name="loadcheck-flowing")
+
+    def waiting_for_a_first_token() -> bool:
+        return any(r.tokens == 0 and not r.errors and not t.done() for r, t in zip(recorders, tasks))
 
     def progress(fraction: float) -> None:
         if on_progress is not None:
@@ -445,21 +460,24 @@ async def run_load_check(client, *, streams: int, seconds: float, stall_ms: floa
             now = time.perf_counter()
             progress((now - t0) / seconds)
             pending = [t for t in tasks if not t.done()]
-            if now >= deadline or cancel.is_set() or not pending:
+            if (now >= deadline and not waiting_for_a_first_token()) or cancel.is_set() or not pending:
                 break
-            await asyncio.wait([*pending, cancel_wait], timeout=min(PROGRESS_EVERY_S, deadline - now),
+            waits = [*pending, cancel_wait] + ([flowing_wait] if now >= deadline else [])
+            await asyncio.wait(waits, timeout=min(PROGRESS_EVERY_S, max(deadline - now, 0.0)) or PROGRESS_EVERY_S,
                                return_when=asyncio.FIRST_COMPLETED)
     finally:
         # no await since the loop stopped: the workers have not seen the end yet
-        stop_at = min(time.perf_counter(), deadline)
+        last_first = max((r.first_at for r in recorders if r.first_at is not None), default=t0)
+        stop_at = min(time.perf_counter(), max(deadline, last_first))
         for r in recorders:
             r.finish(stop_at)
         cancel_wait.cancel()
+        flowing_wait.cancel()
         for t in tasks:
             t.cancel()
-        results = await asyncio.gather(cancel_wait, *tasks, return_exceptions=True)
+        results = await asyncio.gather(cancel_wait, flowing_wait, *tasks, return_exceptions=True)
     elapsed = stop_at - t0
-    for res in results[1:]:
+    for res in results[2:]:
         if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
             raise res
     report = build_report(recorders, url=url, started_at=started_at, seconds=float(seconds), elapsed_s=elapsed,

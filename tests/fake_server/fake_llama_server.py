@@ -1730,7 +1730,7 @@ class Handler(BaseHTTPRequestHandler):
             body = self._body() if method == "POST" else {}
             if SERVER.loading:
                 raise HttpError(503, "Loading model", "unavailable_error")
-            if SERVER.api_keys and path not in ("/health", "/v1/health"):
+            if SERVER.api_keys and path not in ("/health", "/v1/health") and not (method == "GET" and path == "/"):
                 auth = self.headers.get("Authorization", "")
                 if not (auth.startswith("Bearer ") and auth[7:] in SERVER.api_keys):
                     raise HttpError(401, "Invalid API Key", "authentication_error")

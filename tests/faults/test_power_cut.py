@@ -113,3 +113,66 @@ def test_power_cut_before_the_rename_keeps_the_old_copy(stock_profile):
             await srv.aclose()
 
     asyncio.run(go())
+
+
+def test_a_park_that_says_parked_is_on_disk_in_the_order_a_power_cut_needs(stock_profile):
+    """A power cut keeps what was fsynced, nothing else. So a park that says "parked" has, in
+    this order: the new state file's bytes fsynced (else the rename could survive with an empty
+    or partial file), the file renamed into place, its folder fsynced (else the rename itself
+    could be lost), and only then the catalog row committed, by a catalog that syncs every commit
+    (PRAGMA synchronous = FULL: under NORMAL the newest row could be lost). Every fsync and rename
+    the park makes is recorded and its order checked."""
+    import os
+
+    from app.sessions import park as park_mod
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("rename", f"{src} -> {dst}"))
+        return real_replace(src, dst)
+
+    async def go():
+        srv = await Server(stock_profile).start()
+        try:
+            await srv.fill(0)
+            svc, cat = await srv.service()
+            assert cat._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+            real_add = cat.add_or_replace
+
+            def add_or_replace(rec):
+                events.append(("row", rec.name))
+                return real_add(rec)
+
+            try:
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(cat, "add_or_replace", add_or_replace)
+                    mp.setattr(park_mod.os, "replace", replace)
+                    mp.setattr(os, "fsync", fsync)
+                    parked = (await svc.park(0, "chat")).record
+            finally:
+                await svc.aclose()
+                cat.close()
+            return parked
+        finally:
+            await srv.aclose()
+
+    rec = asyncio.run(go())
+    save_dir = str(rec.state_path.parent)
+    final = str(rec.state_path)
+
+    def first(kind: str, test) -> int:
+        return next(i for i, (k, what) in enumerate(events) if k == kind and test(what))
+
+    into_place = first("rename", lambda w: w.endswith(" -> " + final))
+    tmp = events[into_place][1].split(" -> ")[0]
+    data_synced = first("fsync", lambda w: w == tmp)
+    folder_synced = first("fsync", lambda w: w == save_dir)
+    row = first("row", lambda w: w == "chat")
+    assert data_synced < into_place < folder_synced < row, events
+    assert state_bytes(Path(save_dir), rec.state_file)  # and the parked file is whole on disk

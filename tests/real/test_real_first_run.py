@@ -35,6 +35,7 @@ def open_guide(qtbot, store):
     return w, guide
 
 
+@pytest.mark.timeout(600)  # above its own guards: the walk (400 s) and the shutdown (60 s)
 def test_the_first_run_guide_walks_to_a_verdict(qtbot, qloop, real_profile):
     store = ProfileStore()
     store.save(real_profile.replace(name="default"))  # the default profile, on this test's port
@@ -76,13 +77,13 @@ def test_skip_closes_the_guide_for_good(qtbot, qloop):
     assert not guide.isVisible() and not first_run_pending(w)  # stored in the window's settings file
 
 
+@pytest.mark.timeout(1500)  # above its own guards: two walks (400 s each), the build (300 s), a resume (120 s), shutdown
 def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_profile, sidecar_server_bin,  # noqa: F811
                                                          tmp_path, monkeypatch):
     """DISCARDED on the stock build, then the guide's own Build button (the real pipeline: a
     cache hit on the entry tests/sidecar-server/build made, linked into this test's cache
     folder), the same steps on the built server to a HIT, and the session parked on the
     stock build still resumes there (DISCARDED: it has no sidecar, and the verdict says so)."""
-    from app.serverbuild import cache
     from app.ui.dialogs.first_run import BUILT_STEPS
 
     root = link_real_build(sidecar_server_bin, tmp_path, monkeypatch)

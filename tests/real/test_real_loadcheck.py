@@ -50,17 +50,22 @@ async def test_load_check_on_the_seed_004_configuration(real_profile, capsys):
 
         assert report.streams == 4 and len(report.per_stream) == 4
         for s in report.per_stream:
-            assert s.tokens > 0 and s.requests >= 1, s
-            assert s.n_gaps > 0
-            assert s.gap_p50_ms <= s.gap_p99_ms <= s.gap_max_ms
-            assert all(g > 200 for _, g in s.stalls) and len(s.stalls) <= s.n_gaps
-        assert report.gap_p50_ms <= report.gap_p99_ms <= report.gap_max_ms
-        assert report.gap_max_ms == max(s.gap_max_ms for s in report.per_stream)
+            # the run goes on until every stream had its first token (not a time budget per stream)
+            assert s.tokens > 0 and s.requests >= 1 and s.first_token_s is not None, s
+            assert s.n_gaps == len(s.gap_ms)  # none when the first token came at the end (a busy machine)
+            if s.n_gaps:
+                assert s.gap_p50_ms <= s.gap_p99_ms <= s.gap_max_ms == max(s.gap_ms)
+            # the stalls are exactly the measured gaps above the threshold, in order, none made up or lost
+            assert s.stalls == [(t, g) for t, g in zip(s.gap_t, s.gap_ms) if g > 200]
+        if report.gap_max_ms is not None:
+            assert report.gap_p50_ms <= report.gap_p99_ms <= report.gap_max_ms
+            assert report.gap_max_ms == max(s.gap_max_ms for s in report.per_stream if s.n_gaps)
         assert report.tokens == sum(s.tokens for s in report.per_stream) and report.tokens_per_s > 0
         assert report.n_stalls == sum(len(s.stalls) for s in report.per_stream)
-        # runs to its deadline and stops by itself: the measured span is the whole 6 s, no more
+        # runs to its deadline (or to the last stream's first token, if later) and stops by itself
         # (how soon after the deadline the call returns: tests/bench/bench_loadcheck.py)
-        assert report.elapsed_s == pytest.approx(6.0) and report.n_errors == 0 and not report.cancelled
+        end = max(6.0, *(s.first_token_s for s in report.per_stream))
+        assert report.elapsed_s == pytest.approx(end) and report.n_errors == 0 and not report.cancelled
         assert progress[-1] == (1.0, report.tokens)
 
         saves, took = idle_slot_saves(lines)

@@ -75,6 +75,7 @@ def drop_on_row(w, mime, target_id: str) -> None:
         assert QApplication.sendEvent(table.viewport(), ev) and ev.isAccepted()
 
 
+@pytest.mark.timeout(1200)  # above its own guard (the scenario: 900 s, of which the move: 600 s)
 def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdict(
         qtbot, qloop, tmp_path, sshd, ssh_home, real_binary, real_model):
     there = LaunchProfile(name="there", model=real_model, server_binary=real_binary, port=free_port(), ctx_size=4096,

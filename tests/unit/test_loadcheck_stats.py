@@ -196,15 +196,21 @@ class StreamingServer:
         self.closed = 0
         self.finished = 0
         self._stalled = False
+        self._stalled_over = False
         self.streams = streams
         self.taken: set[str] = set()  # prompts whose first token the client has read
         self.flowing = asyncio.Event()
+        self.measured = asyncio.Event()  # the stall is over and every prompt was sent twice
 
     async def handler(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/health":
             return httpx.Response(200, json={"status": "ok"})
         body = json.loads(request.content)
         self.bodies.append(body)
+        sent = [b["prompt"] for b in self.bodies]
+        if (self._stalled_over and self.streams is not None
+                and len({p for p in sent if sent.count(p) >= 2}) >= self.streams):
+            self.measured.set()
 
         async def events():
             try:
@@ -217,6 +223,7 @@ class StreamingServer:
                     if i == 3 and "Stream 1." in body["prompt"] and not self._stalled:
                         self._stalled = True
                         await asyncio.sleep(self.stall_s)
+                        self._stalled_over = True
                     ev = {"content": f" t{i}", "tokens": [i], "stop": False}
                     yield f"data: {json.dumps(ev)}\n\n".encode()
                 yield b'data: {"content": "", "tokens": [], "stop": true, "timings": {}}\n\n'
@@ -227,28 +234,74 @@ class StreamingServer:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events())
 
 
-async def test_short_run_measures_every_stream_and_the_injected_stall():
-    # How soon after its deadline the run returns is a figure of tests/bench/bench_loadcheck.py
-    # (--in-process); here the run ends at all (wait_for: a failure guard) and runs to its deadline.
-    server = StreamingServer()
+async def test_a_run_measures_every_stream_and_the_injected_stall():
+    # The run is the longest a load check may be (600 s) and is cancelled by an event: once the
+    # stalled stream's pause is over and every stream has sent a second request (no time budget);
+    # wait_for is a failure guard.
+    server = StreamingServer(streams=3)
+    cancel = asyncio.Event()
     progress = []
+
+    async def cancel_when_measured():
+        await server.measured.wait()
+        cancel.set()
+
     async with LlamaClient("http://127.0.0.1:8080", transport=httpx.MockTransport(server.handler)) as client:
-        # 2 s: room for two requests of the stalled stream (~0.65 s each) on a busy machine
-        r = await asyncio.wait_for(run_load_check(client, streams=3, seconds=2, stall_ms=300, n_predict=8,
-                                                  on_progress=lambda f, n: progress.append((f, n))), 60)
-    assert r.elapsed_s == pytest.approx(2.0)  # the measured span is the whole run, cut at its deadline
-    assert r.streams == 3 and [s.stream for s in r.per_stream] == [0, 1, 2]
-    assert all(s.tokens > 0 and s.requests >= 2 for s in r.per_stream)
+        canceller = asyncio.ensure_future(cancel_when_measured())
+        try:
+            r = await asyncio.wait_for(run_load_check(client, streams=3, seconds=600, stall_ms=300, n_predict=8,
+                                                      cancel=cancel,
+                                                      on_progress=lambda f, n: progress.append((f, n))), 60)
+        finally:
+            canceller.cancel()
+    assert r.cancelled and r.streams == 3 and [s.stream for s in r.per_stream] == [0, 1, 2]
+    assert all(s.tokens >= 8 and s.requests >= 2 for s in r.per_stream)  # back to back: each finished one
     assert all(s.gap_p50_ms <= s.gap_p99_ms <= s.gap_max_ms for s in r.per_stream)
-    assert any(g >= 440 for _, g in r.per_stream[1].stalls)
-    assert r.n_stalls >= 1 and not r.cancelled and r.n_errors == 0
+    # the pause is a stall of stream 1 at least as long as the server slept, and only stream 1 paused
+    assert any(g >= server.stall_s * 1000 - 10 for _, g in r.per_stream[1].stalls)  # 10 ms: the loop's timer slack
+    assert r.n_stalls >= 1 and r.n_errors == 0
     # every request: id_slot -1, cache_prompt, streamed, a prompt of its own stream
     assert {(b["id_slot"], b["cache_prompt"], b["stream"]) for b in server.bodies} == {(-1, True, True)}
     assert {b["prompt"] for b in server.bodies} == {stream_prompt(i) for i in range(3)}
-    # the requests in flight at the deadline were dropped, none left open
+    # the requests in flight at the end were dropped, none left open
     assert server.closed == len(server.bodies) and server.finished < len(server.bodies)
     assert progress[-1][0] == 1.0 and progress[-1][1] == r.tokens
     assert [f for f, _ in progress] == sorted(f for f, _ in progress)
+
+
+async def test_a_run_ends_at_its_deadline_or_at_the_last_streams_first_token():
+    # How soon after its deadline the run returns is a figure of tests/bench/bench_loadcheck.py
+    # (--in-process); here the measured span is the run, cut at its deadline, or later when a
+    # stream had no token by then (a busy machine): never a stream measured with nothing.
+    server = StreamingServer(interval=0.05)
+    async with LlamaClient("http://127.0.0.1:8080", transport=httpx.MockTransport(server.handler)) as client:
+        r = await asyncio.wait_for(run_load_check(client, streams=2, seconds=1, n_predict=1000), 60)
+    assert all(s.tokens > 0 and s.first_token_s is not None for s in r.per_stream)
+    assert r.elapsed_s == pytest.approx(max(1.0, *(s.first_token_s for s in r.per_stream)))
+    assert not r.cancelled and server.finished == 0 and server.closed == len(server.bodies)
+
+
+async def test_a_stream_without_a_token_at_the_deadline_keeps_the_run_going_until_it_has_one():
+    # stream 1's server holds its first request until the run's own clock has passed the deadline
+    # (the progress it reports reaches 1.0): an event, not a sleep
+    server = StreamingServer(interval=0.01)
+    past_deadline = asyncio.Event()
+
+    async def handler(request):
+        if request.url.path != "/health" and "Stream 1." in json.loads(request.content)["prompt"]:
+            await past_deadline.wait()
+        return await server.handler(request)
+
+    def on_progress(fraction, tokens):
+        if fraction >= 1.0:
+            past_deadline.set()
+
+    async with LlamaClient("http://127.0.0.1:8080", transport=httpx.MockTransport(handler)) as client:
+        r = await asyncio.wait_for(run_load_check(client, streams=2, seconds=1, n_predict=4,
+                                                  on_progress=on_progress), 60)
+    late = r.per_stream[1]
+    assert late.tokens > 0 and late.first_token_s > 1.0 and r.elapsed_s == pytest.approx(late.first_token_s)
+    assert r.per_stream[0].tokens > 0 and not r.cancelled
 
 
 async def test_cancel_stops_the_run_early():

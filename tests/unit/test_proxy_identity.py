@@ -311,3 +311,17 @@ def test_hint_from_nothing():
 
 def test_hint_is_capped():
     assert hint_from({"X-Session-Id": "x" * 500}, {}) == "x" * 200
+
+
+def test_hint_from_explicit_keys_first():
+    # OpenAI's prompt_cache_key names the conversation before any header or "user"
+    assert hint_from({"X-Session-Id": "s"}, {"prompt_cache_key": " k ", "user": "u"}) == "k"
+    assert hint_from({"X-Conversation-Id": "c"}, {"user": "u"}) == "c"
+    assert hint_from({"x-acme-conv-id": "a1"}, {"user": "u"}) == "a1"
+    assert hint_from({"X-My-App-Conversation-Id": "a2"}, {}) == "a2"
+    assert hint_from({"session_id": "codex-1"}, {}) == "codex-1"
+    assert hint_from({"x-session-id": "s", "x-acme-conv-id": "a"}, {}) == "s"  # the named headers first
+    assert hint_from({"x-conv-idx": "no", "x-request-id": "no"}, {"user": "u"}) == "u"
+    assert hint_from({}, {"prompt_cache_key": "  ", "user": "u"}) == "u"
+    assert hint_from({}, {"prompt_cache_key": 7}) is None
+    assert hint_from({}, {"prompt_cache_key": "k" * 500}) == "k" * 200
