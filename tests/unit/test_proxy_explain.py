@@ -187,8 +187,9 @@ def test_hit_new_and_unknown_need_no_explanation():
 
 def test_the_whole_order_lives_here():
     """Before the slot's story: a reuse onto another chat's checkpoints (even of a HIT), then a park the
-    proxy did not restore (the messages' cause kept when they say one); the RAM cache that missed is
-    said with a taken slot."""
+    proxy did not restore (the messages' cause kept when they say one; a slot another chat took is not
+    why a park that is not this chat's went unrestored: tests/real/test_real_proxy_causes.py); the RAM
+    cache that missed is said with a taken slot."""
     edited = conv("changed", "a1", "u2")
     hazard = SlotContext(restored_from="p", restore_had_checkpoints=False, hazard="the slot holds chat X: ...",
                          avoided="the park's own tokens are not this request's", parked_as="proxy-p",
@@ -199,7 +200,7 @@ def test_the_whole_order_lives_here():
     e = explain(V.MISS, PREV, edited, hazard, cache_n=0, reusable=1000)
     assert e.cause is Cause.EARLIER_MESSAGE_EDITED and "did not restore 'proxy-p'" in e.detail
     e = explain(V.MISS, PREV, CUR, hazard, cache_n=0, reusable=1000)
-    assert e.cause is Cause.SLOT_TAKEN and "did not restore 'proxy-p'" in e.detail
+    assert e.cause is Cause.PARK_NOT_ITS_OWN and "did not restore 'proxy-p'" in e.detail
     e = explain(V.MISS, PREV, CUR, SlotContext(taken_by="other", ram_tokens=1234))
     assert e.cause is Cause.SLOT_TAKEN and "RAM prompt cache" in e.detail and "1,234" in e.detail
 
