@@ -7,7 +7,6 @@ import psutil
 import pytest
 
 from app.core.profile import LaunchProfile
-from app.store.profiles import ProfileStore
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.real_server
@@ -22,7 +21,7 @@ async def test_start_watch_park_and_stop_a_server_on_the_host(sshd, real_binary,
     slots = sshd.remote_home / "slots"
     profile = LaunchProfile(name="remote-real", model=real_model, server_binary=real_binary, port=free_port(),
                             ctx_size=1024, parallel=1, slot_save_path=str(slots) + "/")
-    ProfileStore(sshd.remote_config / "profiles").save(profile, overwrite=True)
+    sshd.save_profile(profile)
     listening_before = listening_ports()
     async with sshd.remote_host() as host:
         started = await host.systemd("start", "remote-real")
