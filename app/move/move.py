@@ -20,7 +20,16 @@ The commit is journaled (``catalog.pending``, kind ``move-in``: app.sessions.jou
 first rename: a process killed between the renames and the row leaves an entry that the
 next move, ``kv-valet sessions ...``, ``kv-valet receive`` and the app's connect
 (:func:`recover_moves`) finish (every file in place or still at its temporary name, size and
-SHA-256 as sent: the session is listed) or roll back (the files are removed). A move killed
+SHA-256 as sent: the session is listed) or roll back (the files are removed). A commit that
+listed the session leaves a receipt (its move id) at the target.
+
+A commit whose answer the sender lost (the SSH connection cut, the host's ``receive --commit``
+killed, at any step) is settled: the sender asks the target again, on a new connection
+(``receive --abort ID``: :func:`app.sessions.move_in.settle_move`, which waits for a commit of it
+still running there). Listed there (its receipt, or its row written): the sender deletes its
+source and says the answer was lost (a warning). Not listed: it is rolled back there and the
+source is kept (the error says so). Either way one listed copy. Only a target that cannot be
+asked leaves the outcome open: the error says so and how to tell. The sender itself killed
 after the target listed the session and before the source was deleted leaves two copies:
 both are whole and listed, as after a copy; nothing is lost (the CLI says so).
 
@@ -772,7 +781,7 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
         except asyncio.CancelledError as e:
             cancelled = e
             stored = await commit  # its outcome decides what the move did; the cancellation goes on below
-    except BaseException as exc:  # the commit failed, or its answer was lost (a cut connection, a killed process)
+    except BaseException as exc:  # why: the commit failed or its answer was lost: _settle asks, re-raises unless listed
         stored = await _settle(target, move_id, exc, name, source.where)
         warnings.append(f"the answer of the commit at {target.where} was lost ({_why(exc)}); asked again, "
                         f"{target.where} had listed '{stored.name}'")
