@@ -415,12 +415,14 @@ def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int
 
 
 def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, manifest: dict[str, Any], *,
-          model_path: str = "") -> SessionRecord:
+          model_path: str = "", receipt: bool = True) -> SessionRecord:
     """The target's half of a move: check the temporary files (size, SHA-256 read back from
     this disk, state header), then rename them into place and write the catalog row, under
     the catalog's files lock and a journal entry (:func:`recover_moves`); returns the stored
     row. On any failure the temporary files are removed and nothing is listed.
-    ``model_path``: the target profile's model."""
+    ``model_path``: the target profile's model. ``receipt``: leave the move's receipt for a
+    sender in another process that may lose this answer (:func:`settle_move`); a move within
+    this process has the answer."""
     folder = Path(save_dir)
     move_id = check_move_id(manifest.get("move_id", ""))
     try:
@@ -447,14 +449,14 @@ def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, mani
                           model_path=model_path or values.get("model_path", ""),
                           notes=f"copied from {manifest.get('source') or src.get('profile', '?')}")
             rec = SessionRecord(**values)
-            stored = _commit(catalog, folder, move_id, final, files, rec)
+            stored = _commit(catalog, folder, move_id, final, files, rec, receipt=receipt)
     finally:
         discard(folder, move_id)
     return stored
 
 
 def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: list[dict],
-            rec: SessionRecord) -> SessionRecord:
+            rec: SessionRecord, *, receipt: bool = True) -> SessionRecord:
     """Rename the verified temporary files to ``final`` (+ suffix) and write ``rec``, under a
     journal entry written first (the files lock held by the caller)."""
     from app.sessions.journal import Journal, MoveInJournal, Owner
@@ -483,7 +485,8 @@ def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: lis
         journal.end(jid)
         raise
     # listed: the receipt tells a sender that lost this answer (a cut connection) what became of its move
-    write_receipt(catalog, move_id, stored)
+    if receipt:
+        write_receipt(catalog, move_id, stored)
     journal.end(jid)
     return stored
 
@@ -593,7 +596,7 @@ class LocalEndpoint:
         folder = await self._save_dir()
         assert self._facts is not None
         return await asyncio.to_thread(adopt, self.catalog, self.profile, folder, manifest,
-                                       model_path=self._facts.model_path)
+                                       model_path=self._facts.model_path, receipt=False)
 
     async def abort(self, move_id: str) -> SessionRecord | None:
         """Settle move ``move_id`` here (:func:`settle_move`): its row when its commit listed the

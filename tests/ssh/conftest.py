@@ -23,7 +23,8 @@ The host's ``kv-valet`` is the real one from this checkout (sshd's ``SetEnv``: t
 ``PATH``, ``PYTHONPATH``, XDG folders in the host's home). A throwaway ed25519 host key and client
 key (ssh-keygen), a hashed known_hosts entry. Teardown kills every process left in the namespace
 (sshd, servers the host started), then deletes the veth pair and the namespace; the tmpfs mounts
-go with the mount namespace's last process. The ``kvvhost`` account stays.
+go with the mount namespace's last process; a run killed before its teardown is cleaned up by
+the next one. The ``kvvhost`` account and its (empty) mount point ``/home/kvvhost`` stay.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import itertools
 import ipaddress
 import os
 import pwd
+import re
 import shlex
 import shutil
 import signal
@@ -273,6 +275,7 @@ def running_sshd(base: Path) -> Iterator[Sshd]:
            "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": ROOT}
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # its privilege-separation folder
 
+    _remove_leftovers()
     n = next(_serial)
     netns = f"kvv-ssh-{os.getpid()}-{n}"
     veth_here, veth_there = f"kvv{os.getpid() % 100000}h{n}", f"kvv{os.getpid() % 100000}t{n}"
@@ -335,6 +338,19 @@ LogLevel VERBOSE
             pytest.fail("sshd did not start:\n" + "\n".join(log[-20:]))
         yield Sshd(host_addr=host_addr, port=HOST_PORT, user=HOST_USER, root=base, client_key=client_key,
                    known_hosts=known, remote_home=home, netns=netns, local_addr=local_addr, log=log)
+
+
+def _remove_leftovers() -> None:
+    """The namespaces of an earlier run of this fixture that was killed before its teardown (the
+    pid in the name is gone): their processes killed, the namespace deleted (its veth pair with it)."""
+    import psutil
+
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=60).stdout
+    for line in listed.splitlines():
+        m = re.fullmatch(r"(kvv-ssh-(\d+)-\d+)(?: \(id: \d+\))?", line.strip())
+        if m and not psutil.pid_exists(int(m[2])):
+            _kill_namespace_processes(m[1])
+            subprocess.run(["ip", "netns", "delete", m[1]], capture_output=True, timeout=60)
 
 
 def _delete_link(name: str) -> None:
