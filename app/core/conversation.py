@@ -1,4 +1,4 @@
-"""The proxy's values: what a request was judged, and why it re-processed what it did.
+"""The proxy's values: a request judged (in :class:`app.core.verdict.VerdictKind`), and why it re-processed.
 
 Shared by the identity (app.proxy.identity), the explanation (app.proxy.explain), the slot
 leases (app.proxy.leases), the HTTP layer (app.proxy.http) and the faces.
@@ -9,14 +9,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["RequestVerdict", "Cause", "Message", "Explanation", "RequestRecord", "Conversation", "ServerCaching"]
+from app.core.verdict import VerdictKind  # a request's verdict: the one vocabulary (app.core.verdict)
 
-
-class RequestVerdict(enum.StrEnum):
-    HIT = "HIT"  # the server reused what the slot could have reused (a few tokens of re-tokenised tail aside)
-    PARTIAL = "PARTIAL"  # it reused some, re-processed more than it had to
-    MISS = "MISS"  # it reused (almost) nothing it could have reused
-    NEW = "NEW"  # nothing to reuse: a conversation's first request
+__all__ = ["Cause", "Message", "Explanation", "RequestRecord", "Conversation", "ServerCaching"]
 
 
 class Cause(enum.StrEnum):
@@ -74,7 +69,7 @@ class RequestRecord:
     prompt_ms: float | None
     predicted_n: int | None
     expected_reuse: int  # tokens the slot held that this request could have reused
-    verdict: RequestVerdict
+    verdict: VerdictKind
     explanation: Explanation | None = None
     restored_from: str | None = None  # the parked session a restore brought back first
     wasted_ms: float | None = None  # prompt time spent on tokens it could have reused (learned rate)
@@ -93,7 +88,7 @@ class Conversation:
     n_tokens: int = 0  # tokens it holds in that slot after its last reply
     parked_as: str | None = None  # the session it is parked as, when it is parked
     last_used: float = 0.0
-    last_verdict: RequestVerdict | None = None
+    last_verdict: VerdictKind | None = None
     requests: int = 0
     time_saved_s: float = 0.0
 

@@ -1,20 +1,36 @@
-"""Did a resume really skip the prefill? One pure function answers it.
+"""The one judge of cache reuse: how well a request reused what its slot held, in one vocabulary.
 
-After a restore the first query on the slot tells the truth: ``cache_n`` (prompt
-tokens reused from the slot) and ``prompt_n`` (tokens actually processed). A
-resume that worked reuses all but a few tail tokens (the server must process at
-least one token, and re-tokenising the tail can move a BPE boundary, so it rolls
-back to a context checkpoint just before the tip). A discarded restore shows
-``cache_n`` = 0 and ``prompt_n`` = the whole prompt; the *reason* is what the user
-needs, and it is picked from what we know, in this order:
+Two callers judge requests, and one event can reach both: the resume watcher judges the first
+query after a restore (app.sessions.watch, the Sessions tab, ``kv-valet sessions``), and the
+proxy judges every request it passes (app.proxy.service, the Conversations tab, ``kv-valet
+conversations``). A proxied conversation brought back from its park is both at once, so both
+call :func:`judge` with one :class:`Reuse` and say the same word.
 
-1. a sidecar is there but the server runs with ``--ctx-checkpoints 0`` (it is not read);
-2. no sidecar next to the state file / the sidecar is invalid;
-3. this build does not persist context checkpoints;
-4. no loaded checkpoint covers the resume point;
-5. the new prompt diverged early from the saved tokens.
+The figures: ``cache_n`` (prompt tokens reused from the slot) and ``prompt_n`` (tokens
+processed), from the response timings or the server log, against ``reusable``: the tokens the
+slot held that the request could have reused (the tokens restored, for a resume). A reuse is
+never exact: the server processes at least one token, and a chat client's re-tokenised tail
+moves a BPE boundary, so it rolls back a little (to a context checkpoint before the tip on an
+SWA/hybrid model). One tolerance covers that, at both ends: :func:`tolerance`.
 
-Pure: no I/O, no clock. Every reason is a user-facing sentence with the figures.
+The vocabulary (:class:`VerdictKind`), the words users already saw where they meant the same:
+
+* **HIT**: it reused all it could, but for the tolerance;
+* **PARTIAL**: it reused some, and re-processed more than it had to;
+* **DISCARDED**: the slot's tokens came from a restore and it reused (almost) none of them:
+  the restore bought nothing (the Sessions tab's old word; the proxy said MISS for it);
+* **MISS**: it reused (almost) none of what the slot held, no restore involved (another
+  conversation took the slot, the server restarted, an earlier message changed ...);
+* **NEW**: nothing to reuse: a conversation's first request;
+* **UNKNOWN**: not judged yet (no query since the restore, or no figures).
+
+"Almost none" is at most the tolerance. Why a request re-processed is the explanations' job,
+each in the order its reasons are tried: a discarded restore's reason in
+:mod:`app.core.discard_reasons`, a proxied request's cause in :mod:`app.proxy.explain`.
+
+Stored verdicts (the catalog's ``last_verdict``, the conversation store's ``verdict``) are
+these words; every word stored before (HIT, PARTIAL, DISCARDED, UNKNOWN, MISS, NEW) still
+reads back as itself. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -24,32 +40,78 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.checkpoints import CheckpointFigures
-from app.core.units import fmt_duration
 
 
 class VerdictKind(enum.StrEnum):
     HIT = "HIT"
     PARTIAL = "PARTIAL"
     DISCARDED = "DISCARDED"
+    MISS = "MISS"
+    NEW = "NEW"
     UNKNOWN = "UNKNOWN"
 
 
-#: How bad a verdict is, to pick the worst of several probes.
-SEVERITY = {VerdictKind.UNKNOWN: 0, VerdictKind.HIT: 1, VerdictKind.PARTIAL: 2, VerdictKind.DISCARDED: 3}
+#: What each word means, for a tooltip or a help text (the Conversations tab, the CLI).
+MEANING = {
+    VerdictKind.HIT: "The server reused what the slot could have reused (a few re-tokenised tail tokens aside).",
+    VerdictKind.PARTIAL: "It reused some of it, and re-processed more than it had to.",
+    VerdictKind.DISCARDED: "The slot's tokens came from a restore, and the server re-processed (almost) all of "
+                           "them: the restore bought nothing.",
+    VerdictKind.MISS: "It reused (almost) nothing the slot held of it.",
+    VerdictKind.NEW: "The conversation's first request: nothing to reuse yet.",
+    VerdictKind.UNKNOWN: "Not judged yet.",
+}
 
-#: A rollback of at most this many tokens (or TOLERANCE_FRACTION of the restored
-#: tokens, whichever is larger) still counts as a hit.
+#: How bad a verdict is, to pick the worst of several probes.
+SEVERITY = {VerdictKind.UNKNOWN: 0, VerdictKind.NEW: 0, VerdictKind.HIT: 1, VerdictKind.PARTIAL: 2,
+            VerdictKind.MISS: 3, VerdictKind.DISCARDED: 3}
+#: The verdicts of a request that re-processed more than it had to (worth an explanation).
+WASTEFUL = frozenset({VerdictKind.PARTIAL, VerdictKind.MISS, VerdictKind.DISCARDED})
+
+#: The one tolerance: this many tokens (or TOLERANCE_FRACTION of what could be reused, whichever
+#: is larger) short of a full reuse is still a HIT, and a reuse of at most that is none at all.
 TOLERANCE_TOKENS = 32
 TOLERANCE_FRACTION = 0.02
-#: Reusing at most this fraction of the restored tokens counts as a full re-prefill.
-DISCARD_FRACTION = 0.01
+
+
+def tolerance(reusable: int) -> int:
+    return max(TOLERANCE_TOKENS, int(reusable * TOLERANCE_FRACTION))
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What is known of one request that could reuse its slot's tokens: the judge's one parameter.
+
+    The first fields decide the verdict; the rest say why a restore was discarded
+    (:mod:`app.core.discard_reasons`) and are left at their defaults by a caller that does not
+    know them (the proxy).
+    """
+
+    reusable: int | None  # tokens the slot held that it could reuse (the tokens restored, for a resume)
+    cache_n: int | None  # prompt tokens the server reused (None: not known)
+    prompt_n: int | None  # prompt tokens it processed (None: not known)
+    prompt_total: int | None = None  # the whole prompt (None: cache_n + prompt_n)
+    prompt_ms: float | None = None
+    restored: bool = False  # the slot's tokens came from a restore (a resume; a conversation back from its park)
+    new: bool = False  # a conversation's first request: nothing to reuse
+    full_reprocess_logged: bool = False  # the log said "forcing full prompt re-processing"
+    checkpoint_restored: CheckpointFigures | None = None  # the log's "restored context checkpoint (...)"
+    common_prefix: int | None = None  # tokens the new prompt shares with the saved ones, when known
+    # -- why a restore was discarded
+    sidecar_status: Any = None  # "present" / "present, unverified" / "missing" / "invalid" / "not needed"
+    sidecar_loaded_count: int | None = None  # N of "restored N context checkpoints from sidecar" (0: none logged)
+    sidecar_count: int | None = None  # checkpoints in the sidecar file (from the park)
+    build_persists: bool | None = None
+    ctx_checkpoints: int | None = 32
+    behaviour: Any = None  # the build's sidecar behaviour (app.core.sidecar_behaviour) ...
+    prediction: Any = None  # ... and what its loader was predicted to do before the restore
 
 
 @dataclass(frozen=True)
 class Verdict:
     kind: VerdictKind
     reason: str
-    n_restored: int | None = None
+    n_restored: int | None = None  # what the slot held that could be reused (the tokens restored, for a resume)
     prompt_n: int | None = None
     cache_n: int | None = None
     prompt_ms: float | None = None
@@ -83,165 +145,85 @@ def worst(verdicts) -> Verdict | None:
     return best
 
 
-def tolerance(n_restored: int) -> int:
-    return max(TOLERANCE_TOKENS, int(n_restored * TOLERANCE_FRACTION))
+def judge(e: Reuse) -> Verdict:
+    """The verdict on one request, from ``e``:
 
+    * NEW: ``e.new``, or nothing to reuse and no restore;
+    * UNKNOWN: neither ``cache_n`` nor ``prompt_n`` known, or a restore of nothing;
+    * HIT: ``cache_n >= reusable - tolerance``;
+    * DISCARDED (after a restore) / MISS (without one): ``cache_n <= tolerance``, or the log
+      said it forced a full re-processing and it reused less than a HIT;
+    * PARTIAL otherwise.
 
-def _n(x: int | None) -> str:
-    return f"{x:,}" if x is not None else "?"
-
-
-def _status(s) -> str:
-    s = getattr(s, "value", s)
-    return str(s or "").lower()
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-def judge(
-    n_restored: int | None,
-    prompt_tokens_total: int | None,
-    cache_n: int | None,
-    prompt_n: int | None,
-    *,
-    sidecar_status=None,
-    sidecar_loaded_count: int | None = None,
-    build_persists: bool | None = None,
-    ctx_checkpoints: int | None = 32,
-    full_reprocess_logged: bool = False,
-    checkpoint_restored: CheckpointFigures | None = None,
-    common_prefix: int | None = None,
-    prompt_ms: float | None = None,
-    sidecar_count: int | None = None,
-    behaviour=None,
-    prediction=None,
-) -> Verdict:
-    """Judge the first query after restoring ``n_restored`` tokens.
-
-    ``sidecar_status``: "present" / "present, unverified" / "missing" / "invalid" /
-    "not needed" (or a :class:`app.core.states.SidecarStatus`).
-    ``sidecar_loaded_count``: N from ``restored N context checkpoints from sidecar``
-    (None when the log is not available, 0 when the log shows none).
-    ``sidecar_count``: checkpoints in the sidecar file (from the park), for the reason.
-    ``checkpoint_restored``: the figures of ``restored context checkpoint (...)``.
-    ``common_prefix``: tokens the new prompt shares with the saved ones, when known.
-    ``behaviour`` / ``prediction``: the build's sidecar behaviour and what its loader
-    was predicted to do before the restore (:mod:`app.core.sidecar_behaviour`): a
-    discard the build's own loader explains gets that reason.
+    Without ``cache_n`` (no trace log, an older server) it is estimated: the prompt less what was
+    processed, or what could be reused less what was processed. The reason is a sentence with the
+    figures; a DISCARDED one says why (:func:`app.core.discard_reasons.why_discarded`).
     """
-    status = _status(sidecar_status)
+    from app.core.discard_reasons import count, plural, status_of, why_discarded
+
+    reusable, cache_n, prompt_n, total, ms_ = e.reusable, e.cache_n, e.prompt_n, e.prompt_total, e.prompt_ms
+    if e.new or (not reusable and not e.restored):
+        return Verdict(VerdictKind.NEW, "nothing to reuse yet: the conversation's first request",
+                       n_restored=reusable, prompt_n=prompt_n, cache_n=cache_n, prompt_ms=ms_)
     if cache_n is None and prompt_n is None:
-        return unknown(n_restored=n_restored)
-    if not n_restored:
+        return unknown(n_restored=reusable) if e.restored else unknown(
+            "the server reported neither cache_n nor prompt_n", n_restored=reusable)
+    if not reusable:
         return Verdict(VerdictKind.UNKNOWN, "nothing was restored into the slot, so there is no resume to judge",
-                       n_restored=n_restored, prompt_n=prompt_n, cache_n=cache_n, prompt_ms=prompt_ms)
+                       n_restored=reusable, prompt_n=prompt_n, cache_n=cache_n, prompt_ms=ms_)
 
-    estimated = False
-    if prompt_tokens_total is None and cache_n is not None and prompt_n is not None:
-        prompt_tokens_total = cache_n + prompt_n
+    estimated = cache_n is None
+    if total is None and cache_n is not None and prompt_n is not None:
+        total = cache_n + prompt_n
     if cache_n is None:
-        # Only the prompt eval line (no trace log): estimate from the processed count.
-        estimated = True
-        if prompt_tokens_total is not None:
-            cache_n = max(0, prompt_tokens_total - prompt_n)
-        else:
-            cache_n = max(0, n_restored - prompt_n) if prompt_n < n_restored * (1 - DISCARD_FRACTION) else 0
+        cache_n = max(0, (total if total is not None else reusable) - prompt_n)
     if prompt_n is None:
-        prompt_n = max(0, prompt_tokens_total - cache_n) if prompt_tokens_total is not None else None
-    total = prompt_tokens_total
+        prompt_n = max(0, total - cache_n) if total is not None else None
 
-    tol = tolerance(n_restored)
-    rollback = max(0, n_restored - cache_n)
-    ms = f" in {prompt_ms:,.0f} ms" if prompt_ms is not None else ""
-    processed = f"re-processed {_n(prompt_n)} of {_n(total)} prompt tokens{ms}"
+    tol = tolerance(reusable)
+    rollback = max(0, reusable - cache_n)
+    ms = f" in {ms_:,.0f} ms" if ms_ is not None else ""
+    processed = f"re-processed {count(prompt_n)} of {count(total)} prompt tokens{ms}"
+    held = "restored" if e.restored else "the slot held"
     figures: dict[str, Any] = {
-        "n_restored": n_restored, "prompt_tokens_total": total, "cache_n": cache_n, "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms, "rollback_tokens": rollback, "tolerance_tokens": tol,
-        "sidecar_status": status or None, "sidecar_loaded_count": sidecar_loaded_count,
-        "build_persists": build_persists, "ctx_checkpoints": ctx_checkpoints,
-        "full_reprocess_logged": full_reprocess_logged, "common_prefix": common_prefix,
+        "n_restored": reusable, "prompt_tokens_total": total, "cache_n": cache_n, "prompt_n": prompt_n,
+        "prompt_ms": ms_, "rollback_tokens": rollback, "tolerance_tokens": tol, "restored": e.restored,
+        "sidecar_status": status_of(e.sidecar_status) or None, "sidecar_loaded_count": e.sidecar_loaded_count,
+        "build_persists": e.build_persists, "ctx_checkpoints": e.ctx_checkpoints,
+        "full_reprocess_logged": e.full_reprocess_logged, "common_prefix": e.common_prefix,
         "estimated": estimated,
     }
-    if checkpoint_restored is not None:
-        figures["checkpoint_n_past"] = checkpoint_restored.n_past
-        figures["checkpoint_pos_max"] = checkpoint_restored.pos_max
+    if e.checkpoint_restored is not None:
+        figures["checkpoint_n_past"] = e.checkpoint_restored.n_past
+        figures["checkpoint_pos_max"] = e.checkpoint_restored.pos_max
     est = " (estimated: the log has no trace lines; run the server with -lv 4)" if estimated else ""
 
     def verdict(kind: VerdictKind, reason: str) -> Verdict:
-        return Verdict(kind, reason + est, n_restored=n_restored, prompt_n=prompt_n, cache_n=cache_n,
-                       prompt_ms=prompt_ms, rollback_tokens=rollback, checkpoints_loaded=sidecar_loaded_count,
+        return Verdict(kind, reason + est, n_restored=reusable, prompt_n=prompt_n, cache_n=cache_n,
+                       prompt_ms=ms_, rollback_tokens=rollback, checkpoints_loaded=e.sidecar_loaded_count,
                        figures=figures)
 
     loaded = ""
-    if sidecar_loaded_count:
-        loaded = f"; {_plural(sidecar_loaded_count, 'context checkpoint')} loaded from the sidecar"
-    diverged = common_prefix is not None and common_prefix < n_restored - tol
-
-    discarded = (cache_n <= max(1, int(n_restored * DISCARD_FRACTION))
-                 or (full_reprocess_logged and cache_n < n_restored - tol))
-    if not discarded and cache_n >= n_restored - tol:
+    if e.sidecar_loaded_count:
+        loaded = f"; {plural(e.sidecar_loaded_count, 'context checkpoint')} loaded from the sidecar"
+    diverged = e.common_prefix is not None and e.common_prefix < reusable - tol
+    if cache_n >= reusable - tol:
         how = ""
-        if checkpoint_restored is not None and checkpoint_restored.n_past is not None:
-            how = f", rolled back {_plural(rollback, 'token')} to a context checkpoint"
+        if e.checkpoint_restored is not None and e.checkpoint_restored.n_past is not None:
+            how = f", rolled back {plural(rollback, 'token')} to a context checkpoint"
         elif rollback:
-            how = f", rolled back {_plural(rollback, 'token')}"
+            how = f", rolled back {plural(rollback, 'token')}"
         return verdict(VerdictKind.HIT,
-                       f"{processed}: resumed at token {_n(cache_n)} of {_n(n_restored)} restored{how}{loaded}")
-    if not discarded:
-        why = (f"; the new prompt leaves the saved tokens at token {_n(common_prefix)}" if diverged else "")
+                       f"{processed}: resumed at token {count(cache_n)} of {count(reusable)} {held}{how}{loaded}")
+    if cache_n > tol and not e.full_reprocess_logged:
+        why = (f"; the new prompt leaves the saved tokens at token {count(e.common_prefix)}" if diverged else "")
         return verdict(VerdictKind.PARTIAL,
-                       f"{processed}: rolled back to a checkpoint {_plural(rollback, 'token')} before the tip "
-                       f"(resumed at token {_n(cache_n)} of {_n(n_restored)} restored){why}{loaded}")
-
-    tail = "so the restored cache was discarded"
-    present = status.startswith("present")
-    from app.core.sidecar_behaviour import Behaviour, discard_reason
-
-    b = Behaviour(str(getattr(behaviour, "value", behaviour) or "unknown"))
-    refused = discard_reason(b, prediction) if not sidecar_loaded_count else None
-    tip = prediction is not None and getattr(prediction, "tip", False) and not sidecar_loaded_count
-    if refused:
-        reason = f"{refused}, {tail}"
-    elif status == "missing" and tip:
-        reason = (f"there is no checkpoint sidecar next to the state file: this build made a tip checkpoint "
-                  f"over the restored tokens instead, which cannot serve a rollback before the tip, {tail}")
-    elif status == "missing" and b is Behaviour.NONE:
-        reason = f"this build does not persist context checkpoints (no sidecar), {tail}"
-    elif present and ctx_checkpoints == 0:
-        reason = (f"the sidecar was not loaded because the server runs with --ctx-checkpoints 0, {tail}")
-    elif status == "missing" and build_persists is False:
-        reason = f"this build does not persist context checkpoints (no sidecar), {tail}"
-    elif status == "missing":
-        reason = f"there is no checkpoint sidecar next to the state file, {tail}"
-    elif status == "invalid":
-        reason = f"the checkpoint sidecar is invalid, {tail}"
-    elif present and not sidecar_loaded_count and (build_persists is False or sidecar_loaded_count == 0):
-        if build_persists is False:
-            reason = (f"this build does not persist context checkpoints (it did not load the sidecar), {tail}")
-        else:
-            reason = f"the server did not load the sidecar's checkpoints, {tail}"
-    elif present and sidecar_loaded_count and diverged:
-        reason = (f"no loaded checkpoint covers the resume point: the new prompt leaves the saved tokens at "
-                  f"token {_n(common_prefix)} of {_n(n_restored)}, {tail}")
-    elif present and sidecar_loaded_count:
-        of = f" of the {_plural(sidecar_loaded_count, 'loaded checkpoint')}"
-        reason = f"none{of} covers the resume point, {tail}"
-    elif present and not diverged:
-        held = f" ({_plural(sidecar_count, 'checkpoint')} in the file)" if sidecar_count else ""
-        reason = (f"the server did not use the sidecar's checkpoints{held}: none covers the resume point, "
-                  f"or this build does not read sidecars, {tail}")
-    elif diverged:
-        reason = (f"the new prompt diverged from the saved tokens at token {_n(common_prefix)} of "
-                  f"{_n(n_restored)}, {tail}")
-    elif status == "not needed":
-        reason = f"the server did not reuse the restored tokens (a dense model needs no checkpoint), {tail}"
-    elif full_reprocess_logged:
-        reason = f"the server logged a forced full prompt re-processing, {tail}"
-    else:
-        reason = f"the server did not reuse the restored tokens, {tail}"
-    return verdict(VerdictKind.DISCARDED, f"{processed}: {reason}")
+                       f"{processed}: rolled back to a checkpoint {plural(rollback, 'token')} before the tip "
+                       f"(resumed at token {count(cache_n)} of {count(reusable)} {held}){why}{loaded}")
+    if not e.restored:
+        return verdict(VerdictKind.MISS, f"{processed}: reused {count(cache_n)} of the {count(reusable)} tokens "
+                                         f"the slot held")
+    return verdict(VerdictKind.DISCARDED, f"{processed}: {why_discarded(e, diverged)}")
 
 
 def time_saved(verdict: Verdict, prefill_rate: float | None) -> float | None:
@@ -260,7 +242,3 @@ TIME_SAVED_HELP = ("Prefill time the resumes avoided: for each resume judged HIT
                    "profile's measured prefill rate (the median of its recent prompts of 32 tokens or more). "
                    "A resume judged DISCARDED re-prefilled everything and adds 0. Checks and A/B runs are "
                    "measurements and add nothing.")
-
-
-#: the app's one duration formatter (app.core.units); the old name, for the modules that import it
-format_duration = fmt_duration

@@ -1,15 +1,19 @@
-"""How well a request reused the slot, and why it re-processed more than it had to (pure: no I/O).
+"""Why a proxied request re-processed more than it had to, in the order the causes are tried (pure: no I/O).
 
-:func:`judge` turns the server's ``timings`` (``cache_n``: prompt tokens reused from the slot,
-``prompt_n``: prompt tokens processed) and what the slot held that the request could have
-reused into a :class:`RequestVerdict`. A reuse is never exact: the server always processes at
-least one prompt token, and a chat client's re-rendered tail, re-tokenised, moves BPE
-boundaries by a few tokens, so ``slack`` tokens short of the expected reuse is still a HIT.
+The verdict itself is the one judge's (:func:`app.core.verdict.judge`, the same words and the same
+tolerance as a resume's). :func:`explain` says why a request judged PARTIAL, MISS or DISCARDED
+re-processed, trying the causes in this order (the first that fits is said):
 
-:func:`explain` says why a PARTIAL or MISS happened: first what the proxy saw happen to the slot
-(a failed restore, a restart, sleep, another conversation, the idle-slot cache, a restore
-without checkpoints), then what changed in the messages (:func:`explain_messages`), else the
-server re-processed unchanged messages by itself.
+1. its park was restored without checkpoints into a slot that kept another chat's, and the server
+   reused tokens all the same (said even of a HIT: the answer may be wrong);
+2. the proxy did not restore its park on purpose (not its tokens, or another chat's checkpoints):
+   what the messages say changed, when they say it, with that;
+3. what the proxy saw happen to the slot (:class:`SlotContext`): a failed restore, a restart,
+   sleep, another conversation (with the server's RAM cache that missed, when it was counted on),
+   the idle-slot cache (idem), a restore without checkpoints;
+4. what changed in the messages (:func:`explain_messages`);
+5. else the server re-processed unchanged messages by itself (the chat template), or, with no
+   record of the previous messages, not known.
 """
 
 from __future__ import annotations
@@ -17,42 +21,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from app.proxy.model import Cause, Explanation, Message, RequestVerdict
-
-#: tokens short of the expected reuse still judged a HIT (re-tokenised tail + the one token)
-SLACK = 16
-
-
-def judge(cache_n: int | None, prompt_n: int | None, expected_reuse: int, *, new: bool = False,
-          slack: int = SLACK) -> RequestVerdict:
-    """The verdict on one request.
-
-    * NEW: ``new`` (a conversation's first request), or nothing to reuse (``expected_reuse <= 0``).
-    * With ``cache_n`` known:
-      HIT when ``cache_n >= expected_reuse - slack``;
-      MISS when ``cache_n <= slack`` and ``expected_reuse > 2 * slack`` (nothing useful reused of
-      a reuse worth having);
-      PARTIAL otherwise.
-    * With ``cache_n`` unknown (an older server, a failed request):
-      HIT when ``prompt_n <= slack`` (at most ``slack`` tokens processed: the rest was reused);
-      MISS when ``prompt_n >= expected_reuse - slack`` and ``expected_reuse > 2 * slack`` (it
-      processed at least as much as it could have reused: most likely all of it again);
-      PARTIAL otherwise, and when neither figure is known.
-    """
-    if new or expected_reuse <= 0:
-        return RequestVerdict.NEW
-    if cache_n is not None:
-        if cache_n >= expected_reuse - slack:
-            return RequestVerdict.HIT
-        if cache_n <= slack and expected_reuse > 2 * slack:
-            return RequestVerdict.MISS
-        return RequestVerdict.PARTIAL
-    if prompt_n is not None:
-        if prompt_n <= slack:
-            return RequestVerdict.HIT
-        if prompt_n >= expected_reuse - slack and expected_reuse > 2 * slack:
-            return RequestVerdict.MISS
-    return RequestVerdict.PARTIAL
+from app.core.conversation import Cause, Explanation, Message
+from app.core.verdict import WASTEFUL, VerdictKind, tolerance
 
 
 # -- the messages --------------------------------------------------------------
@@ -164,9 +134,9 @@ TOKEN_DIFF_MAX_CHARS = 256_000
 TOKEN_CONTEXT = 3
 
 
-def wants_tokens(verdict: RequestVerdict) -> bool:
+def wants_tokens(verdict: VerdictKind) -> bool:
     """Whether a request is worth a token-level look: only one that re-processed more than it had to."""
-    return verdict in (RequestVerdict.PARTIAL, RequestVerdict.MISS)
+    return verdict in WASTEFUL
 
 
 def _show(piece: str) -> str:
@@ -219,6 +189,10 @@ class SlotContext:
     restored_from: str | None = None  # the parked session a restore brought back first
     restore_had_checkpoints: bool | None = None  # whether that restore brought checkpoints (None: not known)
     restore_failed: bool = False  # the restore failed, which empties the slot
+    ram_tokens: int = 0  # the server's RAM cache likely held this many of its tokens (the proxy counted on it)
+    parked_as: str | None = None  # its park, when the proxy did not restore it ...
+    avoided: str | None = None  # ... why not (its tokens are not the request's, or another chat's checkpoints)
+    hazard: str | None = None  # restored into a slot that kept another chat's checkpoints (the fork keeps them)
 
 
 def _server_side(ctx: SlotContext) -> Explanation | None:
@@ -257,17 +231,32 @@ def ram_cache_missed(ex: Explanation, ram_tokens: int) -> Explanation:
     return dataclasses.replace(ex, detail=f"{ex.detail} {text}" if ex.detail else text)
 
 
-def explain(verdict: RequestVerdict, previous: list[Message] | None, current: list[Message],
-            ctx: SlotContext) -> Explanation | None:
-    """Why a request re-processed more than it had to: None for HIT and NEW. The slot's story
-    first (:class:`SlotContext`, in the order restore failed, restarted, slept, taken, idle
-    cleared, restored without checkpoints), then the messages (:func:`explain_messages`),
-    else the server re-processed unchanged messages by itself: TEMPLATE_CHANGED when the
-    previous messages are known, UNKNOWN when they are not."""
-    if verdict in (RequestVerdict.HIT, RequestVerdict.NEW):
+def explain(verdict: VerdictKind, previous: list[Message] | None, current: list[Message],
+            ctx: SlotContext, *, cache_n: int | None = None, reusable: int = 0) -> Explanation | None:
+    """Why a request re-processed more than it had to (None when it did not, or nothing is said),
+    the causes tried in the module's order. ``cache_n``: what the server reused; ``reusable``: what
+    the slot held that it could have reused."""
+    if ctx.hazard and ctx.restore_had_checkpoints is False and (cache_n or 0) > tolerance(reusable):
+        return _foreign_checkpoint(ctx.restored_from, cache_n or 0, ctx.hazard)
+    if verdict not in WASTEFUL:
         return None
+    why = _slot_or_messages(previous, current, ctx)
+    if ctx.avoided:
+        # what the messages say changed comes first: had the slot been kept, it would have cost the same
+        found = explain_messages(previous, current) if previous is not None else None
+        return _restore_avoided(ctx.parked_as, ctx.avoided, found or why)
+    return why
+
+
+def _slot_or_messages(previous: list[Message] | None, current: list[Message], ctx: SlotContext) -> Explanation:
+    """The slot's story first (:class:`SlotContext`, in the order restore failed, restarted, slept,
+    taken, idle cleared, restored without checkpoints), then the messages (:func:`explain_messages`),
+    else the server re-processed unchanged messages by itself: TEMPLATE_CHANGED when the previous
+    messages are known, UNKNOWN when they are not."""
     found = _server_side(ctx)
     if found is not None:
+        if ctx.ram_tokens and found.cause in (Cause.IDLE_SLOT_CLEARED, Cause.SLOT_TAKEN):
+            found = ram_cache_missed(found, ctx.ram_tokens)
         return found
     if previous is None:
         return Explanation(Cause.UNKNOWN,
@@ -280,3 +269,31 @@ def explain(verdict: RequestVerdict, previous: list[Message] | None, current: li
                        "The messages the slot held were sent unchanged, so the server re-processed them by itself "
                        "(the chat template renders them differently, e.g. it drops past reasoning, or an SWA "
                        "model rolled back past its last context checkpoint).")
+
+
+def _restore_avoided(park: str | None, why: str, found: Explanation | None) -> Explanation:
+    """A park not restored on purpose: its tokens are not the request's (``found``: what the messages
+    say changed, kept as the cause when they say it), or it would have rolled back onto another chat's
+    checkpoints."""
+    if why.startswith("the park's own tokens"):
+        text = (f"The proxy did not restore {park!r}: {why}. The prompt was processed anew, and the park is "
+                f"replaced at the next save.")
+        if found is not None and found.cause is not Cause.UNKNOWN:
+            return dataclasses.replace(found, detail=f"{found.detail} {text}" if found.detail else text)
+        return Explanation(Cause.PARK_NOT_ITS_OWN, text)
+    return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS,
+                       f"The park {park!r} has no context checkpoints this build loads, and {why.split(':')[0]}: "
+                       f"restoring it there could answer from the wrong conversation, so the proxy did not restore "
+                       f"it and the prompt was processed anew. A restart of the server, or a park with a sidecar, "
+                       f"makes it safe again.")
+
+
+def _foreign_checkpoint(restored_from: str | None, cache_n: int, hazard: str) -> Explanation:
+    """A restore that brought no checkpoints of its own, followed by a reuse all the same: the build
+    kept the slot's earlier checkpoints (the turboquant fork) and the server rolled back onto another
+    chat's, whose sliding-window state now stands in for this conversation's."""
+    return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS,
+                       f"The restore of {restored_from!r} brought no context checkpoints of its own (no usable "
+                       f"sidecar), yet the server reused {cache_n:,} tokens: it rolled back onto a checkpoint the "
+                       f"slot kept from another chat ({hazard.split(':')[0]}), so their sliding-window state is "
+                       f"that chat's and the answer may be wrong. Restart the server or give the park a sidecar.")

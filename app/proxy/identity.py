@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from app.proxy.model import Message
+from app.core.conversation import Message
 
 #: hex digits kept of a setup fingerprint / a chain element (64 / 128 bits)
 FINGERPRINT_HEX = 16

@@ -71,8 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
-from app.proxy import model
-from app.proxy.model import Cause, Conversation
+from app.core import conversation as model
+from app.core.conversation import Cause, Conversation
 from app.store.conversations import ConversationStore, ConversationStoreError, JournalEntry
 
 log = logging.getLogger(__name__)

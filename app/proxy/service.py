@@ -7,13 +7,13 @@ its session service for parks and restores) and is the HTTP layer's interceptor
 (:mod:`app.proxy.identity`), leases it a slot (:mod:`app.proxy.leases`: restored from its
 park when it comes back to a slot another conversation used) and pins the request there
 (``id_slot``); after it, it judges the request from the server's own timings and, when it
-re-processed more than it had to, says why (:mod:`app.proxy.explain`).
+re-processed more than it had to, says why: the verdict is the one judge's
+(:func:`app.core.verdict.judge`, the Sessions tab's words), the why :mod:`app.proxy.explain`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import json
 import logging
@@ -24,8 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from app.core.background import track
-from app.core.conversation import ServerCaching
+from app.core.conversation import Cause, Conversation, Message, RequestRecord, ServerCaching
 from app.core.timings import Timings
+from app.core.verdict import WASTEFUL, Reuse, VerdictKind, judge, tolerance
 from app.servers.service import ServerHandle, ServerService
 from app.proxy import explain as explain_mod
 from app.proxy import identity
@@ -36,7 +37,6 @@ from app.sessions.watch import common_prefix
 from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name
 from app.server.client import ServerError, ServerUnreachable
 from app.server.statefile import StateFileError, read_state_tokens
-from app.proxy.model import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
 from app.store.conversations import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class SessionBackend:
             log.info("park %s: its tokens were not checked against the request (%s)", name, e)
             return
         shared = shared_prefix(saved, prompt)
-        if len(saved) > explain_mod.SLACK and shared <= explain_mod.SLACK:
+        if len(saved) > tolerance(len(saved)) and shared <= tolerance(len(saved)):
             raise RestoreAvoided(f"the park's own tokens are not this request's: they share {shared} of its "
                                  f"{len(saved):,} tokens with the prompt")
 
@@ -385,36 +385,35 @@ class ProxyService:
             self._save(conv)
             return
         expected = p.expected_reuse if not lease.restore_failed else 0
-        verdict = explain_mod.judge(t.cache_n, t.prompt_n, p.expected_reuse, new=p.new)
+        # a request after a restore is judged against what the restore brought, as the resume watcher
+        # judges the same query for the Sessions tab: one event, one verdict (a failed restore brought nothing)
+        restored = bool(lease.restored_from) and not lease.restore_failed
+        reusable = (lease.slot_context.restored_tokens if restored else 0) or p.expected_reuse
+        verdict = judge(Reuse(reusable, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, restored=restored,
+                              new=p.new)).kind
         ctx_slot = explain_mod.SlotContext(
             # a conversation brought back from its park: what counts is what the restore brought
             taken_by=None if lease.restored_from else lease.taken_by,
             idle_cleared=lease.idle_cleared and not lease.restored_from,
             # a park restored after a restart that holds less than the slot held: the restart lost the rest
             restarted=lease.restarted and (not lease.restored_from or lease.slot_context.restored_tokens
-                                           < p.expected_reuse - explain_mod.SLACK),
+                                           < p.expected_reuse - tolerance(p.expected_reuse)),
             slept=lease.slept and not lease.restored_from, restored_from=lease.restored_from,
-            restore_had_checkpoints=lease.restore_had_checkpoints, restore_failed=lease.restore_failed)
-        why = explain_mod.explain(verdict, p.previous, p.messages, ctx_slot)
-        if why is not None and lease.slot_context.ram_tokens and why.cause in (Cause.IDLE_SLOT_CLEARED,
-                                                                              Cause.SLOT_TAKEN):
-            why = explain_mod.ram_cache_missed(why, lease.slot_context.ram_tokens)
-        if lease.restore_avoided and verdict is not RequestVerdict.HIT:
-            # what the messages say changed comes first: had the slot been kept, it would have cost the same
-            found = explain_mod.explain_messages(p.previous, p.messages) if p.previous is not None else None
-            why = _restore_avoided(conv.parked_as, lease.restore_avoided, found or why)
-        if p.restore_hazard and lease.restore_had_checkpoints is False and (t.cache_n or 0) > explain_mod.SLACK:
-            why = _foreign_checkpoint(lease.restored_from, t.cache_n, p.restore_hazard)
+            restore_had_checkpoints=lease.restore_had_checkpoints, restore_failed=lease.restore_failed,
+            ram_tokens=lease.slot_context.ram_tokens, parked_as=conv.parked_as, avoided=lease.restore_avoided,
+            hazard=p.restore_hazard)
+        why = explain_mod.explain(verdict, p.previous, p.messages, ctx_slot, cache_n=t.cache_n,
+                                  reusable=p.expected_reuse)
         rate = self._prefill_ms_per_token()
         wasted = None
-        if verdict in (RequestVerdict.PARTIAL, RequestVerdict.MISS) and rate:
+        if verdict in WASTEFUL and rate:
             wasted = max(0, expected - (t.cache_n or 0)) * rate
         rec = RequestRecord(at=p.started, conversation=conv.id, slot=lease.slot, path=p.path, stream=p.stream,
                             cache_n=t.cache_n, prompt_n=t.prompt_n, prompt_ms=t.prompt_ms, predicted_n=t.predicted_n,
                             expected_reuse=p.expected_reuse, verdict=verdict, explanation=why,
                             restored_from=lease.restored_from, wasted_ms=wasted)
         conv.last_verdict = verdict
-        if verdict is RequestVerdict.HIT and rate and t.cache_n:
+        if verdict is VerdictKind.HIT and rate and t.cache_n:
             conv.time_saved_s += t.cache_n * rate / 1000.0
         self._save(conv)
         self._record(conv, rec, p)
@@ -466,8 +465,9 @@ class ProxyService:
             self._save(conv)
             return
         conv.n_tokens = (t.cache_n or 0) + t.prompt_n + (t.predicted_n or 0)
-        verdict = explain_mod.judge(t.cache_n, t.prompt_n, p.expected_reuse, new=p.new)
-        why = explain_mod.explain(verdict, p.previous, p.messages, explain_mod.SlotContext())
+        verdict = judge(Reuse(p.expected_reuse, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, new=p.new)).kind
+        why = explain_mod.explain(verdict, p.previous, p.messages, explain_mod.SlotContext(), cache_n=t.cache_n,
+                                  reusable=p.expected_reuse)
         slot = final.get("id_slot")
         rec = RequestRecord(at=p.started, conversation=conv.id, slot=slot if isinstance(slot, int) else None,
                             path=p.path, stream=p.stream, cache_n=t.cache_n, prompt_n=t.prompt_n,
@@ -535,35 +535,6 @@ class ProxyService:
 def shared_prefix(a: list[int], b: list[int]) -> int:
     """Tokens ``a`` and ``b`` share from the start; one leading token may be the other's BOS alone."""
     return max(common_prefix(a, b), common_prefix(a[1:], b), common_prefix(a, b[1:]))
-
-
-def _restore_avoided(park: str | None, why: str, found: Explanation | None) -> Explanation:
-    """A park not restored on purpose: its tokens are not the request's (``found``: what the messages
-    say changed, kept as the cause when they say it), or it would have rolled back onto another chat's
-    checkpoints."""
-    if why.startswith("the park's own tokens"):
-        text = (f"The proxy did not restore {park!r}: {why}. The prompt was processed anew, and the park is "
-                f"replaced at the next save.")
-        if found is not None and found.cause is not Cause.UNKNOWN:
-            return dataclasses.replace(found, detail=f"{found.detail} {text}" if found.detail else text)
-        return Explanation(Cause.PARK_NOT_ITS_OWN, text)
-    hazard = why
-    return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS,
-                       f"The park {park!r} has no context checkpoints this build loads, and {hazard.split(':')[0]}: "
-                       f"restoring it there could answer from the wrong conversation, so the proxy did not restore "
-                       f"it and the prompt was processed anew. A restart of the server, or a park with a sidecar, "
-                       f"makes it safe again.")
-
-
-def _foreign_checkpoint(restored_from: str | None, cache_n: int, hazard: str) -> Explanation:
-    """A restore that brought no checkpoints of its own, followed by a reuse all the same: the build
-    kept the slot's earlier checkpoints (the turboquant fork) and the server rolled back onto another
-    chat's, whose sliding-window state now stands in for this conversation's."""
-    return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS,
-                       f"The restore of {restored_from!r} brought no context checkpoints of its own (no usable "
-                       f"sidecar), yet the server reused {cache_n:,} tokens: it rolled back onto a checkpoint the "
-                       f"slot kept from another chat ({hazard.split(':')[0]}), so their sliding-window state is "
-                       f"that chat's and the answer may be wrong. Restart the server or give the park a sidecar.")
 
 
 class ProxyFront:

@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 
 from app.core.checkpoints import CheckpointFigures
 from app.core.timings import Timings
-from app.core.verdict import Verdict, judge
+from app.core.verdict import Reuse, Verdict, judge
 from app.server.logparse import (CheckpointRestored, FullReprocess, Kind, LogEvent, NewPrompt, PromptEval,
                                  SidecarRestored, parse_line)
 from app.server.supervisor import LogBuffer, LogLine
@@ -184,14 +184,15 @@ class ResumeWatcher:
         prompt_n = exp.prompt_n
         if prompt_n is None and total is not None and cache_n is not None:
             prompt_n = total - cache_n
-        common = None
-        v = judge(exp.n_restored, total, cache_n, prompt_n, sidecar_status=exp.sidecar_status,
-                  sidecar_loaded_count=exp.sidecar_loaded if exp.sidecar_loaded is not None
-                  else (0 if self.log_has_sidecar_lines and exp.n_tokens is not None else None),
-                  build_persists=exp.build_persists, ctx_checkpoints=exp.ctx_checkpoints,
-                  full_reprocess_logged=exp.full_reprocess, checkpoint_restored=exp.checkpoint,
-                  common_prefix=common, prompt_ms=exp.prompt_ms, sidecar_count=exp.sidecar_count,
-                  behaviour=exp.behaviour, prediction=exp.prediction)
+        loaded = exp.sidecar_loaded
+        if loaded is None and self.log_has_sidecar_lines and exp.n_tokens is not None:
+            loaded = 0  # the log shows such lines, and none came
+        v = judge(Reuse(exp.n_restored, cache_n, prompt_n, prompt_total=total, prompt_ms=exp.prompt_ms,
+                           restored=True, full_reprocess_logged=exp.full_reprocess,
+                           checkpoint_restored=exp.checkpoint, sidecar_status=exp.sidecar_status,
+                           sidecar_loaded_count=loaded, sidecar_count=exp.sidecar_count,
+                           build_persists=exp.build_persists, ctx_checkpoints=exp.ctx_checkpoints,
+                           behaviour=exp.behaviour, prediction=exp.prediction))
         if exp.note:
             v = dataclasses.replace(v, reason=f"{v.reason} (note: {exp.note})")
         self.verdicts.append((exp.slot_id, exp.session_name, v))
@@ -275,11 +276,11 @@ def judge_from_completion(n_restored: int, response: dict, *, sidecar_status=Non
     common = None
     if saved_tokens is not None and prompt_tokens is not None:
         common = common_prefix(saved_tokens, prompt_tokens)
-    return judge(n_restored, total, cache_n, prompt_n, sidecar_status=sidecar_status,
-                 sidecar_loaded_count=loaded, build_persists=build_persists, ctx_checkpoints=ctx_checkpoints,
-                 full_reprocess_logged=full, checkpoint_restored=checkpoint, common_prefix=common,
-                 prompt_ms=t.prompt_ms, sidecar_count=sidecar_count, behaviour=behaviour,
-                 prediction=prediction)
+    return judge(Reuse(n_restored, cache_n, prompt_n, prompt_total=total, prompt_ms=t.prompt_ms, restored=True,
+                          full_reprocess_logged=full, checkpoint_restored=checkpoint, common_prefix=common,
+                          sidecar_status=sidecar_status, sidecar_loaded_count=loaded, sidecar_count=sidecar_count,
+                          build_persists=build_persists, ctx_checkpoints=ctx_checkpoints, behaviour=behaviour,
+                          prediction=prediction))
 
 
 class FileLogBuffer(LogBuffer):

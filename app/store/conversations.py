@@ -7,7 +7,10 @@ version in ``PRAGMA user_version`` (a file from a newer app is refused, not gues
 file 0600 in a 0700 folder (conversations are prompts).
 
 The value types (Conversation, RequestRecord, …) live in ``app.core.conversation`` (below this
-layer); a test may hand another module of the same shape in (``values=``).
+layer); a test may hand another module of the same shape in (``values=``). Verdicts are stored
+as their words (:class:`app.core.verdict.VerdictKind`: HIT, PARTIAL, DISCARDED, MISS, NEW,
+UNKNOWN); every word stored before reads back as itself, a word this version does not know as
+UNKNOWN.
 
 The lease journal (table ``lease_journal``) is written by app.proxy.leases before every backend
 call that depends on a slot's state ("slot 1: saving conv X", then "saved"), in the same
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
+from app.core.verdict import VerdictKind
 from app.store.sqlite_file import SqliteFile
 
 SCHEMA_VERSION = 2
@@ -35,14 +39,13 @@ class ConversationStoreError(Exception):
 
 
 class ProxyValues(Protocol):
-    """What the store needs of ``app.proxy.model``: the module itself satisfies it."""
+    """What the store needs of ``app.core.conversation``: the module itself satisfies it."""
 
     Conversation: Any
     Message: Any
     RequestRecord: Any
     Explanation: Any
     Cause: Any
-    RequestVerdict: Any
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,7 @@ class ConversationStore(SqliteFile):
             id=row["id"], setup=row["setup"], chain=list(json.loads(row["chain"] or "[]")), messages=messages,
             hint=row["hint"], slot=row["slot"], n_tokens=row["n_tokens"], parked_as=row["parked_as"],
             last_used=row["last_used"],
-            last_verdict=_enum(v.RequestVerdict, row["last_verdict"], None),
+            last_verdict=_enum(VerdictKind, row["last_verdict"], None),
             requests=row["requests"], time_saved_s=row["time_saved_s"])
 
     def _request_values(self, conv_id: str, rec: Any) -> dict[str, Any]:
@@ -254,7 +257,7 @@ class ConversationStore(SqliteFile):
             at=row["at"], conversation=row["conversation_id"], slot=row["slot"], path=row["path"],
             stream=bool(row["stream"]), cache_n=row["cache_n"], prompt_n=row["prompt_n"],
             prompt_ms=row["prompt_ms"], predicted_n=row["predicted_n"], expected_reuse=row["expected_reuse"],
-            verdict=_enum(v.RequestVerdict, row["verdict"], v.RequestVerdict.MISS), explanation=explanation,
+            verdict=_enum(VerdictKind, row["verdict"], VerdictKind.UNKNOWN), explanation=explanation,
             restored_from=row["restored_from"], wasted_ms=row["wasted_ms"])
 
     def _upsert(self, conn: sqlite3.Connection, conv: Any, profile: str) -> None:

@@ -344,9 +344,10 @@ class MainWindow(QuitsInOrder, QMainWindow):
 
     def show_time_saved(self, seconds: float) -> None:
         """The prefill time all resumes avoided (app.core.verdict.time_saved), in the status bar."""
-        from app.core.verdict import TIME_SAVED_HELP, format_duration
+        from app.core.units import fmt_duration
+        from app.core.verdict import TIME_SAVED_HELP
 
-        self.time_saved_label.setText(f"Time saved by resumes: {format_duration(seconds)}" if seconds > 0 else "")
+        self.time_saved_label.setText(f"Time saved by resumes: {fmt_duration(seconds)}" if seconds > 0 else "")
         self.time_saved_label.setToolTip(TIME_SAVED_HELP)
 
     def _on_plan(self, plan) -> None:

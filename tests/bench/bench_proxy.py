@@ -410,7 +410,7 @@ async def main(args) -> dict:
         figures["seconds"]["restart_stock"] = round(time.perf_counter() - t0, 1)
         if saving["stock"] is not None:
             print("stock: a park restored without its checkpoints buys nothing on Gemma 3's sliding window (the "
-                  "verdicts say MISS): the restore is pure cost there, as expected")
+                  "verdicts say DISCARDED): the restore is pure cost there, as expected")
         figures["restart_saving"] = saving
     figures["uptime_after"] = _load()
     return figures

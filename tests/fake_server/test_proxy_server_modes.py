@@ -19,7 +19,8 @@ import openai
 import pytest
 
 from app import settings
-from app.core.conversation import Cause, RequestVerdict
+from app.core.conversation import Cause
+from app.core.verdict import VerdictKind
 from app.servers.service import ServerService
 from tests.fake_server.profiles import fake_profile
 from tests.fake_server.test_proxy_service import Proxied as ServiceProxied
@@ -62,7 +63,7 @@ async def test_idle_slots_the_server_clears_are_saved_first_and_come_back(unifie
         assert p.proxy.caching.idle_slots_cleared  # read from the binary's --help and the argv (-kvu)
         back = await abab(p)
         assert back.restored_from == f"proxy-{back.conversation}"  # saved before b ran, restored now
-        assert back.verdict is RequestVerdict.HIT, back
+        assert back.verdict is VerdictKind.HIT, back
 
 
 async def test_without_the_save_first_the_ram_cache_brings_it_back(unified):
@@ -73,7 +74,7 @@ async def test_without_the_save_first_the_ram_cache_brings_it_back(unified):
         assert "--no-cache-idle-slots" in p.proxy.notice()
         back = await abab(p)
         assert back.restored_from is None and p.proxy.leases.ram_chosen == 1
-        assert back.verdict is RequestVerdict.HIT, back
+        assert back.verdict is VerdictKind.HIT, back
 
 
 async def test_without_the_save_first_a_ram_cache_too_small_is_explained_by_the_clearing(tmp_path, monkeypatch):
@@ -83,7 +84,7 @@ async def test_without_the_save_first_a_ram_cache_too_small_is_explained_by_the_
     async with Proxied(fake_profile(tmp_path, kv_unified=True, cache_ram=1).replace(proxy=True)) as p:
         back = await abab(p)
         assert back.restored_from is None
-        assert back.verdict is RequestVerdict.MISS, back
+        assert back.verdict is VerdictKind.MISS, back
         assert back.explanation.cause is Cause.IDLE_SLOT_CLEARED, back.explanation
         assert "RAM prompt cache" in back.explanation.detail
 
@@ -96,7 +97,7 @@ async def test_a_server_without_unified_kv_is_left_alone(tmp_path, monkeypatch):
         reply_a, _ = await p.ask(chat(system("A"), "hello"))
         await p.ask(chat(system("B"), "hello"))
         _, back = await p.ask(chat(system("A"), "hello", reply_a, "again"))
-        assert back.verdict is RequestVerdict.HIT and back.restored_from is None and p.proxy.watch.cleared_seen == 0
+        assert back.verdict is VerdictKind.HIT and back.restored_from is None and p.proxy.watch.cleared_seen == 0
 
 
 async def test_an_edited_prompt_gets_its_first_divergent_token_from_the_server(tmp_path, monkeypatch):
@@ -106,7 +107,7 @@ async def test_an_edited_prompt_gets_its_first_divergent_token_from_the_server(t
         first = await p.complete(f"{head} alpha {tail}", "s1")
         edited = await p.complete(f"{head} gamma {tail} and more", "s1")  # edited half way
         assert edited.conversation == first.conversation
-        assert edited.verdict in (RequestVerdict.PARTIAL, RequestVerdict.MISS), edited
+        assert edited.verdict in (VerdictKind.PARTIAL, VerdictKind.MISS), edited
         await p.proxy.settle()  # the token comparison runs after the answer went out
         [stored, _] = p.proxy.store.requests(edited.conversation)
         shared = await p.handle.client.tokenize(f"{head} ")  # the unchanged prefix, tokenised by the server
@@ -118,8 +119,10 @@ async def test_a_chat_on_a_server_without_apply_template_keeps_the_message_expla
     monkeypatch.setenv("FAKE_SIDECAR", "1")
     async with Proxied(fake_profile(tmp_path).replace(proxy=True)) as p:
         # the client names its chat: an edited earlier message stays the same conversation (not a fork)
-        reply, _ = await p.ask(chat(system("A"), "hello", "x", "first question"), user="chat-1")
-        _, edited = await p.ask(chat(system("A"), "hello", "y", "first question", reply, "next"), user="chat-1")
+        question = "first question " + " ".join(f"w{i}" for i in range(100))  # past the tolerance after the edit
+        reply, _ = await p.ask(chat(system("A"), "hello", "x", question), user="chat-1")
+        _, edited = await p.ask(chat(system("A"), "hello", "y", question, reply, "next"), user="chat-1")
+        assert edited.verdict is VerdictKind.PARTIAL, edited
         assert edited.explanation.cause is Cause.EARLIER_MESSAGE_EDITED
         await p.proxy.settle()
         [stored, _] = p.proxy.store.requests(edited.conversation)
@@ -155,7 +158,7 @@ async def test_a_server_that_persists_prompts_itself_gets_requests_unchanged(tmp
         reply, first = await p.ask(chat(system("A"), "hello"))
         _, second = await p.ask(chat(system("A"), "hello", reply, "again"))
         assert second.conversation == first.conversation  # still judged, per conversation
-        assert second.verdict is RequestVerdict.HIT, second  # the server found its slot by itself
+        assert second.verdict is VerdictKind.HIT, second  # the server found its slot by itself
         assert first.slot is None and second.slot is None  # nothing pinned
         assert all(v.conversation is None for v in p.proxy.leases.snapshot())  # nothing leased, nothing parked
         assert [c.parked_as for c in p.proxy.list()] == [None]

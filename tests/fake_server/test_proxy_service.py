@@ -10,7 +10,9 @@ import asyncio
 import openai
 import pytest
 
-from app.core.conversation import Cause, RequestVerdict
+from app.core.conversation import Cause
+
+from app.core.verdict import VerdictKind
 from app.core.lifecycle import StopTrigger
 from app.servers.service import ServerService
 from app.proxy.service import ProxyFront
@@ -61,10 +63,10 @@ def profile(tmp_path, monkeypatch):
 async def test_a_chat_is_one_conversation_pinned_to_its_slot(profile):
     async with Proxied(profile) as p:
         reply, first = await p.ask(chat(system("A"), "hello"))
-        assert first.verdict is RequestVerdict.NEW and first.slot is not None
+        assert first.verdict is VerdictKind.NEW and first.slot is not None
         _, second = await p.ask(chat(system("A"), "hello", reply, "and then?"))
         assert second.conversation == first.conversation and second.slot == first.slot
-        assert second.verdict is RequestVerdict.HIT, second
+        assert second.verdict is VerdictKind.HIT, second
         [conv] = p.proxy.list()
         assert conv.requests == 2 and conv.slot == first.slot
 
@@ -78,7 +80,7 @@ async def test_more_conversations_than_slots_rotate_through_their_parks(profile)
         assert firsts["C"][1].slot == rec_a.slot  # the least recently used slot went to C
         _, back = await p.ask(chat(system("A"), "hello", reply_a, "again"))
         assert back.conversation == rec_a.conversation and back.restored_from == f"proxy-{rec_a.conversation}"
-        assert back.verdict is RequestVerdict.HIT, back  # the fake keeps what it restored
+        assert back.verdict is VerdictKind.HIT, back  # the fake keeps what it restored
 
 
 async def test_a_restore_the_server_refuses_is_said_and_the_request_re_prefills(profile, monkeypatch):
@@ -90,7 +92,7 @@ async def test_a_restore_the_server_refuses_is_said_and_the_request_re_prefills(
         park.write_bytes(b"not a state file")  # the server refuses it: the slot is emptied
         _, back = await p.ask(chat(system("A"), "hello", reply_a, "again"))
         assert back.conversation == rec_a.conversation
-        assert back.verdict is RequestVerdict.MISS, back
+        assert back.verdict is VerdictKind.MISS, back
         assert back.explanation is not None and back.explanation.cause in (Cause.RESTORE_FAILED,
                                                                            Cause.SLOT_TAKEN), back
 
@@ -103,4 +105,4 @@ async def test_an_app_restart_finds_the_conversations_again(profile):
         _, again = await p2.ask(chat(system("A"), "hello", reply, "and then?"))
         assert again.conversation == first.conversation
         assert again.restored_from == f"proxy-{first.conversation}"
-        assert again.verdict is RequestVerdict.HIT, again
+        assert again.verdict is VerdictKind.HIT, again

@@ -9,7 +9,7 @@ from hypothesis import example, given, strategies as st
 
 from app.proxy.explain import explain_messages
 from app.proxy.identity import ConversationIndex, chain, cut_at_last_assistant, normalise
-from app.proxy.model import Message
+from app.core.conversation import Message
 from tests.fuzz.fuzzkit import outcome
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),

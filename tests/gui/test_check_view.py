@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtGui import QImage
 
 from app.sessions.check import ABReport, CheckReport, ProbeRow
-from app.core.verdict import VerdictKind, judge
+from app.core.verdict import Reuse, VerdictKind, judge
 from app.store.catalog import HistoryEvent
 from app.ui.dialogs.check import ABChart, CheckDialog, HistoryChart, export_png
 
@@ -18,8 +18,7 @@ pytestmark = pytest.mark.gui
 
 
 def row(name, restore_ms, prompt_ms, prompt_n, cache_n, total, loaded, status="present"):
-    v = judge(2892, total, cache_n, prompt_n, sidecar_status=status, sidecar_loaded_count=loaded,
-              build_persists=True, prompt_ms=prompt_ms)
+    v = judge(Reuse(2892, cache_n, prompt_n, prompt_total=total, restored=True, sidecar_status=status, sidecar_loaded_count=loaded, build_persists=True, prompt_ms=prompt_ms))
     return ProbeRow(name, restore_ms, prompt_ms, prompt_n, cache_n, prompt_ms + 27.3, 2892, loaded, v, total)
 
 

@@ -14,7 +14,8 @@ import pytest
 from PySide6.QtCore import QObject, QPoint, Qt, Signal
 
 from app.core.units import fmt_duration
-from app.proxy.model import Cause, Conversation, Explanation, RequestRecord, RequestVerdict
+from app.core.conversation import Cause, Conversation, Explanation, RequestRecord
+from app.core.verdict import VerdictKind
 from app.store.conversations import ConversationStore
 from app.ui.conversations.model import (COL_HINT, COL_ID, COL_REQUESTS, COL_SAVED, COL_TOKENS, COL_USED,
                                         COL_VERDICT, COL_WHERE, RCOL_CACHE, RCOL_CONV, RCOL_PROMPT, RCOL_RESTORED,
@@ -55,17 +56,17 @@ def filled():
     NOW = time.time()  # the ages are read moments later: "1 min ago", not what the module's import time gives
     with open_store() as s:
         s.save(conv(A, hint="alice", slot=0, n_tokens=12_000, last_used=NOW - 60,
-                    last_verdict=RequestVerdict.MISS, requests=3, time_saved_s=42.0), PROFILE)
+                    last_verdict=VerdictKind.MISS, requests=3, time_saved_s=42.0), PROFILE)
         s.save(conv(B, slot=None, parked_as="proxy-b0b0", n_tokens=3_000, last_used=NOW - 3600,
-                    last_verdict=RequestVerdict.HIT, requests=2, time_saved_s=5.0), PROFILE)
+                    last_verdict=VerdictKind.HIT, requests=2, time_saved_s=5.0), PROFILE)
         s.save(conv(C, hint="bob", slot=1, n_tokens=20_000, last_used=NOW - 7200,
-                    last_verdict=RequestVerdict.PARTIAL, requests=1), PROFILE)
-        for r in (rec(B, NOW - 4000, 0, RequestVerdict.NEW, 0, 2_500),
-                  rec(B, NOW - 3600, 0, RequestVerdict.HIT, 2_500, 30),
-                  rec(A, NOW - 300, 0, RequestVerdict.NEW, 0, 9_000, restored=None),
-                  rec(A, NOW - 200, 0, RequestVerdict.HIT, 9_000, 50),
-                  rec(A, NOW - 60, 0, RequestVerdict.MISS, 4, 11_800, why=SYSTEM_CHANGED, restored="proxy-a1b2"),
-                  rec(C, NOW - 7200, 1, RequestVerdict.PARTIAL, 800, 19_000,
+                    last_verdict=VerdictKind.PARTIAL, requests=1), PROFILE)
+        for r in (rec(B, NOW - 4000, 0, VerdictKind.NEW, 0, 2_500),
+                  rec(B, NOW - 3600, 0, VerdictKind.HIT, 2_500, 30),
+                  rec(A, NOW - 300, 0, VerdictKind.NEW, 0, 9_000, restored=None),
+                  rec(A, NOW - 200, 0, VerdictKind.HIT, 9_000, 50),
+                  rec(A, NOW - 60, 0, VerdictKind.MISS, 4, 11_800, why=SYSTEM_CHANGED, restored="proxy-a1b2"),
+                  rec(C, NOW - 7200, 1, VerdictKind.PARTIAL, 800, 19_000,
                       why=Explanation(Cause.REASONING_STRIPPED, "message 2 (assistant) lost its reasoning"))):
             s.add_request(r.conversation, r)
 
@@ -272,8 +273,8 @@ def test_a_judged_request_updates_the_table_live(qtbot, live):
     panel.source_model.modelReset.connect(lambda: resets.append(1))
 
     proxy.judged(conv(C, hint="bob", slot=1, n_tokens=20_500, last_used=time.time(),
-                      last_verdict=RequestVerdict.HIT, requests=2, time_saved_s=9.5),
-                 rec(C, time.time(), 1, RequestVerdict.HIT, 20_000, 400))
+                      last_verdict=VerdictKind.HIT, requests=2, time_saved_s=9.5),
+                 rec(C, time.time(), 1, VerdictKind.HIT, 20_000, 400))
     t = panel.table
     assert shown(t, COL_ID) == [C, A, B]  # most recently used first
     assert (cell(t, 0, COL_VERDICT), cell(t, 0, COL_TOKENS), cell(t, 0, COL_REQUESTS), cell(t, 0, COL_USED)) == \
@@ -282,8 +283,8 @@ def test_a_judged_request_updates_the_table_live(qtbot, live):
     assert shown(panel.requests, RCOL_VERDICT) == ["PARTIAL", "HIT"]  # its new request is there
 
     # a new conversation's first request: a new row
-    proxy.judged(conv("d00d00d00d00", slot=2, n_tokens=700, last_used=time.time(), last_verdict=RequestVerdict.NEW,
-                      requests=1), rec("d00d00d00d00", time.time(), 2, RequestVerdict.NEW, 0, 700))
+    proxy.judged(conv("d00d00d00d00", slot=2, n_tokens=700, last_used=time.time(), last_verdict=VerdictKind.NEW,
+                      requests=1), rec("d00d00d00d00", time.time(), 2, VerdictKind.NEW, 0, 700))
     assert shown(t, COL_ID)[0] == "d00d00d00d00" and shown(t, COL_WHERE)[0] == "slot 2"
     assert panel.timeline.findData(2) > 0  # its slot joins the timeline choices
     assert resets == []  # rows changed in place, no reset
@@ -291,8 +292,8 @@ def test_a_judged_request_updates_the_table_live(qtbot, live):
     # the proxy gone: what the store holds, and its callback no longer reaches the tab
     controller.sig_proxy.emit(None)
     assert panel.hint.text() == NO_PROXY_HINT
-    proxy.judged(conv(A, slot=0, n_tokens=1, last_used=time.time(), last_verdict=RequestVerdict.MISS, requests=9),
-                 rec(A, time.time(), 0, RequestVerdict.MISS, 0, 1))
+    proxy.judged(conv(A, slot=0, n_tokens=1, last_used=time.time(), last_verdict=VerdictKind.MISS, requests=9),
+                 rec(A, time.time(), 0, VerdictKind.MISS, 0, 1))
     assert cell(t, shown(t, COL_ID).index(A), COL_REQUESTS) == "3"
 
 
@@ -308,5 +309,5 @@ def test_no_callback_reaches_a_closed_tab(qtbot, qloop, live):
     panel, proxy, _controller = live
     run(qloop, panel.aclose(), 10)
     proxy.judged(conv(A, slot=0, n_tokens=1, last_used=time.time(), requests=9),
-                 rec(A, time.time(), 0, RequestVerdict.MISS, 0, 1))  # nothing raised, nothing touched
+                 rec(A, time.time(), 0, VerdictKind.MISS, 0, 1))  # nothing raised, nothing touched
     assert cell(panel.table, 0, COL_REQUESTS) == "3"

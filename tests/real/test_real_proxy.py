@@ -3,7 +3,7 @@ conversations than slots rotate through their parks, every request is judged fro
 own timings, and a conversation comes back after the server (and the app) restarted.
 
 The stock llama-server keeps no context checkpoints across a restore, so on Gemma 3 (SWA) a
-conversation restored from its park re-processes its prompt: MISS, and the proxy says why. The
+conversation restored from its park re-processes its prompt: DISCARDED, and the proxy says why. The
 sidecar-writing build (v2) brings them back: the same conversation is a HIT."""
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import asyncio
 import openai
 import pytest
 
-from app.core.conversation import Cause, RequestVerdict
+from app.core.conversation import Cause
+
+from app.core.verdict import VerdictKind, tolerance
 from app.servers.service import ServerService
 from app.proxy.service import ProxyFront
 from app.servers.launch import launch_profile
@@ -72,7 +74,7 @@ async def rotate(p: Proxied):
     first = {}
     for name in ("A", "B", "C"):
         reply, rec = await p.ask(turn(SYSTEMS[name], question="What is the first word?"))
-        assert rec.verdict is RequestVerdict.NEW
+        assert rec.verdict is VerdictKind.NEW
         first[name] = (reply, rec)
     assert first["C"][1].slot == first["A"][1].slot  # C took the least recently used slot: A's
     reply_a, _ = first["A"]
@@ -89,10 +91,10 @@ def test_conversations_rotate_through_their_parks_on_the_stock_server(real_profi
         async with Proxied(real_profile.replace(proxy=True)) as p:
             first, back, c_again = await rotate(p)
             # the stock build restored the tokens but not the checkpoints: Gemma's SWA re-processed
-            assert back.verdict is RequestVerdict.MISS, back
+            assert back.verdict is VerdictKind.DISCARDED, back  # as the Sessions tab says of its park
             assert back.explanation is not None and back.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS
-            assert c_again.verdict is RequestVerdict.HIT, c_again  # C stayed in its slot (B went)
-            assert c_again.cache_n >= c_again.expected_reuse - 16
+            assert c_again.verdict is VerdictKind.HIT, c_again  # C stayed in its slot (B went)
+            assert c_again.cache_n >= c_again.expected_reuse - tolerance(c_again.expected_reuse)
             convs = {c.id: c for c in p.proxy.list()}
             assert len(convs) == 3 and convs[back.conversation].requests == 2
 
@@ -108,7 +110,7 @@ def test_an_edited_system_prompt_is_explained(real_profile):
             _, rec = await p.ask(turn(edited, ("What is the first word?", reply), question="And the second?"),
                                  user="chat-42")
             assert rec.conversation == first.conversation
-            assert rec.verdict in (RequestVerdict.MISS, RequestVerdict.PARTIAL)
+            assert rec.verdict in (VerdictKind.MISS, VerdictKind.PARTIAL)
             assert rec.explanation.cause is Cause.SYSTEM_PROMPT_CHANGED, rec.explanation
 
     asyncio.run(go())
@@ -124,7 +126,7 @@ def test_with_sidecars_a_conversation_comes_back_warm_after_the_server_and_the_a
     async def go():
         async with Proxied(sidecar_proxy_profile) as p:
             first, back, _ = await rotate(p)
-            assert back.verdict is RequestVerdict.HIT, back  # restored with its checkpoints
+            assert back.verdict is VerdictKind.HIT, back  # restored with its checkpoints
             reply_b, rec_b = first["B"]
             report = await p.stop()
             assert report.stopped and report.complete
@@ -134,6 +136,6 @@ def test_with_sidecars_a_conversation_comes_back_warm_after_the_server_and_the_a
             _, rec = await p2.ask(turn(SYSTEMS["B"], ("What is the first word?", reply_b), question="And then?"))
             assert rec.conversation == rec_b.conversation
             assert rec.restored_from == f"proxy-{rec.conversation}"
-            assert rec.verdict is RequestVerdict.HIT, rec
+            assert rec.verdict is VerdictKind.HIT, rec
 
     asyncio.run(go())

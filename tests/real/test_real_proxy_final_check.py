@@ -14,7 +14,9 @@ import asyncio
 
 import pytest
 
-from app.core.conversation import Cause, RequestVerdict
+from app.core.conversation import Cause
+
+from app.core.verdict import VerdictKind
 from tests.real.test_real_proxy import SYSTEMS, Proxied, turn
 
 pytestmark = pytest.mark.real_server
@@ -36,7 +38,7 @@ def test_a_park_whose_tokens_are_not_the_requests_is_not_restored(real_profile):
                                  user="chat-x")
             assert rec.conversation == first.conversation  # the client's name wins over the messages
             assert rec.restored_from is None, rec  # the park was not restored over the slot
-            assert rec.verdict is RequestVerdict.MISS, rec
+            assert rec.verdict is VerdictKind.MISS, rec
             assert rec.explanation is not None and "did not restore" in rec.explanation.detail, rec.explanation
             assert "share" in rec.explanation.detail and "tokens with the prompt" in rec.explanation.detail
             # what the messages say changed stays the cause
@@ -46,6 +48,6 @@ def test_a_park_whose_tokens_are_not_the_requests_is_not_restored(real_profile):
             _, nxt = await p.ask([{"role": "system", "content": OTHER}, {"role": "user", "content": "Go."},
                                   {"role": "assistant", "content": "Pomme"}, {"role": "user", "content": "Next?"}],
                                  user="chat-x")
-            assert nxt.conversation == first.conversation and nxt.verdict is RequestVerdict.HIT, nxt
+            assert nxt.conversation == first.conversation and nxt.verdict is VerdictKind.HIT, nxt
 
     asyncio.run(go())

@@ -18,7 +18,9 @@ import httpx
 import openai
 import pytest
 
-from app.core.conversation import Cause, RequestVerdict
+from app.core.conversation import Cause
+
+from app.core.verdict import VerdictKind
 from app.core.states import ServerState
 from app.proxy.leases import SlotState
 from tests.real.helpers import TEXT
@@ -92,7 +94,7 @@ def test_two_requests_of_one_conversation_at_once(real_profile):
             assert all(r.choices[0].message.content and r.choices[0].finish_reason == "length" for r in (a, b))
             assert {r.conversation for r in recs} == {first.conversation}
             assert {r.slot for r in recs} == {first.slot}
-            assert [r.verdict for r in recs] == [RequestVerdict.HIT] * 2, recs
+            assert [r.verdict for r in recs] == [VerdictKind.HIT] * 2, recs
             assert p.proxy.leases.waiting == 0
 
     asyncio.run(go())
@@ -109,13 +111,13 @@ def test_a_shared_system_prompt_and_a_fork(real_profile):
             ry, y1 = await p.ask(turn(sys_prompt, question="What is the last word?"))
             assert x1.conversation != y1.conversation and x1.slot != y1.slot
             rx2, x2 = await p.ask(turn(sys_prompt, ("What is the first word?", rx), question="And the second?"))
-            assert x2.conversation == x1.conversation and x2.verdict is RequestVerdict.HIT, x2
+            assert x2.conversation == x1.conversation and x2.verdict is VerdictKind.HIT, x2
             _, y2 = await p.ask(turn(sys_prompt, ("What is the last word?", ry), question="And before it?"))
-            assert y2.conversation == y1.conversation and y2.verdict is RequestVerdict.HIT, y2
+            assert y2.conversation == y1.conversation and y2.verdict is VerdictKind.HIT, y2
             # the fork: X's first exchange, then another second question
             rf, f1 = await p.ask(turn(sys_prompt, ("What is the first word?", rx), question="Who parks the cars?"))
             assert f1.conversation not in (x1.conversation, y1.conversation), f1
-            assert f1.verdict is RequestVerdict.NEW
+            assert f1.verdict is VerdictKind.NEW
             assert f1.slot == x1.slot  # LRU: X's slot (Y was used last); X was parked first
             # the trunk goes on: still X, brought back from its park into the LRU slot (Y's)
             _, x3 = await p.ask(turn(sys_prompt, ("What is the first word?", rx), ("And the second?", rx2),
@@ -124,7 +126,7 @@ def test_a_shared_system_prompt_and_a_fork(real_profile):
             # the fork goes on: its own conversation, still in its slot
             _, f2 = await p.ask(turn(sys_prompt, ("What is the first word?", rx), ("Who parks the cars?", rf),
                                      question="Where?"))
-            assert f2.conversation == f1.conversation and f2.verdict is RequestVerdict.HIT, f2
+            assert f2.conversation == f1.conversation and f2.verdict is VerdictKind.HIT, f2
             assert len(p.proxy.list()) == 3
 
     asyncio.run(go())
@@ -140,10 +142,10 @@ def test_client_truncation_and_stripped_reasoning_are_explained(real_profile):
             sys_t = SYSTEMS["B"]
             r1, t1 = await p.ask(turn(sys_t, question=LONG_Q))
             r2, t2 = await p.ask(turn(sys_t, (LONG_Q, r1), question="And the second?"))
-            assert t2.verdict is RequestVerdict.HIT, t2
+            assert t2.verdict is VerdictKind.HIT, t2
             _, t3 = await p.ask(turn(sys_t, ("And the second?", r2), question="And the third?"))
             assert t3.conversation == t1.conversation, t3
-            assert t3.verdict is RequestVerdict.PARTIAL, t3
+            assert t3.verdict is VerdictKind.PARTIAL, t3
             assert t3.explanation.cause is Cause.CLIENT_TRUNCATION, t3.explanation
             assert t3.cache_n >= 150  # the system prompt was reused
 
@@ -154,7 +156,7 @@ def test_client_truncation_and_stripped_reasoning_are_explained(real_profile):
             r2, k2 = await p.ask(turn(sys_r, (q1, think + r1), question=LONG_Q))  # the reply with its reasoning
             _, k3 = await p.ask(turn(sys_r, (q1, r1), (LONG_Q, r2), question="And the third?"))  # without it
             assert k3.conversation == k2.conversation, k3
-            assert k3.verdict is RequestVerdict.PARTIAL, k3
+            assert k3.verdict is VerdictKind.PARTIAL, k3
             assert k3.explanation.cause is Cause.REASONING_STRIPPED, k3.explanation
             assert k3.cache_n >= 150
 
@@ -186,11 +188,11 @@ def test_a_client_disconnecting_mid_stream_then_rotation(v2_profile):
             assert held > d1.cache_n + d1.prompt_n, held  # the second prompt (and what it generated) is kept
             for name in ("B", "C"):  # the other slot, then D's (LRU): D is parked
                 _, rec = await p.ask(turn(SYSTEMS[name], question="What is the first word?"))
-                assert rec.verdict is RequestVerdict.NEW
+                assert rec.verdict is VerdictKind.NEW
             assert d.slot is None and d.parked_as == f"proxy-{d.id}" and d.n_tokens == held
             _, back = await p.ask(msgs)
             assert back.conversation == d.id and back.restored_from == f"proxy-{d.id}", back
-            assert back.verdict is RequestVerdict.HIT, back
+            assert back.verdict is VerdictKind.HIT, back
 
     asyncio.run(go())
 
@@ -234,17 +236,17 @@ def test_server_killed_mid_generation(v2_profile):
             _, rec_b = await p.ask(turn(SYSTEMS["B"], ("What is the first word?", first["B"][0]),
                                         question="And the second?"))
             assert rec_b.conversation == b and rec_b.restored_from == f"proxy-{b}"
-            assert rec_b.verdict is RequestVerdict.HIT, rec_b
+            assert rec_b.verdict is VerdictKind.HIT, rec_b
             # the ones that were only in slots: re-processed, because the server restarted
             _, rec_a = await p.ask(turn(SYSTEMS["A"], ("What is the first word?", reply_a),
                                         ("And the second?", "y"), question="And the third?"))
             assert rec_a.conversation == back_a.conversation
-            assert rec_a.verdict in (RequestVerdict.MISS, RequestVerdict.PARTIAL), rec_a
+            assert rec_a.verdict in (VerdictKind.MISS, VerdictKind.PARTIAL), rec_a
             assert rec_a.explanation.cause is Cause.SERVER_RESTARTED, rec_a.explanation
             # the killed request, sent again by the client
             _, rec_c = await p.ask(c_msgs)
             assert rec_c.conversation == again_c.conversation
-            assert rec_c.verdict is RequestVerdict.MISS, rec_c
+            assert rec_c.verdict is VerdictKind.MISS, rec_c
             assert rec_c.explanation.cause is Cause.SERVER_RESTARTED, rec_c.explanation
 
     asyncio.run(go())

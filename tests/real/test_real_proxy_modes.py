@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from app import settings
-from app.core.conversation import Cause, RequestVerdict
+from app.core.conversation import Cause
+from app.core.verdict import VerdictKind, tolerance
 from app.proxy.leases import SlotState
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
@@ -73,11 +74,11 @@ def test_an_edited_earlier_message_gets_the_servers_first_divergent_token(real_p
             r1, first = await p.ask(turn(sys_p, question=q1), user="chat-7")
             previous = turn(sys_p, (q1, r1), question="And the second?")
             r2, second = await p.ask(previous, user="chat-7")
-            assert second.conversation == first.conversation and second.verdict is RequestVerdict.HIT, second
+            assert second.conversation == first.conversation and second.verdict is VerdictKind.HIT, second
             edited = turn(sys_p, (q1_edited, r1), ("And the second?", r2), question="And the third?")
             _, rec = await p.ask(edited, user="chat-7")
             assert rec.conversation == first.conversation
-            assert rec.verdict in (RequestVerdict.PARTIAL, RequestVerdict.MISS), rec
+            assert rec.verdict in (VerdictKind.PARTIAL, VerdictKind.MISS), rec
             assert rec.explanation.cause is Cause.EARLIER_MESSAGE_EDITED, rec.explanation
             await p.proxy.settle()  # the token comparison runs after the answer went out
             stored = p.proxy.store.requests(rec.conversation)[0]
@@ -138,7 +139,7 @@ def test_idle_slot_clearing_on_the_stock_server(real_profile):
             reply_a2, back = await p.ask(turn(SYSTEMS["A"], ("What is the first word?", reply_a),
                                               question="And the second?"))
             assert back.conversation == conv_a.id and back.restored_from == conv_a.parked_as, back
-            assert back.verdict is RequestVerdict.MISS, back
+            assert back.verdict is VerdictKind.DISCARDED, back
             assert back.explanation.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS, back.explanation
 
             p.proxy.apply_settings(settings.Settings(proxy_save_before_idle_clear=False))
@@ -149,8 +150,8 @@ def test_idle_slot_clearing_on_the_stock_server(real_profile):
                                         ("And the second?", reply_a2), question="And the third?"))
             assert again.conversation == conv_a.id and again.restored_from is None, again
             assert again.slot == rec_c.slot and p.proxy.leases.ram_chosen == 1
-            assert again.verdict is RequestVerdict.HIT, again  # loaded from the server's RAM cache
-            assert again.cache_n >= again.expected_reuse - 16
+            assert again.verdict is VerdictKind.HIT, again  # loaded from the server's RAM cache
+            assert again.cache_n >= again.expected_reuse - tolerance(again.expected_reuse)
 
     asyncio.run(go())
 
@@ -172,7 +173,7 @@ def test_idle_slot_clearing_without_the_workaround_and_a_ram_cache_too_small(rea
             assert conv.parked_as is None  # never saved: the workaround is off
             _, back = await p.ask(turn(long_system, ("What is the first word?", reply), question="And the second?"))
             assert back.conversation == conv.id and back.restored_from is None
-            assert back.verdict is RequestVerdict.MISS, back
+            assert back.verdict is VerdictKind.MISS, back
             assert back.explanation.cause is Cause.IDLE_SLOT_CLEARED, back.explanation
             assert "RAM prompt cache" in back.explanation.detail
 
@@ -186,7 +187,7 @@ def test_idle_slot_clearing_with_the_workaround_on_the_sidecar_build_comes_back_
             park = f"proxy-{first_a.conversation}"
             _, back = await p.ask(turn(SYSTEMS["A"], ("What is the first word?", reply_a), question="And the second?"))
             assert back.conversation == first_a.conversation and back.restored_from == park, back
-            assert back.verdict is RequestVerdict.HIT, back  # restored with its checkpoints
+            assert back.verdict is VerdictKind.HIT, back  # restored with its checkpoints
 
     asyncio.run(go())
 
@@ -217,11 +218,11 @@ def test_sleep_parks_first_and_a_dirty_slot_is_explained(sidecar_proxy_profile):
                                          question="And the second?"))
             assert p.proxy.watch.slept_seen == 1  # asked /props before the request: it slept
             assert back_a.conversation == conv_a.id and back_a.restored_from == conv_a.parked_as, back_a
-            assert back_a.verdict is RequestVerdict.HIT, back_a
+            assert back_a.verdict is VerdictKind.HIT, back_a
             _, back_b = await p.ask(turn(SYSTEMS["B"], ("What is the first word?", reply_b),
                                          question="And the second?"))
             assert back_b.conversation == first_b.conversation and back_b.restored_from is None
-            assert back_b.verdict is RequestVerdict.MISS, back_b
+            assert back_b.verdict is VerdictKind.MISS, back_b
             assert back_b.explanation.cause is Cause.SERVER_SLEPT, back_b.explanation
 
     asyncio.run(go())

@@ -119,7 +119,8 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             loaded = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "box:there")
             click_row(qtbot, w, "box:there")
             await asyncio.wait_for(loaded, 60)
-            assert [r.name for r in sessions.source_model.records] == ["chat"]
+            assert [r.name for r in sessions.source_model.records] == ["chat"] and sessions.sessions.host == "box"
+            assert not sessions.check_button.isEnabled() and not sessions.rename_button.isEnabled()  # the host's
             assert sessions.park_button.isEnabled() and "'there' on box: Ready" in sessions.hint.text()
             assert "not shown here" in w.log_panel.view.toPlainText()
             assert w.health_panel.shown == "box:there" and w.health_panel.table.rowCount() == 0
@@ -136,7 +137,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             # Park on that tab parks on the host
             sessions.slot.setCurrentIndex(sessions.slot.findData(0))
             sessions.name.setText("again")
-            parked = signal_future(sessions.sig_done, lambda label, ok, text: label == "Park")
+            parked = signal_future(sessions.sig_done, lambda label, ok, text: label.startswith("Park"))
             relisted = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "box:there")
             qtbot.mouseClick(sessions.park_button, Qt.LeftButton)
             _label, ok, text = await asyncio.wait_for(parked, 120)
@@ -175,7 +176,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
         shown = signal_future(sessions.sig_service, lambda s: s is not None and s.profile_name == "here")
         click_row(qtbot, w, "profile:here")
         await asyncio.wait_for(shown, 30)
-        assert sessions.remote is None and [r.name for r in sessions.source_model.records] == ["chat"]
+        assert sessions.sessions is sessions.service and [r.name for r in sessions.source_model.records] == ["chat"]
         assert w.health_panel.shown == "profile:here"
         await w.shutdown()
 

@@ -8,9 +8,10 @@ import threading
 
 import pytest
 
-from app.proxy import model
+from app.core import conversation as model
 from app.proxy.leases import open_conversation_store
-from app.proxy.model import Cause, Conversation, Explanation, Message, RequestRecord, RequestVerdict
+from app.core.conversation import Cause, Conversation, Explanation, Message, RequestRecord
+from app.core.verdict import VerdictKind
 from app.store.conversations import (
     SCHEMA_VERSION,
     ConversationStore,
@@ -43,7 +44,7 @@ def full_conversation(cid="conv-1", **over) -> Conversation:
         n_tokens=4321,
         parked_as=f"proxy-{cid}",
         last_used=1_700_000_100.5,
-        last_verdict=RequestVerdict.PARTIAL,
+        last_verdict=VerdictKind.PARTIAL,
         requests=7,
         time_saved_s=12.25,
     )
@@ -55,7 +56,7 @@ def full_conversation(cid="conv-1", **over) -> Conversation:
 def record(at: float, conv: str | None = "conv-1", slot: int | None = 1, **over) -> RequestRecord:
     values = dict(at=at, conversation=conv, slot=slot, path="/v1/chat/completions", stream=True, cache_n=4000,
                   prompt_n=321, prompt_ms=88.5, predicted_n=64, expected_reuse=4300,
-                  verdict=RequestVerdict.PARTIAL,
+                  verdict=VerdictKind.PARTIAL,
                   explanation=Explanation(Cause.EARLIER_MESSAGE_EDITED, "message 3 (user) differs at character 12",
                                           first_divergent_message=3, first_divergent_token=4000),
                   restored_from="proxy-conv-1", wasted_ms=12.5)
@@ -102,10 +103,10 @@ def test_list_is_most_recent_first_and_filters_by_profile(store):
 
 def test_requests_round_trip_most_recent_first(store):
     store.save(full_conversation(), "gemma")
-    recs = [record(100.0), record(101.0, verdict=RequestVerdict.HIT, explanation=None, restored_from=None,
+    recs = [record(100.0), record(101.0, verdict=VerdictKind.HIT, explanation=None, restored_from=None,
                                   wasted_ms=None, cache_n=None, prompt_n=None, prompt_ms=None,
                                   predicted_n=None, stream=False, slot=None),
-            record(102.0, verdict=RequestVerdict.MISS,
+            record(102.0, verdict=VerdictKind.MISS,
                    explanation=Explanation(Cause.SLOT_TAKEN, "conversation B used slot 1 meanwhile"))]
     for r in recs:
         store.add_request("conv-1", r)
@@ -222,3 +223,16 @@ def test_threads_share_one_store(store):
     for t in threads:
         t.join()
     assert errors == [] and len(store.requests("a")) == 80
+
+
+def test_every_verdict_word_stored_reads_back_as_itself_and_an_unknown_one_as_unknown(store, path):
+    """The proxy's words (HIT, PARTIAL, MISS, NEW) were stored before the one judge; DISCARDED and
+    UNKNOWN since: all read back, and a word a later version might write reads as UNKNOWN."""
+    store.save(full_conversation(last_verdict=VerdictKind.DISCARDED), "gemma")
+    for i, kind in enumerate(VerdictKind):
+        store.add_request("conv-1", record(float(i), verdict=kind))
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE requests SET verdict = 'SOMETHING NEW' WHERE at = 0.0")
+    assert store.get("conv-1").last_verdict is VerdictKind.DISCARDED
+    read = {r.at: r.verdict for r in store.requests("conv-1")}
+    assert [read[float(i)] for i in range(len(VerdictKind))] == [VerdictKind.UNKNOWN, *list(VerdictKind)[1:]]

@@ -1,4 +1,4 @@
-"""app.proxy.explain: the verdict on a request's cache reuse, and why it re-processed."""
+"""app.proxy.explain: why a proxied request re-processed, in its order (the verdict: tests/unit/test_verdict.py)."""
 
 from __future__ import annotations
 
@@ -6,66 +6,12 @@ import dataclasses
 
 import pytest
 
-from app.proxy.explain import SlotContext, explain, explain_messages, first_divergent_token, judge
+from app.proxy.explain import SlotContext, explain, explain_messages, first_divergent_token
 from app.proxy.identity import chain, normalise
-from app.proxy.model import Cause, Message, RequestVerdict
+from app.core.conversation import Cause, Message
+from app.core.verdict import VerdictKind
 
-V = RequestVerdict
-
-# -- judge ---------------------------------------------------------------------
-
-
-def test_new_when_told_or_nothing_to_reuse():
-    assert judge(0, 500, 1000, new=True) is V.NEW
-    assert judge(900, 100, 1000, new=True) is V.NEW
-    assert judge(0, 500, 0) is V.NEW
-    assert judge(None, None, 0) is V.NEW
-
-
-@pytest.mark.parametrize("cache_n, verdict", [
-    (1000, V.HIT), (1200, V.HIT),  # all of it (a longer reuse than expected is fine)
-    (984, V.HIT),  # expected - slack: the re-tokenised tail and the one token
-    (983, V.PARTIAL),  # one more short
-    (500, V.PARTIAL),
-    (17, V.PARTIAL),  # slack + 1: reused something
-    (16, V.MISS),  # slack: nothing useful
-    (0, V.MISS),
-])
-def test_judge_edges_with_cache_n(cache_n, verdict):
-    assert judge(cache_n, 10, 1000) is verdict
-
-
-def test_miss_needs_a_reuse_worth_having():
-    # expected_reuse == 2 * slack: a small reuse lost is PARTIAL, never MISS
-    assert judge(0, 40, 32) is V.PARTIAL
-    assert judge(0, 40, 33) is V.MISS
-    assert judge(16, 40, 32) is V.HIT  # 32 - 16
-    assert judge(15, 40, 32) is V.PARTIAL
-    # a tiny expected reuse is always a HIT
-    assert judge(0, 5, 10) is V.HIT
-
-
-def test_slack_is_a_parameter():
-    assert judge(990, 10, 1000, slack=4) is V.PARTIAL
-    assert judge(996, 10, 1000, slack=4) is V.HIT
-    assert judge(4, 10, 1000, slack=4) is V.MISS
-    assert judge(5, 10, 1000, slack=4) is V.PARTIAL
-
-
-@pytest.mark.parametrize("prompt_n, verdict", [
-    (0, V.HIT), (16, V.HIT),  # at most slack processed: the rest was reused
-    (17, V.PARTIAL), (983, V.PARTIAL),
-    (984, V.MISS), (5000, V.MISS),  # processed at least what it could have reused
-    (None, V.PARTIAL),  # nothing known
-])
-def test_judge_without_cache_n(prompt_n, verdict):
-    assert judge(None, prompt_n, 1000) is verdict
-
-
-def test_judge_without_cache_n_and_a_small_reuse():
-    assert judge(None, 5000, 32) is V.PARTIAL
-    assert judge(None, 5000, 33) is V.MISS
-
+V = VerdictKind
 
 # -- explain_messages ----------------------------------------------------------
 
@@ -232,10 +178,30 @@ PREV = conv("u1", "a1", "u2")
 CUR = PREV + [Message("assistant", "a2"), Message("user", "u3")]
 
 
-def test_hit_and_new_need_no_explanation():
+def test_hit_new_and_unknown_need_no_explanation():
     ctx = SlotContext(restarted=True)
     assert explain(V.HIT, PREV, CUR, ctx) is None
     assert explain(V.NEW, None, CUR, ctx) is None
+    assert explain(V.UNKNOWN, PREV, CUR, ctx) is None
+
+
+def test_the_whole_order_lives_here():
+    """Before the slot's story: a reuse onto another chat's checkpoints (even of a HIT), then a park the
+    proxy did not restore (the messages' cause kept when they say one); the RAM cache that missed is
+    said with a taken slot."""
+    edited = conv("changed", "a1", "u2")
+    hazard = SlotContext(restored_from="p", restore_had_checkpoints=False, hazard="the slot holds chat X: ...",
+                         avoided="the park's own tokens are not this request's", parked_as="proxy-p",
+                         taken_by="other")
+    e = explain(V.HIT, PREV, CUR, hazard, cache_n=900, reusable=1000)
+    assert e.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS and "900 tokens" in e.detail and "the slot holds chat X" in e.detail
+    assert explain(V.HIT, PREV, CUR, hazard, cache_n=32, reusable=1000) is None  # no reuse beyond the tolerance
+    e = explain(V.MISS, PREV, edited, hazard, cache_n=0, reusable=1000)
+    assert e.cause is Cause.EARLIER_MESSAGE_EDITED and "did not restore 'proxy-p'" in e.detail
+    e = explain(V.MISS, PREV, CUR, hazard, cache_n=0, reusable=1000)
+    assert e.cause is Cause.SLOT_TAKEN and "did not restore 'proxy-p'" in e.detail
+    e = explain(V.MISS, PREV, CUR, SlotContext(taken_by="other", ram_tokens=1234))
+    assert e.cause is Cause.SLOT_TAKEN and "RAM prompt cache" in e.detail and "1,234" in e.detail
 
 
 @pytest.mark.parametrize("ctx, cause", [
@@ -247,7 +213,7 @@ def test_hit_and_new_need_no_explanation():
     (SlotContext(restored_from="chat-1", restore_had_checkpoints=False), Cause.RESTORE_WITHOUT_CHECKPOINTS),
 ])
 def test_each_server_side_cause(ctx, cause):
-    for verdict in (V.PARTIAL, V.MISS):
+    for verdict in (V.PARTIAL, V.MISS, V.DISCARDED):
         e = explain(verdict, PREV, CUR, ctx)
         assert e.cause is cause and e.first_divergent_message is None
         assert e.detail.endswith(".") and "\n" not in e.detail

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from app.core.conversation import Cause, Explanation, Message, RequestRecord, RequestVerdict
+from app.core.conversation import Cause, Explanation, Message, RequestRecord
+
+from app.core.verdict import VerdictKind
 from app.proxy import watch
 from app.proxy.explain import TOKEN_DIFF_MAX_CHARS, wants_tokens, with_divergent_token
 from app.store.conversations import ConversationStore
@@ -40,8 +42,8 @@ def test_a_previous_prompt_kept_whole_says_the_change_came_after_it():
 
 
 def test_only_a_request_that_re_processed_is_compared():
-    assert wants_tokens(RequestVerdict.PARTIAL) and wants_tokens(RequestVerdict.MISS)
-    assert not wants_tokens(RequestVerdict.HIT) and not wants_tokens(RequestVerdict.NEW)
+    assert wants_tokens(VerdictKind.PARTIAL) and wants_tokens(VerdictKind.MISS)
+    assert not wants_tokens(VerdictKind.HIT) and not wants_tokens(VerdictKind.NEW)
 
 
 class Client:
@@ -109,7 +111,7 @@ def test_a_body_is_rebuilt_from_stored_messages_after_an_app_restart():
 def record(ex: Explanation | None) -> RequestRecord:
     return RequestRecord(at=1.0, conversation="c1", slot=0, path="/v1/chat/completions", stream=False, cache_n=4,
                          prompt_n=90, prompt_ms=12.0, predicted_n=2, expected_reuse=80,
-                         verdict=RequestVerdict.PARTIAL, explanation=ex)
+                         verdict=VerdictKind.PARTIAL, explanation=ex)
 
 
 def test_the_token_lands_in_the_stored_request(tmp_path):

@@ -13,7 +13,7 @@ from app.proxy.identity import (
     normalise,
     setup_fingerprint,
 )
-from app.proxy.model import Message
+from app.core.conversation import Message
 
 SETUP = dict(model_id="qwen3-8b", cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on", swa_full=False,
              chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")

@@ -14,7 +14,7 @@ from app.proxy.leases import (RestoreAvoided,
     open_conversation_store,
     park_name,
 )
-from app.proxy.model import Cause, Conversation
+from app.core.conversation import Cause, Conversation
 
 PROFILE = "gemma"
 BYTES_PER_TOKEN = 10

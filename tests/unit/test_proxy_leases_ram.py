@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from app.proxy.explain import ram_cache_missed
 from app.proxy.leases import SlotState, park_name
-from app.proxy.model import Cause, Explanation
+from app.core.conversation import Cause, Explanation
 from tests.unit.test_proxy_leases import FakeBackend, conv, make, turn
 
 

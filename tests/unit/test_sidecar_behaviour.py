@@ -11,7 +11,7 @@ import pytest
 
 from app.core.sidecar_behaviour import (MISSING, SIDELESS_COSTS, Behaviour, Evidence, discard_reason, identify,
                                         predict_load, sideless_warning)
-from app.core.verdict import VerdictKind, judge
+from app.core.verdict import Reuse, VerdictKind, judge
 from app.server.cpu import REPACK_ENV, amx_under_hypervisor, repack_env
 from app.server.logparse import Kind, SidecarMode, parse_line
 from app.server.sidecar import Checkpoint, fnv1a64_file, read_facts, write_pkcl
@@ -112,12 +112,12 @@ def test_discard_reason_names_the_builds_refusal(tmp_path):
                      state_hash=fnv1a64_file(state))
     reason = discard_reason(Behaviour.V2, p)
     assert "refused the sidecar" in reason and "tip checkpoint" in reason
-    v = judge(2538, 2549, 0, 2549, sidecar_status="present", sidecar_loaded_count=0, behaviour=Behaviour.V2,
-              prediction=p)
+    v = judge(Reuse(2538, 0, 2549, prompt_total=2549, restored=True, sidecar_status="present",
+                    sidecar_loaded_count=0, behaviour=Behaviour.V2, prediction=p))
     assert v.kind is VerdictKind.DISCARDED and "refused the sidecar" in v.reason and "--ctx-checkpoints 1" in v.reason
     tip = predict_load(Behaviour.FORK, MISSING, n_restored=2538, ctx_checkpoints=32)
-    v = judge(2538, 2549, 0, 2549, sidecar_status="missing", sidecar_loaded_count=0, behaviour=Behaviour.FORK,
-              prediction=tip)
+    v = judge(Reuse(2538, 0, 2549, prompt_total=2549, restored=True, sidecar_status="missing",
+                    sidecar_loaded_count=0, behaviour=Behaviour.FORK, prediction=tip))
     assert "tip checkpoint" in v.reason
 
 

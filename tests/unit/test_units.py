@@ -33,11 +33,11 @@ def test_fmt_duration(seconds, text):
 
 
 def test_the_old_names_are_the_one_formatter():
-    from app.core import rules, verdict
+    from app.core import rules
     from app.monitor import units
 
     assert rules.human_bytes is fmt_bytes and units.fmt_bytes is fmt_bytes
-    assert verdict.format_duration is fmt_duration and units.fmt_duration is fmt_duration
+    assert units.fmt_duration is fmt_duration
 
 
 def test_a_sessions_size_and_time_saved_read_the_same_in_the_window_and_the_cli(qapp):

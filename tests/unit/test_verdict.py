@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.core.checkpoints import CheckpointFigures
-from app.core.verdict import VerdictKind, judge, worst
+from app.core.verdict import MEANING, SEVERITY, WASTEFUL, Reuse, VerdictKind, judge, tolerance, worst
 from app.sessions.watch import ResumeWatcher, judge_from_completion
 from app.server.logparse import parse_line
 from app.server.sidecar import SidecarStatus
@@ -15,8 +15,7 @@ from tests.conftest import B11434, SIDECAR_BUILD
 
 
 def test_hit_small_rollback_with_checkpoint():
-    v = judge(2892, 2885, 2880, 5, sidecar_status="present", sidecar_loaded_count=4,
-              checkpoint_restored=CheckpointFigures(n_past=2880, pos_max=2880), prompt_ms=78.4)
+    v = judge(Reuse(2892, 2880, 5, prompt_total=2885, restored=True, sidecar_status="present", sidecar_loaded_count=4, checkpoint_restored=CheckpointFigures(n_past=2880, pos_max=2880), prompt_ms=78.4))
     assert v.kind is VerdictKind.HIT
     assert v.rollback_tokens == 12 and v.checkpoints_loaded == 4
     assert "5 of 2,885" in v.reason and "2,880 of 2,892" in v.reason
@@ -26,20 +25,20 @@ def test_hit_small_rollback_with_checkpoint():
 
 
 def test_hit_tolerance_is_32_for_short_sessions():
-    assert judge(300, 310, 270, 40, sidecar_status="not needed").kind is VerdictKind.HIT
-    assert judge(300, 310, 260, 50, sidecar_status="not needed").kind is VerdictKind.PARTIAL
+    assert judge(Reuse(300, 270, 40, prompt_total=310, restored=True, sidecar_status="not needed")).kind is VerdictKind.HIT
+    assert judge(Reuse(300, 260, 50, prompt_total=310, restored=True, sidecar_status="not needed")).kind is VerdictKind.PARTIAL
 
 
 def test_partial_says_how_far_back():
-    v = judge(10000, 10010, 6000, 4010, sidecar_status="present", sidecar_loaded_count=3)
+    v = judge(Reuse(10000, 6000, 4010, prompt_total=10010, restored=True, sidecar_status="present", sidecar_loaded_count=3))
     assert v.kind is VerdictKind.PARTIAL
     assert v.rollback_tokens == 4000
     assert "4,000 tokens before the tip" in v.reason
 
 
 def test_unknown_without_query():
-    assert judge(2892, None, None, None, sidecar_status="present").kind is VerdictKind.UNKNOWN
-    assert judge(0, 10, 0, 10, sidecar_status="missing").kind is VerdictKind.UNKNOWN
+    assert judge(Reuse(2892, None, None, prompt_total=None, restored=True, sidecar_status="present")).kind is VerdictKind.UNKNOWN
+    assert judge(Reuse(0, 0, 10, prompt_total=10, restored=True, sidecar_status="missing")).kind is VerdictKind.UNKNOWN
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -53,32 +52,31 @@ def test_unknown_without_query():
     (dict(sidecar_status="not needed", common_prefix=12), "diverged from the saved tokens at token 12"),
 ])
 def test_discarded_reasons_in_order(kwargs, needle):
-    v = judge(2892, 2885, 0, 2885, full_reprocess_logged=True, prompt_ms=11052.8, **kwargs)
+    v = judge(Reuse(2892, 0, 2885, prompt_total=2885, restored=True, full_reprocess_logged=True, prompt_ms=11052.8, **kwargs))
     assert v.kind is VerdictKind.DISCARDED
     assert needle in v.reason, v.reason
     assert v.reason.startswith("re-processed 2,885 of 2,885 prompt tokens in 11,053 ms:")
 
 
 def test_reason_precedence_ctx_checkpoints_beats_everything():
-    v = judge(2892, 2885, 0, 2885, sidecar_status="present", ctx_checkpoints=0, build_persists=False,
-              sidecar_loaded_count=0, common_prefix=3)
+    v = judge(Reuse(2892, 0, 2885, prompt_total=2885, restored=True, sidecar_status="present", ctx_checkpoints=0, build_persists=False, sidecar_loaded_count=0, common_prefix=3))
     assert "--ctx-checkpoints 0" in v.reason
 
 
 def test_example_sentence():
-    v = judge(2885, 2885, 0, 2885, sidecar_status="missing", build_persists=False)
+    v = judge(Reuse(2885, 0, 2885, prompt_total=2885, restored=True, sidecar_status="missing", build_persists=False))
     assert v.reason == ("re-processed 2,885 of 2,885 prompt tokens: this build does not persist context "
                         "checkpoints (no sidecar), so the restored cache was discarded")
 
 
 def test_nearly_whole_prompt_is_discarded():
     # 1 % or less of the restored tokens reused: a full re-prefill in practice
-    assert judge(2892, 2900, 20, 2880, sidecar_status="missing").kind is VerdictKind.DISCARDED
+    assert judge(Reuse(2892, 20, 2880, prompt_total=2900, restored=True, sidecar_status="missing")).kind is VerdictKind.DISCARDED
 
 
 def test_worst():
-    a = judge(2892, 2885, 2880, 5, sidecar_status="present")
-    b = judge(2892, 2885, 0, 2885, sidecar_status="present")
+    a = judge(Reuse(2892, 2880, 5, prompt_total=2885, restored=True, sidecar_status="present"))
+    b = judge(Reuse(2892, 0, 2885, prompt_total=2885, restored=True, sidecar_status="present"))
     assert worst([a, b]) is b and worst([a]) is a and worst([]) is None
 
 
@@ -171,3 +169,69 @@ def test_info_level_log_estimates():
     v = w.feed("0.14.937.219 I slot print_timing: id  0 | task 2 | prompt eval time =   11052.83 ms /  2885 tokens "
                "(    3.83 ms per token,   261.02 tokens per second)")
     assert v is not None and v.kind is VerdictKind.DISCARDED and v.figures["estimated"]
+
+
+# -- the one judge, for a proxied request and a resume alike -------------------
+
+V = VerdictKind
+
+
+def test_new_when_told_or_nothing_to_reuse_without_a_restore():
+    assert judge(Reuse(1000, 0, 500, new=True)).kind is V.NEW
+    assert judge(Reuse(1000, 900, 100, new=True)).kind is V.NEW
+    assert judge(Reuse(0, 0, 500)).kind is V.NEW
+    assert judge(Reuse(0, None, None)).kind is V.NEW
+    assert judge(Reuse(0, 0, 500, restored=True)).kind is V.UNKNOWN  # a restore of nothing: no resume to judge
+    assert judge(Reuse(1000, None, None)).kind is V.UNKNOWN  # no figures
+
+
+@pytest.mark.parametrize("cache_n, without_restore, after_restore", [
+    (1000, V.HIT, V.HIT), (1200, V.HIT, V.HIT),  # all of it (a longer reuse than expected is fine)
+    (968, V.HIT, V.HIT),  # reusable - tolerance (32 of 1,000): the re-tokenised tail and the one token
+    (967, V.PARTIAL, V.PARTIAL),  # one more short
+    (500, V.PARTIAL, V.PARTIAL),
+    (33, V.PARTIAL, V.PARTIAL),  # tolerance + 1: reused something
+    (32, V.MISS, V.DISCARDED),  # the tolerance: nothing useful
+    (0, V.MISS, V.DISCARDED),
+])
+def test_one_tolerance_at_both_ends_one_word_per_case(cache_n, without_restore, after_restore):
+    assert judge(Reuse(1000, cache_n, 10)).kind is without_restore
+    assert judge(Reuse(1000, cache_n, 10, restored=True)).kind is after_restore
+
+
+def test_the_tolerance_grows_with_what_could_be_reused():
+    assert tolerance(100) == 32 and tolerance(1600) == 32 and tolerance(10_000) == 200
+    assert judge(Reuse(10_000, 9_800, 10)).kind is V.HIT
+    assert judge(Reuse(10_000, 9_799, 10)).kind is V.PARTIAL
+    assert judge(Reuse(10_000, 200, 10)).kind is V.MISS
+
+
+def test_a_small_reuse_lost_is_no_miss():
+    assert judge(Reuse(32, 0, 40)).kind is V.HIT  # all of it is within the tolerance
+    assert judge(Reuse(40, 0, 40)).kind is V.MISS
+    assert judge(Reuse(40, 8, 40)).kind is V.HIT  # 40 - 32
+
+
+@pytest.mark.parametrize("prompt_n, verdict", [
+    (0, V.HIT), (32, V.HIT),  # at most the tolerance processed: the rest was reused
+    (33, V.PARTIAL), (967, V.PARTIAL),
+    (968, V.MISS), (5000, V.MISS),  # processed (almost) all it could have reused
+])
+def test_without_cache_n_it_is_estimated(prompt_n, verdict):
+    v = judge(Reuse(1000, None, prompt_n))
+    assert v.kind is verdict and v.figures["estimated"]
+
+
+def test_a_logged_full_reprocess_is_no_partial():
+    assert judge(Reuse(1000, 500, 500, restored=True)).kind is V.PARTIAL
+    assert judge(Reuse(1000, 500, 500, restored=True, full_reprocess_logged=True)).kind is V.DISCARDED
+    assert judge(Reuse(1000, 990, 10, restored=True, full_reprocess_logged=True)).kind is V.HIT
+
+
+def test_the_evidence_is_frozen_and_every_word_has_a_meaning():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Reuse(1, 1, 1).cache_n = 2  # type: ignore[misc]
+    assert set(MEANING) == set(VerdictKind) and set(SEVERITY) == set(VerdictKind)
+    assert WASTEFUL == {V.PARTIAL, V.MISS, V.DISCARDED}

@@ -1,6 +1,6 @@
 """The Conversations tab's models: the conversations the proxy knows, and the requests of one.
 
-:class:`ConversationsModel` holds one row per :class:`~app.proxy.model.Conversation`;
+:class:`ConversationsModel` holds one row per :class:`~app.core.conversation.Conversation`;
 :meth:`ConversationsModel.set_conversations` merges a new list in by id (changed rows
 repainted, new ones inserted, gone ones removed: no reset, so the selection and the
 scroll position stay). :class:`ShownConversations` is the
@@ -8,7 +8,7 @@ scroll position stay). :class:`ShownConversations` is the
 (``FILTER_ROLE``, as the Sessions table's) and sorted by the
 clicked header (``SORT_ROLE``: numbers as numbers).
 
-:class:`RequestsModel` lists :class:`~app.proxy.model.RequestRecord` s in time order:
+:class:`RequestsModel` lists :class:`~app.core.conversation.RequestRecord` s in time order:
 one conversation's, or one slot's timeline (every conversation's requests on that slot).
 The verdict columns give their verdict in ``VERDICT_ROLE`` for the verdict delegate.
 """
@@ -21,7 +21,8 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
 
 from app.core.units import fmt_duration
-from app.proxy.model import Conversation, RequestRecord, RequestVerdict
+from app.core.conversation import Conversation, RequestRecord
+from app.core.verdict import MEANING, VerdictKind
 from app.ui.sessions.model import _age
 
 COLUMNS = ["Conversation", "Client id", "Last verdict", "Tokens", "Where", "Requests", "Time saved", "Last used"]
@@ -39,12 +40,6 @@ VERDICT_ROLE = int(Qt.UserRole) + 3
 _DISPLAY, _TOOLTIP, _ALIGNMENT = int(Qt.DisplayRole), int(Qt.ToolTipRole), int(Qt.TextAlignmentRole)
 _INITIAL_SORT_ORDER = int(Qt.InitialSortOrderRole)
 _RIGHT = int((Qt.AlignRight | Qt.AlignVCenter).value)
-VERDICT_HELP = {
-    RequestVerdict.HIT: "The server reused what the slot could have reused.",
-    RequestVerdict.PARTIAL: "It reused some of the conversation, and re-processed more than it had to.",
-    RequestVerdict.MISS: "It reused (almost) nothing it could have reused.",
-    RequestVerdict.NEW: "The conversation's first request: nothing to reuse yet.",
-}
 TIME_SAVED_TIP = ("Prompt processing the proxy's hits skipped: the tokens they reused, at this server's measured "
                   "prefill rate.")
 
@@ -62,7 +57,7 @@ def why_text(r: RequestRecord) -> str:
     """The cause and the sentence of a request that re-processed ("" when it did not say)."""
     e = r.explanation
     if e is None:
-        return "first request" if r.verdict is RequestVerdict.NEW else ""
+        return "first request" if r.verdict is VerdictKind.NEW else ""
     return f"{e.cause.value}: {e.detail}" if e.detail else str(e.cause.value)
 
 
@@ -168,7 +163,7 @@ class ConversationsModel(QAbstractTableModel):
         if role == _TOOLTIP:
             c = self.conversations[row]
             if col == COL_VERDICT:
-                return VERDICT_HELP.get(c.last_verdict, "No request judged yet.")
+                return MEANING[c.last_verdict] if c.last_verdict else "No request judged yet."
             if col == COL_USED and c.last_used:
                 return f"last request {_clock(c.last_used)}"
             if col == COL_WHERE and c.parked_as:
@@ -283,7 +278,7 @@ class RequestsModel(QAbstractTableModel):
                              f"{e.held_token or ''!r}, the request had {e.sent_token or ''!r}).")
                 return text.strip() or None
             if col == RCOL_VERDICT:
-                return VERDICT_HELP.get(r.verdict)
+                return MEANING.get(r.verdict)
             if col == RCOL_TIME:
                 return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r.at))}  {r.path}" + (
                     " (streamed)" if r.stream else "")

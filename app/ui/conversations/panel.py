@@ -19,7 +19,7 @@ from PySide6.QtCore import QRegularExpression, Qt
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
                                QMessageBox, QPushButton, QSplitter, QTableView, QVBoxLayout, QWidget)
 
-from app.proxy.model import Conversation, RequestRecord
+from app.core.conversation import Conversation, RequestRecord
 from app.store.conversations import ConversationStore
 from app.ui.widgets import theme
 from app.ui.conversations.model import (COL_USED, COL_VERDICT, RCOL_CONV, RCOL_TIME, RCOL_VERDICT, RCOL_WHY,

@@ -27,7 +27,7 @@ class SessionActions:
             return None
         label = "Park" + (f" slot {slot_id}" if slot_id is not None else "")
         try:
-            result = await self.service.park(slot_id, name)
+            result = await self.sessions.park(slot_id, name)
         except ServiceError as e:
             self._say(f"{label}: {e}", ok=False, label=label)
             return None
@@ -51,7 +51,7 @@ class SessionActions:
         if not await self._ensure_save_dir():
             return []
         try:
-            results = await self.service.park_all(remember=remember)
+            results = await self.sessions.park_all(remember=remember)
         except ServiceError as e:
             self._say(f"Park all: {e}", ok=False, label="Park all")
             return []
@@ -60,11 +60,11 @@ class SessionActions:
         return results
 
     async def park_all_and_stop(self):
-        if self.service is None or not await self._ensure_save_dir():
+        if self.sessions is None or not await self._ensure_save_dir():
             return None
         label = "Park all & stop"
         try:
-            outcome = await self.service.park_all_and_stop()
+            outcome = await self.sessions.park_all_and_stop()
         except ServiceError as e:
             self._say(f"{label}: {e}", ok=False, label=label)
             return None
@@ -88,11 +88,11 @@ class SessionActions:
 
     async def resume(self, name: str, slot_id: int | None = None, force: bool = False):
         label = f"Resume '{name}'"
-        if self.service is None:
+        if self.sessions is None:
             self._say(f"{label}: start or attach to a server first.", ok=False, label=label)
             return None
         try:
-            result = await self.service.resume(name, slot_id, force=force)
+            result = await self.sessions.resume(name, slot_id, force=force)
         except ResumeRefused as e:
             self._say(f"{label}: cannot resume: " + "; ".join(e.reasons), ok=False, label=label)
             return None
@@ -109,9 +109,9 @@ class SessionActions:
         return await self._done(result, text, label)
 
     async def resume_planned(self):
-        if self.service is None:
+        if self.sessions is None:
             return []
-        outcomes = await self.service.resume_all()
+        outcomes = await self.sessions.resume_all()
         if all(o.ok for o in outcomes):
             self.resume_all_button.hide()
         self._say("Resume all: " + "; ".join(
@@ -128,7 +128,7 @@ class SessionActions:
     # -- check and A/B -----------------------------------------------------
     def _on_check(self, ab: bool = False) -> None:
         rec = self.selected()
-        if rec is None or self.service is None:
+        if rec is None or self.sessions is None:
             self._say("Select a session to check.", ok=False)
             return
         self.spawn(self.check(rec.name, self._chosen_slot(), ab=ab))
@@ -140,15 +140,15 @@ class SessionActions:
 
         what = "A/B check" if ab else "Check resume"
         label = f"{what} of '{name}'"
-        if self.service is None:
+        if self.sessions is None:
             self._say(f"{label}: start or attach to a server first.", ok=False, label=label)
             return None
-        rec = self.catalog.get(self.service.profile_name, name)
+        rec = self.catalog.get(self.sessions.profile_name, name)
         n = f"{rec.n_tokens:,}" if rec else "all the"
         self._say(f"{label}: running… (a re-prefill of {n} tokens can take a while)", label=label)
         try:
-            report = await (self.service.ab(name, slot_id, force=force, baseline=baseline) if ab
-                            else self.service.check(name, slot_id, force=force))
+            report = await (self.sessions.ab(name, slot_id, force=force, baseline=baseline) if ab
+                            else self.sessions.check(name, slot_id, force=force))
         except NeedsConfirmation as e:
             if not await self._confirmed(what, "\n\n".join(e.warnings) + "\n\nGo on?"):
                 self._say(f"{label}: cancelled.", ok=True, label=label)
@@ -159,7 +159,7 @@ class SessionActions:
             return None
         verdict = report.row("with sidecar").verdict if ab else report.verdict
         self._say(f"{label} in slot {report.slot_id}: done — {verdict.kind}: {verdict.reason}", ok=True, label=label)
-        rec = self.catalog.get(self.service.profile_name, name)
+        rec = self.catalog.get(self.sessions.profile_name, name)
         self.report_dialog = CheckDialog(report, self, history=self.catalog.history(rec.id) if rec else None)
         self.report_dialog.show()
         await self._read_slots()
@@ -194,7 +194,7 @@ class SessionActions:
         """Back from a suspend that parked the slots: nothing to do if the chats are still in
         their slots; else offer (or do) "Resume all" for the slots that lost theirs."""
         if self.service is None:
-            return  # the server is gone: its next start offers the plan
+            return  # the server is gone: its next start offers the plan (a host's server did not sleep)
         label = "Back from sleep"
         try:
             lost = await self.service.check_after_wake()

@@ -16,7 +16,8 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QRegularExpression, QSortFilterProxyModel, Qt
 
-from app.core.verdict import TIME_SAVED_HELP, format_duration
+from app.core.units import fmt_duration
+from app.core.verdict import TIME_SAVED_HELP
 from app.store.catalog import SessionRecord
 
 SIDECAR_HELP = {
@@ -75,7 +76,7 @@ class _Row:
         model = Path(r.model_path).name
         size = r.state_size + r.sidecar_size
         verdict = str(r.last_verdict) if r.last_verdict else ""
-        saved = format_duration(r.time_saved_s) if r.time_saved_s or r.last_time_saved_s is not None else "-"
+        saved = fmt_duration(r.time_saved_s) if r.time_saved_s or r.last_time_saved_s is not None else "-"
         self.cells = (r.name, model or "-", f"{r.n_tokens:,}", _size(size), None,
                       r.sidecar_status + (f" ({r.sidecar_count})" if r.sidecar_count else ""), None,
                       saved, verdict or "-")
@@ -185,7 +186,7 @@ class SessionsModel(QAbstractTableModel):
                 return r.last_verdict_reason or "No query judged since the last resume."
             if col == COL_SAVED:
                 last = ("the last resume re-prefilled: it saved nothing" if r.last_time_saved_s == 0 else
-                        f"the last resume saved {format_duration(r.last_time_saved_s)}"
+                        f"the last resume saved {fmt_duration(r.last_time_saved_s)}"
                         if r.last_time_saved_s is not None else "no resume judged yet")
                 return f"{last}.\n\n{TIME_SAVED_HELP}"
             if col == COL_MODEL:

@@ -1,6 +1,9 @@
 """Parked sessions: park, resume, check, delete, rename — one click each.
 
-A thin face of :class:`app.sessions.service.SessionService`: every decision (which
+A thin face of :class:`app.sessions.protocol.Sessions` (a server here: its
+:class:`app.sessions.service.SessionService`; a host's: app.servers.remote_sessions),
+shown through its one entry point :meth:`SessionsPanel.set_sessions`, its controls
+enabled from the sessions' capabilities: every decision (which
 slot, which key, what to warn about, what a resume does to the catalog) is the
 service's; this widget shows results, asks the user when the service says a
 workflow needs confirmation, and keeps the window responsive (busy bar, queue
@@ -26,6 +29,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QInputDialog, QLabel, QLineEdit, QMe
                                QVBoxLayout, QWidget)
 
 from app import paths
+from app.sessions.protocol import Sessions
 from app.sessions.service import ServiceError, SessionService
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
@@ -70,9 +74,9 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self._owns_catalog = catalog is None
         self.catalog = catalog or Catalog(paths.catalog_path())
         self.store = store or ProfileStore()
-        self.service: SessionService | None = None
+        self.service: SessionService | None = None  # the session service of the server followed here
+        self.sessions: Sessions | None = None  # what the tab shows and acts on: that service, or a host's
         self.controller = None
-        self.remote = None  # app.ui.servers.remote_view.RemoteSessions while a host's server is shown
         # confirm(title, text) -> bool or awaitable bool; a test may replace the dialog.
         self.confirm = confirm or self._ask
         # ask_days() -> int or None (or awaitable): "Delete older than…"'s first question; a test may replace it.
@@ -178,25 +182,9 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self.folder_button.clicked.connect(self._on_folder)
         self.resume_all_button.clicked.connect(lambda: self.spawn(self.resume_planned()))
 
-    # -- catalog (the table's refresh, filter and selection: app.ui.sessions.table) ---------
-    def refresh(self) -> None:
-        """This machine's catalog, or a host's sessions while its server is shown (app.ui.servers.remote_view)."""
-        if self.remote is None:
-            return super().refresh()
-        if not self._closed:
-            if self.source_model.set_records(self.remote.records):
-                self._show_counts()
-            self.usage_label.setText(self.remote.usage())
-
-    def _on_park(self) -> None:
-        return self.remote.on_park() if self.remote is not None else super()._on_park()
-
-    def _on_resume(self) -> None:
-        return self.remote.on_resume() if self.remote is not None else super()._on_resume()
-
     @property
     def profile_name(self) -> str | None:
-        return self.service.profile_name if self.service else None
+        return self.sessions.profile_name if self.sessions else None
 
     # -- server -----------------------------------------------------------
     def attach(self, controller) -> None:
@@ -215,11 +203,28 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
             self.spawn(self.bind_service(svc))
 
     def _drop_service(self) -> None:
-        self.source_model.server_view = None
-        if self.service is not None:
-            self.service = None  # the server service closes it
+        gone, self.service = self.service, None  # the server service closes it
+        if self.sessions is None or self.sessions is gone:  # a host's server shown stays shown
+            self.set_sessions(None)
+        if gone is not None:
             self.sig_service.emit(None)
-        self._set_connected(False)
+
+    def set_sessions(self, sessions: Sessions | None) -> None:
+        """Show ``sessions`` (a server here, or a host's; None: no server): its records, its slots,
+        the controls its capabilities allow. The tab's one entry point: nothing else sets them."""
+        if self._closed:
+            return
+        self.sessions = sessions
+        self.source_model.server_view = sessions.on_this_server if sessions is not None else None
+        if sessions is not None and sessions not in self._bound:  # shown again after another server: hooked once
+            self._bound.add(sessions)
+            sessions.on_queue(lambda s=sessions: self.sessions is s and self._on_queue())
+            sessions.on_change(lambda s=sessions: self.sessions is s and self._on_service_changed())
+            sessions.on_restored(lambda slot, entry, s=sessions: self.sessions is s and
+                                 self.sig_restored.emit(slot, entry))
+            sessions.on_verdict(lambda *a, s=sessions: self.sessions is s and self._on_verdict(*a))
+        self._on_queue()
+        self._set_connected(sessions is not None)
         self.refresh()
 
     async def connect_service(self) -> SessionService | None:
@@ -241,40 +246,34 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         if self.service is svc:
             return svc
         self.service = svc
-        self.source_model.server_view = svc.on_this_server
-        first = svc not in self._bound  # shown again after another server (the server list): hooked once
+        first = svc not in self._bound  # shown again after another server (the server list)
+        self.set_sessions(svc)
         if first:
-            self._bound.add(svc)
-            svc.target.queue.on_change(self._on_queue)
-            svc.on_change(self._on_service_changed)
-            svc.on_restored(lambda slot, entry, svc=svc: self.service is svc and self.sig_restored.emit(slot, entry))
-            svc.on_verdict(lambda *a, svc=svc: self.service is svc and self._on_verdict(*a))
             self.spawn(svc.warm_model_identity())
-        self._on_queue()
         await self._read_slots()
         if self.service is not svc:
             return None  # it went while the slots were read
-        self._set_connected(True)
-        self.refresh()
         self.sig_service.emit(svc)
         if svc.recovery_messages:
             self._say("Recovered after an interruption: " + "; ".join(svc.recovery_messages), ok=True)
-        self._profile = svc.target.profile
+        self._profile = svc.profile
         self._offer_resume_all(svc.resume_plan(), auto=first)  # shown again: offered, never resumed unasked
         return svc
 
     def _on_service_changed(self) -> None:
         if not self._closed:
             self.refresh()
+            self._set_connected(self.sessions is not None)  # a host's server may have started or stopped
+            self.spawn(self._read_slots())  # the slots as they are after the change (a park, a host's answer)
             self.sig_changed.emit()
 
     # -- the slot chooser follows the live /slots ---------------------------
     async def _read_slots(self) -> None:
-        if not self.service or self._reading_slots:
+        if not self.sessions or self._reading_slots:
             return
         self._reading_slots = True
         try:
-            rows = await self.service.slot_rows()
+            rows = await self.sessions.slot_rows()
         except Exception as e:  # report: said on the hint line; the slot chooser stays empty
             log.warning("sessions tab: reading the server's slots failed", exc_info=e)
             self.hint.setText(f"Slots unavailable: {e}")
@@ -284,7 +283,7 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self.set_slot_rows(rows)
 
     def _on_slots_timer(self) -> None:
-        if self.service is not None and self.isVisible() and not self._closed:
+        if self.sessions is not None and self.isVisible() and not self._closed:
             self.spawn(self._read_slots())
 
     def showEvent(self, event) -> None:  # noqa: N802
@@ -298,29 +297,32 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         self.slot.set_rows(rows)
 
     def _set_connected(self, on: bool) -> None:
-        if self.remote is not None:  # a host's server: park and resume through its kv-valet
-            self.slots_timer.stop()
-            return self.remote.show_controls()
-        if on:
+        """The controls the shown sessions' capabilities allow (app.sessions.protocol), while their server runs."""
+        s = self.sessions if on else None
+        caps = s.capabilities if s is not None else None
+        live = s is not None and s.running
+        if live:
             self.slots_timer.start()
         else:
             self.slots_timer.stop()
-        for b in (self.park_button, self.park_all_button, self.park_stop_button, self.resume_button,
-                  self.check_button, self.ab_button, self.slot, self.name):
-            b.setEnabled(on)
-        self.park_stop_button.setEnabled(on and bool(self.service and self.service.stopper))
-        if not on:
-            self.hint.setText("Start or attach to a server to park and resume. Parked sessions stay listed.")
+        for b, can in ((self.park_button, "park"), (self.park_all_button, "park_all"),
+                       (self.park_stop_button, "park_and_stop"), (self.resume_button, "resume"),
+                       (self.check_button, "check"), (self.ab_button, "check"), (self.slot, "resume"),
+                       (self.name, "park")):
+            b.setEnabled(live and getattr(caps, can))
+        for b in (self.history_button, self.rename_button, self.delete_button, self.delete_old_button,
+                  self.folder_button):  # this machine's catalog and folders: listed with or without a server
+            b.setEnabled(caps is None or caps.local_files)
+        if caps is None or not caps.resume_all:
             self.resume_all_button.hide()
+        if s is None:
+            self.hint.setText("Start or attach to a server to park and resume. Parked sessions stay listed.")
             self.slot.forget()
-        elif self.service and self.service.save_dir:
-            self.hint.setText(f"Sessions of '{self.service.profile_name}' are parked in {self.service.save_dir}")
         else:
-            self.hint.setText("Attached to a server KV Valet did not start: the first Park asks for its "
-                              "--slot-save-path folder.")
+            self.hint.setText(s.describe())
 
     def _on_queue(self) -> None:
-        labels = self.service.target.queue.labels() if self.service else []
+        labels = self.sessions.queue_labels() if self.sessions else []
         self.queue_label.setText(" · ".join(labels))
         self.busy.setVisible(bool(labels))
 
@@ -339,10 +341,10 @@ class SessionsPanel(SessionsTable, SessionActions, SessionCleanup, AsksQuestions
         return self.slot.currentData()
 
     async def _ensure_save_dir(self) -> bool:
-        if self.service is None:
+        if self.sessions is None:
             self._say("Start or attach to a server first.", ok=False)
             return False
-        if self.service.save_dir is None:
+        if self.sessions.save_dir is None and self.sessions.capabilities.choose_save_dir:
             self.folder_dialog = dlg = folder_dialog(self)
             try:
                 folder = await answer(dlg, lambda r: chosen_folder(dlg, r))

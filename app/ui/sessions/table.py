@@ -70,7 +70,7 @@ class SessionsTable:
             return
         selected = self.selected()
         # each sidecar is looked at again on disk: a removed or replaced one shows as such
-        records = self.service.sessions() if self.service else list_sessions(self.catalog)
+        records = self.sessions.sessions() if self.sessions else list_sessions(self.catalog)
         self._verify_hashes_later(records)
         if not self.source_model.set_records(records):
             return
@@ -96,7 +96,7 @@ class SessionsTable:
         """PKCL v2 sidecars: hash their state files off the GUI thread, once per change."""
         from app.sessions.sidecar_check import needs_hash
 
-        if self.service is None or self._hashing:
+        if self.sessions is None or not self.sessions.capabilities.local_files or self._hashing:
             return
         todo = [r for r in records if (r.id, r.state_size, r.updated_at) not in self._hash_tried and needs_hash(r)]
         if not todo:
@@ -106,7 +106,7 @@ class SessionsTable:
 
         async def run():
             try:
-                await self.service.verify_sidecar_hashes(todo)
+                await self.sessions.verify_sidecar_hashes(todo)
             finally:
                 self._hashing = False
 

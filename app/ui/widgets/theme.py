@@ -44,7 +44,8 @@ STREAMS: tuple[tuple[str, str], ...] = (
     ("#1565c0", "#58a6ff"), ("#2e7d32", "#3fb950"), ("#ef6c00", "#f0883e"), ("#6a1b9a", "#bc8cff"),
     ("#00838f", "#39c5cf"), ("#ad1457", "#ff7bb5"), ("#4e342e", "#c8a27a"), ("#9e9d24", "#d4d44a"),
 )
-VERDICT_ROLES = {"HIT": "ok", "PARTIAL": "warn", "DISCARDED": "crit", "MISS": "crit"}  # MISS: a proxied request
+#: a verdict's colour (app.core.verdict.VerdictKind); NEW and UNKNOWN are muted
+VERDICT_ROLES = {"HIT": "ok", "PARTIAL": "warn", "DISCARDED": "crit", "MISS": "crit"}
 
 _TINT = "kv_tint"  # the dynamic property holding a widget's style template
 
