@@ -45,7 +45,8 @@ def add_commands(ssa) -> None:
     step = r.add_mutually_exclusive_group(required=True)
     step.add_argument("--describe", action="store_true", help="the target's facts for the move rules")
     step.add_argument("--commit", metavar="ID", help="check the copied files and list the session")
-    step.add_argument("--abort", metavar="ID", help="remove the copied files of a failed move")
+    step.add_argument("--abort", metavar="ID", help="settle a move its sender gave up on: its row when the commit "
+                      "listed the session (the sender deletes its source), else its files removed")
     r.add_argument("--json", action="store_true")
     r.set_defaults(run=cmd_receive)
 
@@ -206,9 +207,8 @@ def cmd_facts(args) -> int:
 
 
 def cmd_receive(args) -> int:
-    from app.move.move import MoveError, adopt, check_move_id, describe_target, discard, receiving_folder
-    from app.sessions.journal import Recovery
-    from app.sessions.move_in import recover_moves, temp_name
+    from app.move.move import (MoveError, adopt, check_move_id, describe_target, discard, receiving_folder,
+                               settle_move, temp_name)
 
     catalog = _catalog()
     try:
@@ -221,11 +221,11 @@ def cmd_receive(args) -> int:
             return Exit.OK
         # commit and abort need the folder only (the rules ran at --describe): no binary or model look-ups
         save_dir, model_path = receiving_folder(args.profile)
-        if args.abort:
-            removed = discard(save_dir, args.abort)
-            for msg in recover_moves(Recovery(catalog, roll_back=args.abort)):  # a commit of it a killed process left
+        if args.abort:  # the sender gave up, or lost the commit's answer: settle it (app.sessions.move_in)
+            listed, messages = settle_move(catalog, args.abort, save_dir)
+            for msg in messages:
                 note(msg)
-            _print({"removed": [p.name for p in removed]})
+            _print({"committed": asdict(listed) if listed is not None else None})
             return Exit.OK
         manifest_path = save_dir / temp_name(args.commit, ".json")
         try:

@@ -20,7 +20,16 @@ The commit is journaled (``catalog.pending``, kind ``move-in``: app.sessions.jou
 first rename: a process killed between the renames and the row leaves an entry that the
 next move, ``kv-valet sessions ...``, ``kv-valet receive`` and the app's connect
 (:func:`recover_moves`) finish (every file in place or still at its temporary name, size and
-SHA-256 as sent: the session is listed) or roll back (the files are removed). A move killed
+SHA-256 as sent: the session is listed) or roll back (the files are removed). A commit that
+listed the session leaves a receipt (its move id) at the target.
+
+A commit whose answer the sender lost (the SSH connection cut, the host's ``receive --commit``
+killed, at any step) is settled: the sender asks the target again, on a new connection
+(``receive --abort ID``: :func:`app.sessions.move_in.settle_move`, which waits for a commit of it
+still running there). Listed there (its receipt, or its row written): the sender deletes its
+source and says the answer was lost (a warning). Not listed: it is rolled back there and the
+source is kept (the error says so). Either way one listed copy. Only a target that cannot be
+asked leaves the outcome open: the error says so and how to tell. The sender itself killed
 after the target listed the session and before the source was deleted leaves two copies:
 both are whole and listed, as after a copy; nothing is lost (the CLI says so).
 
@@ -57,7 +66,8 @@ from app import paths
 from app import files as fileio
 from app.core.compat import Compatibility, Problem, SessionFacts, TargetFacts, check_move
 from app.sessions.journal import Recovery
-from app.sessions.move_in import MOVE_PREFIX, SIDECAR_SUFFIXES, discard_temps, recover_moves, sha256_of, temp_name
+from app.sessions.move_in import (MOVE_PREFIX, SIDECAR_SUFFIXES, discard_temps, recover_moves, settle_move,
+                                  sha256_of, temp_name, write_receipt)
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 
 log = logging.getLogger(__name__)
@@ -408,12 +418,14 @@ def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int
 
 
 def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, manifest: dict[str, Any], *,
-          model_path: str = "") -> SessionRecord:
+          model_path: str = "", receipt: bool = True) -> SessionRecord:
     """The target's half of a move: check the temporary files (size, SHA-256 read back from
     this disk, state header), then rename them into place and write the catalog row, under
     the catalog's files lock and a journal entry (:func:`recover_moves`); returns the stored
     row. On any failure the temporary files are removed and nothing is listed.
-    ``model_path``: the target profile's model."""
+    ``model_path``: the target profile's model. ``receipt``: leave the move's receipt for a
+    sender in another process that may lose this answer (:func:`settle_move`); a move within
+    this process has the answer."""
     folder = Path(save_dir)
     move_id = check_move_id(manifest.get("move_id", ""))
     try:
@@ -440,14 +452,14 @@ def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, mani
                           model_path=model_path or values.get("model_path", ""),
                           notes=f"copied from {manifest.get('source') or src.get('profile', '?')}")
             rec = SessionRecord(**values)
-            stored = _commit(catalog, folder, move_id, final, files, rec)
+            stored = _commit(catalog, folder, move_id, final, files, rec, receipt=receipt)
     finally:
         discard(folder, move_id)
     return stored
 
 
 def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: list[dict],
-            rec: SessionRecord) -> SessionRecord:
+            rec: SessionRecord, *, receipt: bool = True) -> SessionRecord:
     """Rename the verified temporary files to ``final`` (+ suffix) and write ``rec``, under a
     journal entry written first (the files lock held by the caller)."""
     from app.sessions.journal import Journal, MoveInJournal, Owner
@@ -475,6 +487,9 @@ def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: lis
                 p.unlink()
         journal.end(jid)
         raise
+    # listed: the receipt tells a sender that lost this answer (a cut connection) what became of its move
+    if receipt:
+        write_receipt(catalog, move_id, stored)
     journal.end(jid)
     return stored
 
@@ -512,7 +527,7 @@ class Endpoint(Protocol):
 
     async def commit(self, manifest: dict[str, Any]) -> SessionRecord: ...
 
-    async def abort(self, move_id: str) -> None: ...
+    async def abort(self, move_id: str) -> SessionRecord | None: ...
 
     async def delete(self, name: str) -> None: ...
 
@@ -584,12 +599,16 @@ class LocalEndpoint:
         folder = await self._save_dir()
         assert self._facts is not None
         return await asyncio.to_thread(adopt, self.catalog, self.profile, folder, manifest,
-                                       model_path=self._facts.model_path)
+                                       model_path=self._facts.model_path, receipt=False)
 
-    async def abort(self, move_id: str) -> None:
+    async def abort(self, move_id: str) -> SessionRecord | None:
+        """Settle move ``move_id`` here (:func:`settle_move`): its row when its commit listed the
+        session, else None (rolled back: its files removed)."""
         folder = await self._save_dir()
-        await asyncio.to_thread(discard, folder, move_id)
-        await asyncio.to_thread(recover_moves, Recovery(self.catalog, roll_back=move_id))
+        listed, messages = await asyncio.to_thread(settle_move, self.catalog, check_move_id(move_id), folder)
+        for msg in messages:
+            log.warning("move: %s", msg)
+        return listed
 
     async def delete(self, name: str) -> None:
         from app.sessions.records import delete_session
@@ -676,8 +695,16 @@ class RemoteEndpoint:
         known = {f.name for f in fields(SessionRecord)}
         return SessionRecord(**{k: v for k, v in data["record"].items() if k in known})
 
-    async def abort(self, move_id: str) -> None:
-        await self.host.run_cli(["sessions", "receive", self.profile, "--abort", check_move_id(move_id), "--json"])
+    async def abort(self, move_id: str) -> SessionRecord | None:
+        """``receive --abort ID`` there (:func:`settle_move` on the host, on a new connection when the
+        last one was cut): the row when the host had listed the session, else None (rolled back)."""
+        data = await self.host.run_cli(["sessions", "receive", self.profile, "--abort", check_move_id(move_id),
+                                        "--json"])
+        committed = data.get("committed") if isinstance(data, dict) else None  # absent: an older kv-valet
+        if not isinstance(committed, dict):
+            return None
+        known = {f.name for f in fields(SessionRecord)}
+        return SessionRecord(**{k: v for k, v in committed.items() if k in known})
 
     async def delete(self, name: str) -> None:
         await self.host.run_cli(["sessions", "rm", name, "--profile", self.profile, "--json"])
@@ -745,22 +772,31 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
             sent.append({"suffix": f.suffix, "size": n, "sha256": h.hexdigest()})
         manifest = {"move_id": move_id, "name": new_name or src.record.name, "source": source.where,
                     "record": asdict(src.record), "files": sent}
-        commit = asyncio.create_task(target.commit(manifest))  # awaited below, even when cancelled
-        try:
-            stored = await asyncio.shield(commit)
-        except asyncio.CancelledError:
-            stored = await commit  # its outcome decides what the move did; the cancellation goes on below
-            _committed(on_committed, MoveResult(stored, source.where, target.where, False, done,
-                                                [str(p) for p in compat.warnings]))
-            raise
     except BaseException as exc:
         await _abort(target, move_id)
         if isinstance(exc, OSError):
             raise MoveError(f"the copy to {target.where} failed: {exc.strerror or exc} (the source is kept; "
                             "nothing was added there)") from None
         raise
-    result = MoveResult(stored, source.where, target.where, False, done, [str(p) for p in compat.warnings])
+    warnings = [str(p) for p in compat.warnings]
+    cancelled: BaseException | None = None
+    commit = asyncio.create_task(target.commit(manifest))  # awaited below, even when cancelled
+    try:
+        try:
+            stored = await asyncio.shield(commit)
+        except asyncio.CancelledError as e:
+            cancelled = e
+            stored = await commit  # its outcome decides what the move did; the cancellation goes on below
+    except BaseException as exc:  # why: the commit failed or its answer was lost: _settle asks, re-raises unless listed
+        stored = await _settle(target, move_id, exc, name, source.where)
+        warnings.append(f"the answer of the commit at {target.where} was lost ({_why(exc)}); asked again, "
+                        f"{target.where} had listed '{stored.name}'")
+        if cancelled is None and isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
+            cancelled = exc
+    result = MoveResult(stored, source.where, target.where, False, done, warnings)
     _committed(on_committed, result)
+    if cancelled is not None:
+        raise cancelled
     if not keep_source:
         try:
             await source.delete(src.record.name)
@@ -800,6 +836,35 @@ async def _together(*coros) -> list:
 
 async def _abort(target: Endpoint, move_id: str) -> None:
     try:
-        await asyncio.shield(target.abort(move_id))
+        listed = await asyncio.shield(target.abort(move_id))
     except Exception:  # report: the move's own error goes on; a leftover is cleaned by the next move (logged)
         log.warning("move %s: could not remove the temporary files at %s", move_id, target.where, exc_info=True)
+        return
+    if listed is not None:  # cannot be: no commit was asked for (logged)
+        log.error("move %s: %s listed '%s' before any commit", move_id, target.where, listed.name)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
+        return "interrupted"
+    return str(exc) or type(exc).__name__
+
+
+async def _settle(target: Endpoint, move_id: str, exc: BaseException, name: str, source: str) -> SessionRecord:
+    """The commit of ``move_id`` failed or its answer was lost: ask the target (again, on a new
+    connection for a host) what became of it. Returns the row it listed (the caller goes on as
+    after a commit: the source is deleted), or raises: the target rolled it back (the source is
+    kept), or could not be asked (both copies may exist: the message says how to tell)."""
+    try:
+        listed = await asyncio.shield(target.abort(move_id))
+    except Exception as e:  # report: the outcome is unknown; the move fails and says so (logged)
+        log.warning("move %s: cannot ask %s what became of the commit", move_id, target.where, exc_info=True)
+        raise MoveError(f"the commit at {target.where} was cut ({_why(exc)}) and {target.where} could not be asked "
+                        f"what became of it ({e}): '{name}' is kept at {source}; if {target.where} lists it "
+                        "too, the commit finished there: delete one of the two copies") from None
+    if listed is not None:
+        return listed
+    if isinstance(exc, (MoveError, asyncio.CancelledError, KeyboardInterrupt)):
+        raise exc
+    raise MoveError(f"the commit at {target.where} failed ({_why(exc)}); {target.where} rolled it back: "
+                    f"'{name}' is kept at {source}, nothing was added there") from None

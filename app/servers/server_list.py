@@ -423,7 +423,8 @@ def move_verdict(name: str, target: ServerRow, *, copy: bool, result=None, error
     if error is not None:
         reasons = getattr(error, "reasons", None)
         why = "; ".join(reasons) if reasons else (str(error) or type(error).__name__)
-        kept = "" if getattr(error, "reasons", None) else " The session is where it was; nothing was added there."
+        # a refusal, or a move error that says itself what became of the session (a commit cut: app.move.move)
+        kept = "" if reasons or " is kept at " in why else " The session is where it was; nothing was added there."
         return False, f"Not {verb.lower()} '{name}' to {where}: {why}.{kept}"
     text = f"{verb} '{name}' to {where} as '{result.record.name}' ({fmt_bytes(result.bytes)}, SHA-256 checked)."
     if result.source_kept:

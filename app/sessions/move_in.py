@@ -15,12 +15,14 @@ import contextlib
 import hashlib
 import os
 import re
+import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from app import files
-from app.sessions.journal import JournalKind, MoveInJournal, Recovery, recovers, replay
+from app.sessions.files_lock import files_locked
+from app.sessions.journal import JournalKind, MoveInJournal, Recovery, recover, recovers, replay
 from app.store.catalog import Catalog, SessionRecord
 
 MOVE_PREFIX = "kvv-move-"
@@ -28,6 +30,10 @@ MOVE_PREFIX = "kvv-move-"
 SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
 _ID_RE = re.compile(r"[0-9a-f]{12}")
 _CHUNK = 4 << 20
+#: The catalog's pending table holds a receipt per move listed here (its sender may have lost the
+#: answer: a cut connection, a killed ``receive --commit``) until the sender settles it, or this long.
+RECEIPT_KIND = "move-done"
+RECEIPT_KEEP_S = 30 * 86400.0
 
 
 def temp_name(move_id: str, suffix: str) -> str:
@@ -79,16 +85,57 @@ def recover_moves(run: Recovery) -> list[str]:
         row = catalog.get(rec.profile, rec.name)
         msg = None
         if row is not None and Path(row.save_dir) == folder and row.state_file == m.final:
-            pass  # the row was written: the commit was done, only its journal entry was left
+            write_receipt(catalog, m.move_id, row)  # the row was written: the commit was done
         elif m.move_id != run.roll_back and row is None and _finish_move(catalog, m, rec):
-            msg = f"{what(m)} was interrupted after its files were copied and checked: finished (listed, SHA-256 checked)"
+            write_receipt(catalog, m.move_id, rec)
+            msg = (f"{what(m)} was interrupted after its files were copied and checked: finished (listed, "
+                   "SHA-256 checked)")
         else:
             _roll_back_move(m)
-            msg = f"{what(m)} was interrupted before it was listed: its files there were removed (the source still has it)"
+            msg = (f"{what(m)} was interrupted before it was listed: its files there were removed (the source "
+                   "still has it)")
         discard_temps(folder, m.move_id)
         return msg
 
+    now = time.time()
+    for jid, kind, _payload, at in catalog.list_pending():
+        if kind == RECEIPT_KIND and isinstance(at, (int, float)) and at < now - RECEIPT_KEEP_S:
+            catalog.remove_pending(jid)  # nobody asked for it: its sender had the answer
     return replay(catalog, JournalKind.MOVE_IN, handle, what)
+
+
+def write_receipt(catalog: Catalog, move_id: str, rec: SessionRecord) -> None:
+    """Say that move ``move_id`` listed ``rec`` here: :func:`settle_move` answers its sender by it."""
+    catalog.add_pending(RECEIPT_KIND, {"move_id": move_id, "profile": rec.profile, "name": rec.name,
+                                       "save_dir": str(rec.save_dir), "state_file": rec.state_file})
+
+
+def settle_move(catalog: Catalog, move_id: str, save_dir: str | os.PathLike | None = None
+                ) -> tuple[SessionRecord | None, list[str]]:
+    """What became of move ``move_id`` here, for its sender, who gave up on it or lost the answer of
+    its commit (a cut SSH connection, a killed ``receive --commit``): returns (the listed row, or
+    None, and what recovery did). Under the catalog's files lock, so a commit of it that still runs
+    in another process is waited for. A commit that got as far as listing the session (its
+    receipt, or its journal entry with the row written) is kept: its row is returned and the
+    sender deletes its source. Any other is rolled back (its files removed): the sender keeps its
+    source. Either way exactly one listed copy remains. ``save_dir``: the move's folder here, whose
+    temporary files of ``move_id`` are removed too."""
+    if not _ID_RE.fullmatch(move_id):
+        raise ValueError(f"not a move id: {move_id!r}")
+    with files_locked(catalog):
+        messages = recover([JournalKind.MOVE_IN], Recovery(catalog, roll_back=move_id, lock_held=True))
+        listed = None
+        for jid, kind, payload, _at in catalog.list_pending():
+            if kind != RECEIPT_KIND or payload.get("move_id") != move_id:
+                continue
+            row = catalog.get(str(payload.get("profile")), str(payload.get("name")))
+            if row is not None and row.state_file == payload.get("state_file") \
+                    and Path(row.save_dir) == Path(str(payload.get("save_dir"))):
+                listed = row
+            catalog.remove_pending(jid)
+        if save_dir is not None:
+            discard_temps(save_dir, move_id)  # under the lock: never under a commit that renames them
+        return listed, messages
 
 
 def _located(m, suffix: str, info: dict[str, Any]) -> Path | None:

@@ -1,8 +1,8 @@
 """Benchmark: a move over SSH against scp of the same file, and a click on a remote host to its list.
 
-Not a test. Runs the SSH tests' sshd on loopback (tests/ssh/conftest.py ``running_sshd``: a
-throwaway host key and client key, a second home standing in for the other machine, this
-checkout's real ``kv-valet`` there), in throw-away config/data folders, and times:
+Not a test. Runs the SSH tests' host (tests/ssh/conftest.py ``running_sshd``: a throwaway host key
+and client key; another user with its own home in its own network and mount namespace, reached over
+a veth pair, this checkout's real ``kv-valet`` there), in throw-away config/data folders (root), and times:
 
 * **move throughput**: a parked session of ``--mib`` MiB (one state file with a real header,
   random payload) moved here -> ``box:there`` (SFTP writes) and back (SFTP reads) with
@@ -17,7 +17,7 @@ checkout's real ``kv-valet`` there), in throw-away config/data folders, and time
   log-in, interleaved with the others), medians of each;
 * **a click on a remote host to its Sessions list**: cold (a new ``RemoteHost``: connect, verify
   the host key, log in, ``kv-valet sessions list --json`` there) and warm (the same connection
-  asked again), against the same command run here without SSH (the CLI's own start-up).
+  asked again), against the same command run on the host without SSH (the CLI's own start-up, timed there).
 
 Prints one line per figure and, last, one JSON object of every figure.
 
@@ -43,6 +43,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MB = 1e6
+#: run on the host (``python -c``): ``argv[2:]`` ``argv[1]`` times, each run's seconds as JSON
+TIME_ON_HOST = """
+import json, subprocess, sys, time
+out = []
+for _ in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    subprocess.run(sys.argv[2:], check=True, capture_output=True, timeout=120)
+    out.append(time.perf_counter() - t0)
+print(json.dumps(out))
+"""
 
 
 def _scp(sshd, src: str, dst: str) -> float:
@@ -126,14 +136,15 @@ async def transfers(sshd, runs: int, mib: int, work: Path) -> dict:
                 figures["scp_empty_down_s"].append(await asyncio.to_thread(
                     _scp, sshd, f"{sshd.destination}:{remote_empty}", str(back_empty)))
                 assert back_dst.stat().st_size == size and back_empty.stat().st_size == 0
-                for f in (remote_dst, back_dst, remote_empty, back_empty):
+                sshd.run("rm", "-f", "--", str(remote_dst), str(remote_empty))  # the host's files: through SSH
+                for f in (back_dst, back_empty):
                     f.unlink()
                 print(f"run {i + 1}/{runs}: move up {figures['move_up_s'][-1]:.2f} s, down "
                       f"{figures['move_down_s'][-1]:.2f} s; scp up {figures['scp_up_s'][-1]:.2f} s, down "
                       f"{figures['scp_down_s'][-1]:.2f} s", file=sys.stderr)
     finally:
         catalog.close()
-    assert Path(there.slot_save_path).is_dir()
+    assert sshd.listdir(there.slot_save_path) == []  # every move there moved back: nothing left on the host
     med = {k: _med(v) for k, v in figures.items()}
     for way in ("up", "down"):  # scp's transfer: its run less an empty file's (floored: noise can invert them)
         med[f"scp_{way}_transfer_s"] = max(med[f"scp_{way}_s"] - med[f"scp_empty_{way}_s"], 1e-6)
@@ -169,21 +180,13 @@ async def listing(sshd, runs: int) -> dict:
             t0 = time.perf_counter()
             await host.sessions()
             warm.append(time.perf_counter() - t0)
-    env = {**os.environ, "HOME": str(sshd.remote_home), "XDG_CONFIG_HOME": str(sshd.remote_home / ".config"),
-           "XDG_DATA_HOME": str(sshd.remote_home / ".local/share"),
-           "XDG_STATE_HOME": str(sshd.remote_home / ".local/state")}
-    for k in ("KV_VALET_CONFIG_DIR", "KV_VALET_DATA_DIR", "KV_VALET_STATE_DIR"):
-        env.pop(k, None)
-    local = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "app.cli", "sessions", "list", "--json"], env=env, check=True,
-                       capture_output=True, timeout=120)
-        local.append(time.perf_counter() - t0)
+    # the same command on the host without SSH: timed there (its files are readable there only), runs in a row
+    timed = sshd.run("python", "-c", TIME_ON_HOST, str(runs), "kv-valet", "sessions", "list", "--json")
+    local = json.loads(timed.stdout)
     ms = {"cold_ms": _med(cold) * 1000, "cold_connect_ms": _med(cold_connect) * 1000, "warm_ms": _med(warm) * 1000,
           "same_cli_here_ms": _med(local) * 1000}
     print(f"sessions list of a host (median of {runs}): cold {ms['cold_ms']:.0f} ms (connect "
-          f"{ms['cold_connect_ms']:.0f} ms), warm {ms['warm_ms']:.0f} ms; the same kv-valet command run here "
+          f"{ms['cold_connect_ms']:.0f} ms), warm {ms['warm_ms']:.0f} ms; the same kv-valet command run on the host "
           f"without SSH {ms['same_cli_here_ms']:.0f} ms")
     return {"runs": runs, "median": ms}
 

@@ -1,7 +1,7 @@
 """Benchmark: a click on a remote server's row in the window to its Sessions list filled.
 
-Not a test. Runs the SSH tests' sshd on loopback (tests/ssh/conftest.py ``running_sshd``: the
-second home standing in for the other machine, this checkout's real ``kv-valet`` there) with a
+Not a test. Runs the SSH tests' host (tests/ssh/conftest.py ``running_sshd``: another user with its
+own home in its own network and mount namespace, this checkout's real ``kv-valet`` there; root) with a
 profile ``there`` whose catalog holds ``--sessions`` parked sessions (rows only), and the real
 window offscreen (MainWindow + its panels, a qasync loop) with that host listed. Times, from the
 click on the row (``RemoteView.sig_loaded``'s seconds: the click's handler to the list shown):
@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -47,25 +46,14 @@ with Catalog(paths.catalog_path()) as c:
 """
 
 
-def remote_env(sshd) -> dict:
-    env = {**os.environ, "HOME": str(sshd.remote_home), "XDG_CONFIG_HOME": str(sshd.remote_home / ".config"),
-           "XDG_DATA_HOME": str(sshd.remote_home / ".local/share"),
-           "XDG_STATE_HOME": str(sshd.remote_home / ".local/state")}
-    for k in ("KV_VALET_CONFIG_DIR", "KV_VALET_DATA_DIR", "KV_VALET_STATE_DIR"):
-        env.pop(k, None)
-    return env
-
-
 def seed(sshd, n: int) -> None:
+    """The host's profile and catalog, written there through SSH (the host's own python and app)."""
     from app.core.profile import LaunchProfile
-    from app.store.profiles import ProfileStore
 
     save_dir = sshd.remote_home / "slots"
-    ProfileStore(sshd.remote_config / "profiles").save(
-        LaunchProfile(name="there", model="/models/m.gguf", port=18999, slot_save_path=str(save_dir) + "/"),
-        overwrite=True)
-    subprocess.run([sys.executable, "-c", SEED, str(n), str(save_dir)], env=remote_env(sshd), check=True,
-                   capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    sshd.save_profile(LaunchProfile(name="there", model="/models/m.gguf", port=18999,
+                                    slot_save_path=str(save_dir) + "/"))
+    sshd.run("python", "-c", SEED, str(n), str(save_dir), timeout=120)
 
 
 async def clicks(window, source, runs: int, sessions: int) -> dict:

@@ -12,7 +12,6 @@ import pytest
 
 from app.core.profile import LaunchProfile
 from app.move.move import RemoteEndpoint
-from app.store.profiles import ProfileStore
 from tests.conftest import free_port
 from tests.ssh.test_ssh_end_to_end import cli, cli_json, user_ssh  # noqa: F401  (user_ssh: fixture)
 
@@ -34,7 +33,7 @@ def test_park_show_resume_and_the_rest_run_on_the_host(real_binary, real_model, 
     there = LaunchProfile(name="flags", model=real_model, server_binary=real_binary, port=free_port(), parallel=1,
                           slot_save_path=str(sshd.remote_home / "slots-flags") + "/")  # no -c
     assert there.ctx_size is None
-    ProfileStore(sshd.remote_config / "profiles").save(there, overwrite=True)
+    sshd.save_profile(there)
     started = cli_json("hosts", "start", "box", there.name, "--json")
     assert started["active"] is True and started["ready"] is True, started
     try:

@@ -80,7 +80,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
         qtbot, qloop, tmp_path, sshd, ssh_home, real_binary, real_model):
     there = LaunchProfile(name="there", model=real_model, server_binary=real_binary, port=free_port(), ctx_size=4096,
                           parallel=1, slot_save_path=str(sshd.remote_home / "slots-gui") + "/")
-    ProfileStore(sshd.remote_config / "profiles").save(there, overwrite=True)
+    sshd.save_profile(there)
     here = there.replace(name="here", port=free_port(), slot_save_path=str(tmp_path / "slots-here") + "/")
     ProfileStore().save(here)
     w, _fake = make_window(qtbot, tmp_path)
@@ -114,7 +114,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             await host.run_cli_text(["park", "there", "--slot", "0", "--name", "chat"])
             [remote] = await host.sessions("there")
             remote_state = Path(remote["save_dir"]) / remote["state_file"]
-            before = sha(remote_state)
+            before = sshd.sha256(remote_state)
 
             # a click on the remote row: the Sessions tab lists the host's session
             loaded = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "box:there")
@@ -166,7 +166,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
                 mine = cat.get("here", "chat")
             assert mine is not None and mine.state_path.parent == Path(here.slot_save_path.rstrip("/"))
             assert sha(mine.state_path) == before
-            assert not remote_state.exists()
+            assert not sshd.exists(remote_state)
             assert [s["name"] for s in await host.sessions("there")] == ["again"]
             assert [r.name for r in sessions.source_model.records] == ["again"]  # the tab listed it again
         finally:

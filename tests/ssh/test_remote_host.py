@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import subprocess
 
 import pytest
@@ -14,7 +16,7 @@ from tests.ssh.conftest import keygen, known_hosts_line
 
 
 def write_remote_profile(sshd, profile: LaunchProfile) -> None:
-    ProfileStore(sshd.remote_config / "profiles").save(profile, overwrite=True)
+    sshd.save_profile(profile)  # through SSH: from here the host's home is an empty folder
 
 
 async def test_the_hosts_profiles_are_its_own(sshd):
@@ -37,7 +39,7 @@ async def test_arguments_reach_the_host_quoted_never_as_shell_text(sshd):
             await host.run_cli(["profiles", "show", "x; touch pwned"])
     assert e.value.kind == "command" and e.value.exit_status != 0
     assert "no profile named 'x; touch pwned'" in str(e.value)
-    assert not (sshd.remote_home / "pwned").exists()
+    assert not sshd.exists(sshd.remote_home / "pwned") and sshd.exists(sshd.remote_home / ".config")
 
 
 async def test_an_unknown_host_key_is_refused_with_the_remedy(sshd, tmp_path):
@@ -48,18 +50,18 @@ async def test_an_unknown_host_key_is_refused_with_the_remedy(sshd, tmp_path):
             pass
     assert e.value.kind == "host-key-unknown"
     msg = str(e.value)
-    assert "REFUSED" in msg and f"ssh-keyscan -p {sshd.port} 127.0.0.1" in msg and "ssh -p" in msg
+    assert "REFUSED" in msg and f"ssh-keyscan -p {sshd.port} {sshd.host_addr}" in msg and "ssh -p" in msg
 
 
 async def test_a_changed_host_key_is_refused_loudly(sshd, tmp_path):
     other = keygen(tmp_path / "other_host", "another machine")
     known = tmp_path / "known_hosts"
-    known.write_text(known_hosts_line(sshd.port, other.with_name("other_host.pub")))
+    known.write_text(known_hosts_line(sshd.port, other.with_name("other_host.pub"), sshd.host_addr))
     with pytest.raises(RemoteError) as e:
         async with sshd.remote_host(known_hosts=known):
             pass
     assert e.value.kind == "host-key-changed"
-    assert "not the one in" in str(e.value) and f"ssh-keygen -R [127.0.0.1]:{sshd.port}" in str(e.value)
+    assert "not the one in" in str(e.value) and f"ssh-keygen -R [{sshd.host_addr}]:{sshd.port}" in str(e.value)
 
 
 async def test_an_unauthorised_key_says_authentication_failed(sshd, tmp_path):
@@ -81,7 +83,7 @@ async def test_kv_valet_missing_on_the_host_is_said(sshd, command):
 
 
 async def test_sftp_is_one_client_per_connection(sshd):
-    (sshd.remote_home / "hello.txt").write_text("from the host")
+    sshd.write(sshd.remote_home / "hello.txt", "from the host")
     async with sshd.remote_host() as host:
         sftp = await host.sftp()
         assert await host.sftp() is sftp
@@ -125,3 +127,4 @@ def test_ssh_itself_reaches_the_fixture_host(sshd):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(sshd.remote_home)
+    assert sshd.run("id", "-u").stdout.strip() == str(pwd.getpwnam("kvvhost").pw_uid).encode() != str(os.getuid()).encode()

@@ -1,13 +1,14 @@
 """A real llama-server on the remote host: started through its unit path, watched through its
-CLI, driven through SSH channels (nothing listens on a new port), parked there, stopped."""
+CLI, driven through SSH channels (nothing listens on a new port; its URL straight from here reaches
+nothing: it is the host's loopback), parked there, stopped."""
 
 from __future__ import annotations
 
+import httpx
 import psutil
 import pytest
 
 from app.core.profile import LaunchProfile
-from app.store.profiles import ProfileStore
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.real_server
@@ -22,7 +23,7 @@ async def test_start_watch_park_and_stop_a_server_on_the_host(sshd, real_binary,
     slots = sshd.remote_home / "slots"
     profile = LaunchProfile(name="remote-real", model=real_model, server_binary=real_binary, port=free_port(),
                             ctx_size=1024, parallel=1, slot_save_path=str(slots) + "/")
-    ProfileStore(sshd.remote_config / "profiles").save(profile, overwrite=True)
+    sshd.save_profile(profile)
     listening_before = listening_ports()
     async with sshd.remote_host() as host:
         started = await host.systemd("start", "remote-real")
@@ -46,6 +47,11 @@ async def test_start_watch_park_and_stop_a_server_on_the_host(sshd, real_binary,
                 saved = await client.save_slot(0, "through-ssh.bin")
                 assert saved["n_saved"] > 0 and saved["n_written"] > 0
                 assert listening_ports() == listening_before  # HTTP went through SSH channels only
+            # the same URL straight from this side reaches nothing: the server listens on the host's
+            # own loopback, in its network namespace (the port was free here when the test chose it)
+            async with httpx.AsyncClient(trust_env=False, timeout=10) as direct:
+                with pytest.raises(httpx.ConnectError):
+                    await direct.get(profile.url + "/health")
             sftp = await host.sftp()
             assert (await sftp.stat(str(slots / "through-ssh.bin"))).size == saved["n_written"]
 

@@ -89,7 +89,7 @@ def test_list_start_park_there_move_here_restore_and_back(build, user_ssh, real_
     (build, binary), sshd = build, user_ssh
     there = LaunchProfile(name=f"there-{build}", model=real_model, server_binary=binary, port=free_port(),
                           ctx_size=4096, parallel=1, slot_save_path=str(sshd.remote_home / f"slots-{build}") + "/")
-    ProfileStore(sshd.remote_config / "profiles").save(there, overwrite=True)
+    sshd.save_profile(there)
     here = there.replace(name="here", port=free_port(), slot_save_path=str(tmp_path / "slots-here") + "/")
     ProfileStore().save(here)
     chat = CHATS[build]
@@ -100,11 +100,11 @@ def test_list_start_park_there_move_here_restore_and_back(build, user_ssh, real_
     assert started["active"] is True and started["ready"] is True, started
     try:
         n_tokens, remote_state = asyncio.run(_fill_and_park_there(sshd, there, chat))
-        before = sha(remote_state)
+        before = sshd.sha256(remote_state)
 
         # a move from the host cancelled half-way: the host keeps its copy, nothing is listed here
         asyncio.run(_cancelled_move_from_the_host(sshd, there, here))
-        assert sha(remote_state) == before
+        assert sshd.sha256(remote_state) == before
         assert [s["name"] for s in cli_json("hosts", "sessions", "box", "--profile", there.name, "--json")] == \
             ["chat"]
         assert cli_json("sessions", "list", "--profile", here.name, "--json") == []
@@ -128,14 +128,14 @@ def test_list_start_park_there_move_here_restore_and_back(build, user_ssh, real_
         assert r["verdict"]["kind"] == VERDICT[build], r["verdict"]
         # moved: gone on the host, its file too
         assert cli_json("hosts", "sessions", "box", "--profile", there.name, "--json") == []
-        assert not remote_state.exists()
+        assert not sshd.exists(remote_state)
 
         # and back: here -> the host, restored there and judged by the host's kv-valet check
         back = cli_json("sessions", "move", "chat", "--from", here.name, "--to", f"box:{there.name}",
                         "--restore", "--slot", "0", "--json")
         assert back["moved"] and back["target"] == f"box:{there.name}"
         assert back["record"]["profile"] == there.name and back["record"]["n_tokens"] == n_tokens
-        assert sha(Path(back["record"]["save_dir"]) / back["record"]["state_file"]) == before
+        assert sshd.sha256(Path(back["record"]["save_dir"]) / back["record"]["state_file"]) == before
         rb = back["restore"]
         assert rb["slot_id"] == 0 and rb["n_restored"] == n_tokens
         assert rb["verdict"]["kind"] == VERDICT[build], rb["verdict"]

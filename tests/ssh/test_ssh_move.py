@@ -1,5 +1,5 @@
-"""Moves to and from a host over a real SSH server on loopback (tests/ssh/conftest.py): the remote
-side is the real ``kv-valet`` of this checkout in a second home, reached through RemoteHost's
+"""Moves to and from a host over a real SSH server (tests/ssh/conftest.py: another user, its own
+network namespace and home): the remote side is the real ``kv-valet`` of this checkout, reached through RemoteHost's
 ``run_cli`` (``sessions facts|receive|rm --json``) and SFTP. Parked files without a server: the
 real-server move is tests/real/test_real_move.py."""
 
@@ -7,24 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 from pathlib import Path
 
 import pytest
 
 from app.core.profile import LaunchProfile
 from app.move.move import LocalEndpoint, MoveCancelled, MoveRefused, RemoteEndpoint, move_session
-from app.store.profiles import ProfileStore
-from tests.unit.move_helpers import folder_names, model_file, open_catalog, park_file, profile
+from tests.unit.move_helpers import model_file, open_catalog, park_file, profile
 
 
 def remote_profile(sshd, model: Path, name: str, **kw) -> LaunchProfile:
-    """A profile on the "other machine": its own config folder and save folder."""
+    """A profile on the "other machine": its own config folder, save folder and copy of the model
+    (the same bytes as ``model`` here, at the same path under the host's home), written through SSH."""
     kw = {"ctx_size": 4096, "parallel": 2, **kw}
-    p = LaunchProfile(name=name, model=str(model), server_binary="/nonexistent/llama-server",
+    there = sshd.remote_home / "models" / model.name
+    if not sshd.exists(there):
+        sshd.put(model, there)
+    p = LaunchProfile(name=name, model=str(there), server_binary="/nonexistent/llama-server",
                       slot_save_path=str(sshd.remote_home / f"{name}-slots") + "/", **kw)
-    ProfileStore(sshd.remote_config / "profiles").save(p)
-    os.makedirs(p.slot_save_path, exist_ok=True)
+    sshd.save_profile(p)
+    sshd.mkdir(p.slot_save_path)
     return p
 
 
@@ -58,12 +60,12 @@ def test_move_there_and_back_over_ssh(sshd, tmp_path):
         assert seen[-1] == (rec.state_size + rec.sidecar_size,) * 2
         [there] = listed
         assert there["name"] == "chat" and there["sidecar_status"] == "present" and there["n_tokens"] == rec.n_tokens
-        assert Path(there["save_dir"]) == Path(r.slot_save_path) and there["model_path"] == str(model)
+        assert Path(there["save_dir"]) == Path(r.slot_save_path) and there["model_path"] == r.model
         # here the source is gone; back here under another name, the same bytes
         assert cat.get("a", "chat") is None and back.moved and after == []
         assert back.record.name == "chat again" and back.record.notes == "copied from box:there"
         assert sums(back.record.state_path) == before
-        assert folder_names(r.slot_save_path) == []  # moved away again: nothing left there
+        assert sshd.listdir(r.slot_save_path) == []  # moved away again: nothing left there
     finally:
         cat.close()
 
@@ -89,7 +91,7 @@ def test_an_interrupted_move_to_a_host_leaves_nothing_there(sshd, tmp_path):
 
     try:
         assert asyncio.run(go()) == []
-        assert folder_names(r.slot_save_path) == []  # the temporary files were removed there
+        assert sshd.listdir(r.slot_save_path) == []  # the temporary files were removed there
         assert cat.get("a", "chat") is not None and sums(rec.state_path) == before
     finally:
         cat.close()
@@ -111,6 +113,6 @@ def test_a_host_whose_profile_cannot_take_the_session_refuses_before_copying(ssh
             asyncio.run(go())
         assert [p.rule for p in e.value.compat.refusals] == ["cache types", "slot context"]
         assert "box:small" in str(e.value)
-        assert folder_names(r.slot_save_path) == [] and cat.get("a", "chat") is not None
+        assert sshd.listdir(r.slot_save_path) == [] and cat.get("a", "chat") is not None
     finally:
         cat.close()
