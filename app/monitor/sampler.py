@@ -202,8 +202,9 @@ class Sampler:
             self._wake.clear()
             tick_start = loop.time()
             snap = await self._tick()
-            await self._deliver(snap)
+            # the pace this snapshot sets is known before its subscribers hear of it (they may read it)
             self._busy = bool(getattr(snap, "any_busy", False))
+            await self._deliver(snap)
 
             interval = self.current_interval
             if anchor is None or interval != cur_interval:

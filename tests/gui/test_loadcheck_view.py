@@ -69,7 +69,9 @@ def test_start_fills_the_table_and_cancel_stops(real_profile, qloop, qtbot):
             assert d.table.item(i, 6).text() == str(len(s.stalls))
         assert d.start_button.isEnabled() and not d.cancel_button.isEnabled() and d.streams_spin.isEnabled()
         assert d.progress.value() == 1000 and "tokens/s" in d.status_label.text()
-        assert any(d.chart.series(50))
+        # the chart draws every stream's measured gaps (a stream with one token in a short run on a busy
+        # machine has none yet: the chart shows none for it)
+        assert [bool(points) for points in d.chart.series(50)] == [s.n_gaps > 0 for s in report.per_stream]
         print(f"\n[gui] {d.status_label.text()}")
 
         # the longest run (600 s), cancelled once tokens flow: it ends early with what it measured
