@@ -45,7 +45,7 @@ def test_a_sessions_size_and_time_saved_read_the_same_in_the_window_and_the_cli(
 
     from app.cli.sessions import list_line
     from app.store.catalog import SessionRecord
-    from app.ui.sessions.panel import COL_SAVED, COL_SIZE, SessionsModel
+    from app.ui.sessions.model import COL_SAVED, COL_SIZE, SessionsModel
 
     rec = SessionRecord(id=1, name="chat", profile="p", state_file="chat.bin", save_dir="/x",
                         state_size=41 * MiB + 123_456, sidecar_size=7 * MiB, n_tokens=4096,

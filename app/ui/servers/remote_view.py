@@ -23,6 +23,7 @@ from PySide6.QtCore import QObject, Signal
 from app.core.states import ServerState
 from app.servers import remote_view as rv
 from app.servers.server_list import STATE_ROLES
+from app.ui.sessions.controller import Operation
 from app.ui.widgets import theme
 
 log = logging.getLogger(__name__)
@@ -56,17 +57,9 @@ class RemoteSessions:
 
     def show_controls(self) -> None:
         """Park and Resume act on the host; the checks and the folder stay this machine's."""
-        panel = self.view.panel
-        running = self.status.get("health") == "ok"
-        for b in (panel.park_button, panel.slot, panel.name):
-            b.setEnabled(running)
-        panel.resume_button.setEnabled(running)
-        for b in (panel.park_all_button, panel.park_stop_button, panel.check_button, panel.ab_button,
-                  *local_only(panel)):
-            b.setEnabled(False)
-        panel.resume_all_button.hide()
-        panel.hint.setText(rv.status_line(self.host_name, self.profile, self.status) if self.loaded
-                           else f"'{self.profile}' on {self.host_name}: asking the host…")
+        self.view.panel.set_remote_controls(self.status.get("health") == "ok",
+                                            rv.status_line(self.host_name, self.profile, self.status) if self.loaded
+                                            else f"'{self.profile}' on {self.host_name}: asking the host…")
 
     def on_park(self) -> None:
         panel = self.view.panel
@@ -77,15 +70,9 @@ class RemoteSessions:
         panel = self.view.panel
         rec = panel.selected()
         if rec is None:
-            panel._say("Select a session to resume.", ok=False)
+            panel.say("Select a session to resume.", ok=False)
             return
         self.view.act(self, "Resume", rv.resume(self.host, self.profile, rec.name, panel.slot.currentData()))
-
-
-def local_only(panel) -> tuple:
-    """The Sessions tab's buttons that act on this machine's catalog and folders only."""
-    return (panel.history_button, panel.rename_button, panel.delete_button, panel.delete_old_button,
-            panel.folder_button)
 
 
 class _Row:  # a move endpoint needs only the profile of a row that is no longer listed
@@ -119,12 +106,8 @@ class RemoteView(QObject):
         panel = self.panel
         if row is None or row.kind != "remote":
             if panel.remote is not None:
-                panel.remote = None
                 self._stop_polling()
-                for b in local_only(panel):
-                    b.setEnabled(True)
-                panel._set_connected(panel.service is not None)
-                panel.refresh()
+                panel.show_local()
                 state = self.window.controller.state
                 self.window._show_state(state, "")
                 if state is not ServerState.READY:  # else its sampler starts again and shows it
@@ -133,23 +116,21 @@ class RemoteView(QObject):
         source = next((s for s in self.servers.sources if s.name == row.host), None)
         if source is None:
             return
-        panel.remote = remote = RemoteSessions(self, source, row)
-        panel.source_model.server_view = None
-        panel.refresh()
-        remote.show_controls()
+        remote = RemoteSessions(self, source, row)
+        panel.show_remote(remote)
         self.window.log_panel.view.setPlainText(rv.NO_REMOTE_LOG.format(host=row.host, profile=row.profile))
-        panel.spawn(self.load(remote, time.perf_counter()), f"listing the sessions of {target_id}")
+        panel.controller.spawn(self.load(remote, time.perf_counter()), f"listing the sessions of {target_id}")
         self._stop_polling()
         self.show_state()
         self.monitor.clear_shown(f"Asking {row.host} for the status of '{row.profile}'…")
-        self._poll_task = panel.spawn(self.poll(remote), f"the Monitor of {target_id}")
+        self._poll_task = panel.controller.spawn(self.poll(remote), f"the Monitor of {target_id}")
 
     async def load(self, remote: RemoteSessions, clicked: float | None = None) -> bool:
         """Ask the host for the server's sessions and status (at once); show them if still shown."""
         from app.remote.host import RemoteError
 
         panel = self.panel
-        panel.busy.show()
+        panel.set_busy(True)
         try:
             sessions, status = await asyncio.gather(remote.host.sessions(remote.profile),
                                                     remote.host.status(remote.profile))
@@ -157,9 +138,9 @@ class RemoteView(QObject):
             self._fail(remote, f"{remote.host_name} did not answer: {e}")
             return False
         finally:
-            panel.busy.hide()
+            panel.set_busy(False)
         remote.records, remote.status, remote.loaded = rv.session_records(sessions), status, True
-        if panel.remote is not remote or panel._closed:
+        if panel.remote is not remote or panel.controller.closed:
             return False
         panel.refresh()
         panel.set_slot_rows(rv.slot_rows_of(status))
@@ -187,7 +168,7 @@ class RemoteView(QObject):
         seen and every MONITOR_EVERY_S seconds after the last answer (never two calls at once)."""
         from app.remote.host import RemoteError
 
-        while self.panel.remote is remote and not self.panel._closed:
+        while self.panel.remote is remote and not self.panel.controller.closed:
             if self.monitor.isVisible():
                 try:
                     status = await remote.host.status(remote.profile)
@@ -218,23 +199,23 @@ class RemoteView(QObject):
             await self.load(self.panel.remote)
 
     def act(self, remote: RemoteSessions, label: str, coro) -> None:
-        self.panel.spawn(self._act(remote, label, coro), f"{label.lower()} on {remote.target_id}")
+        self.panel.controller.spawn(self._act(remote, label, coro), f"{label.lower()} on {remote.target_id}")
 
     async def _act(self, remote: RemoteSessions, label: str, coro) -> None:
         from app.remote.host import RemoteError
 
-        self.panel.busy.show()
+        self.panel.set_busy(True)
         try:
             text = await coro
         except RemoteError as e:
-            self.panel.busy.hide()
+            self.panel.set_busy(False)
             self._fail(remote, f"{label} on {remote.host_name} failed: {e}", label)
             return
-        self.panel._say(text or f"{label}: done on {remote.host_name}.", ok=True, label=label)
+        self.panel.say(text or f"{label}: done on {remote.host_name}.", ok=True, op=Operation(label))
         await self.load(remote)
 
     def _fail(self, remote: RemoteSessions, text: str, label: str = "") -> None:
         log.warning("%s", text)
         if self.panel.remote is remote:
-            self.panel._say(text, ok=False, label=label)
-        self.window._message(text)
+            self.panel.say(text, ok=False, op=Operation(label) if label else None)
+        self.window.show_message(text)
