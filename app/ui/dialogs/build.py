@@ -304,6 +304,9 @@ class ServerBinaryField(QWidget):
         self.choice.addItem(STOCK_LABEL, "")
         self.choice.addItem(BUILT_LABEL, BUILT_MARKER)
         self.choice.addItem(OTHER_LABEL, None)
+        # as narrow as the form's column is: the long choice is elided there, whole in the list
+        self.choice.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.choice.setMinimumContentsLength(12)
         self.path = QLineEdit()
         self.path.setPlaceholderText("/path/to/llama-server")
         self.browse = QPushButton("…")
