@@ -1,4 +1,4 @@
-"""Screenshots of the real window for the README, taken from the running app.
+"""Screenshots of the real window for the README and docs/, taken from the running app.
 
 Not drawn: the script starts KV Valet's own window on the default profile (the
 real llama-server and Gemma 3 270M), fills a slot, parks it, restarts the

@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kv-valet", description="Park and resume llama-server sessions.")
     p.add_argument("--version", action="version", version=f"kv-valet {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--start", metavar="PROFILE", default=None,
+                   help="with no command: open the window and start PROFILE's server (a desktop autostart "
+                        "entry's line); says on stdout when it is Ready")
     sub = p.add_subparsers(dest="command")
     for group in (profiles, serve, status, sessions, conversations, check, doctor, loadcheck, install, settings,
                   build_server, hosts):
@@ -38,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         from app.cli.gui import open_window
 
-        return open_window()
+        return open_window(start=args.start)
+    if args.start is not None:
+        parser.error("--start opens the window: give it without a command (kv-valet --start PROFILE)")
     args.cli_argv = list(sys.argv[1:] if argv is None else argv)  # what `--host NAME` passes on (app.cli.hosts)
     try:
         return int(args.run(args))

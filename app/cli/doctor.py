@@ -94,6 +94,8 @@ def _facts_lines(profile, facts) -> list[str]:
     lines = []
     if facts.binary:
         build = f"build {facts.build_number}" if facts.build_number else "build number unknown"
+        if facts.build_number and facts.build_source:
+            build += f", from {facts.build_source}: its --version says build 0"
         lines.append(f"binary: {facts.binary} ({build})")
         built = built_server_note(facts.binary)
         if built:

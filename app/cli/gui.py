@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def open_window() -> int:
-    """``kv-valet`` with no command: the desktop window."""
+def open_window(start: str | None = None) -> int:
+    """``kv-valet`` with no command: the desktop window (``start``: a profile whose server it starts)."""
     from app.ui.app import run_gui
 
-    return run_gui()
+    return run_gui(start=start)
 
 
 def export_png(report, path: Path) -> bool:

@@ -139,6 +139,7 @@ class Facts:
     cache_types: tuple[str, ...] | None = None  # overrides caps.cache_types when given
     build: str | None = None  # build identity, as the catalog keys it ("b11434-8330e96")
     build_number: int | None = None
+    build_source: str | None = None  # where build_number was read when --version does not say it
     # The model (GGUF metadata).
     memory_kind: str = "unknown"  # "dense" / "sliding-window" / "recurrent-hybrid" / "unknown"
     architecture: str | None = None

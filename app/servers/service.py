@@ -233,7 +233,7 @@ class ServerService:
 
         def progress(done: int, total: int) -> None:
             pct = int(done * 100 / max(total, 1))
-            loop.call_soon_threadsafe(self._emit, Progress(tid, "Assembling the default model", pct))
+            loop.call_soon_threadsafe(self.notify, Progress(tid, "Assembling the default model", pct))
 
         try:
             plan = await asyncio.to_thread(plan_launch, profile, on_model_progress=progress)

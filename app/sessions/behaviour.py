@@ -18,11 +18,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 from app.core.sidecar_behaviour import (LABELS, Behaviour, Evidence, LoadPrediction, identify, predict_load,
                                         sideless_warning)
+from app.core.states import MemoryKind
 from app.sessions import sidecar_check
+from app.server.gguf_info import kind_from_server_log
 from app.server.logparse import Kind, SidecarMode
 from app.server.sidecar import read_facts, sidecar_candidates
 from app.store.catalog import Catalog
@@ -99,6 +102,52 @@ def mode_from_log_file(path: str | os.PathLike | None, max_lines: int = 2000, *,
     except OSError:
         return None
     return mode
+
+
+#: ``print_info: arch = gemma3`` / ``print_info: is_swa_any = 1``: what the server itself made of the model
+_PRINT_INFO = re.compile(r"print_info: (arch|is_swa_any)\s*=\s*(\S+)")
+
+
+def memory_kind_from_log(lines) -> MemoryKind | None:
+    """The memory kind the server reported while loading its model (the last load among ``lines``:
+    raw text or parsed log lines), or None when those lines are not there."""
+    arch: str | None = None
+    swa: bool | None = None
+    for item in lines:
+        text = getattr(getattr(item, "event", item), "line", item)
+        if not isinstance(text, str) or "print_info:" not in text:
+            continue
+        m = _PRINT_INFO.search(text)
+        if m is None:
+            continue
+        if m.group(1) == "arch":
+            arch, swa = m.group(2), None  # a new load: its own is_swa_any follows
+        else:
+            swa = m.group(2) not in ("0", "false")
+    return kind_from_server_log(arch, swa)
+
+
+def memory_kind_from_log_file(path: str | os.PathLike | None, max_lines: int = 2000, *,
+                              pid: int | None = None) -> MemoryKind | None:
+    """:func:`memory_kind_from_log` over the run a log file holds (with ``pid``, that process's run)."""
+    if not path:
+        return None
+    header = f" pid {pid}: " if pid is not None else None
+    wanted: list[str] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            in_run = header is None
+            for i, line in enumerate(f):
+                if header is not None and line.startswith("===== "):
+                    in_run = header in line  # a new run: only the one of ``pid`` counts
+                    continue
+                if i >= max_lines and any("is_swa_any" in w for w in wanted):
+                    break  # the load's lines come first; a long log is not read to its end
+                if in_run and "print_info:" in line:
+                    wanted.append(line)
+    except OSError:
+        return None
+    return memory_kind_from_log(wanted)
 
 
 def park_evidence(catalog: Catalog, build: str) -> tuple[str | None, bool]:

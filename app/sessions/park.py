@@ -421,7 +421,10 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
     # Model identity first (the first hash of a big model takes minutes): nothing on disk yet.
     _say(on_progress, "identifying the model")
     ident = await model_identity(target.model_path)
-    memory_kind = ident.memory_kind
+    memory_kind = target.model_kind_from_log or ident.memory_kind  # the running server's own word wins
+    if target.model_kind_from_log and ident.memory_kind not in ("unknown", target.model_kind_from_log):
+        log.info("park: the server reports a %s model, its GGUF reads as %s: the server's word is kept",
+                 target.model_kind_from_log, ident.memory_kind)
 
     journal = Journal(catalog)
     jid = journal.begin(entry)

@@ -31,7 +31,8 @@ from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
 from app.core.verdict import Verdict, VerdictKind
 from app.sessions import check as check_job
-from app.sessions.behaviour import identify_target, mode_from_log, mode_from_log_file
+from app.sessions.behaviour import (identify_target, memory_kind_from_log, memory_kind_from_log_file, mode_from_log,
+                                    mode_from_log_file)
 from app.sessions.check import (PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError, CheckReport,
                             recover_hidden_sidecars)
 from app.sessions.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
@@ -99,6 +100,7 @@ class SessionService:
         self._restored_cbs: list[Callable[[int, RestoredSlot], None]] = []
         self._verdict_cbs: list[Callable[[int, str | None, Verdict], None]] = []
         self._first_cached: dict[int, int] = {}  # slot -> first "cached n_tokens" of its current task
+        self._load_lines: list[str] = []  # the print_info lines of the last model load the log showed
         self._closed = False
         self._owns_client = True
         # the server service's park-then-stop for this server (set by app.servers.service)
@@ -156,6 +158,14 @@ class SessionService:
             mode = mode_from_log_file(path) if path else mode_from_log(log_buffer.since(0))
         binary = (supervisor.argv[0] if supervisor is not None and getattr(supervisor, "argv", None)
                   else _profile_binary(profile))
+        if supervisor is not None and getattr(supervisor, "log_file_path", None):
+            kind = memory_kind_from_log_file(supervisor.log_file_path, pid=supervisor.pid)
+        elif log_buffer is not None:
+            path = getattr(log_buffer, "path", None)
+            kind = memory_kind_from_log_file(path) if path else memory_kind_from_log(log_buffer.since(0))
+        else:
+            kind = None
+        target.model_kind_from_log = kind.value if kind is not None else None
         if mode:
             target.build = f"{target.build} +sidecars-{mode}"  # KV Valet's build: not the stock one's key
         target.behaviour = identify_target(target, mode_line=mode, binary=binary)
@@ -516,6 +526,12 @@ class SessionService:
     def _track_checkpoints(self, ev) -> None:
         """Whose context checkpoints each slot holds, and what the log says of the build."""
         t = self.target
+        if "print_info:" in ev.line:  # a (re)load says what it made of the model
+            self._load_lines = [] if "print_info: arch" in ev.line else self._load_lines
+            self._load_lines.append(ev.line)
+            kind = memory_kind_from_log(self._load_lines)
+            if kind is not None:
+                t.model_kind_from_log = kind.value
         if ev.kind in (Kind.MODEL_LOADED, Kind.LISTENING):  # a new server process: nothing survives it
             t.checkpoint_owners.clear()
         elif isinstance(ev, SidecarMode):

@@ -44,6 +44,8 @@ class ServerTarget:
     ctx_checkpoints: int = 32
     # what this build does with checkpoint sidecars (app.core.sidecar_behaviour.Behaviour)
     behaviour: Behaviour = Behaviour.UNKNOWN
+    # the memory kind the server's own log reported at load (``print_info``): it wins over the GGUF's
+    model_kind_from_log: str | None = None
     log: LogBuffer | None = None  # the server log, when the app launched the server
     queue: OperationQueue = field(default_factory=OperationQueue)
     # After a restore /slots does not show the restored tokens, so the app keeps them.

@@ -160,6 +160,9 @@ class PendingVerdict:
 
 
 _SESSION_COLS = [f.name for f in fields(SessionRecord) if f.name != "id"]
+#: the columns a re-park of the same session keeps unless it brings its own (Catalog.add_or_replace)
+_EARNED_COLS = ("time_saved_s", "last_time_saved_s", "last_restore_ms", "last_n_restored", "last_restore_at",
+                "last_verdict", "last_verdict_reason", "notes")
 _PENDING_VERDICT_COLS = [f.name for f in fields(PendingVerdict) if f.name != "id"]
 _EVENT_COLS = [f.name for f in fields(HistoryEvent) if f.name != "id"]
 
@@ -327,6 +330,12 @@ class Catalog(SqliteFile):
             else:
                 sid = row["id"]
                 values["created_at"] = row["created_at"]
+                # What the session earned stays with it: its time-saved ledger (only the verdicts add to
+                # it), its last restore and verdict until the next one, and the user's notes. A park that
+                # carries its own (a move's adopted row) still sets them.
+                for c in _EARNED_COLS:
+                    if values[c] in (None, "", 0, 0.0):
+                        del values[c]
                 sets = ", ".join(f"{c} = ?" for c in values)
                 conn.execute(
                     f"UPDATE sessions SET {sets} WHERE id = ?", (*values.values(), sid)

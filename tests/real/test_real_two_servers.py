@@ -47,6 +47,8 @@ async def test_two_profiles_park_and_resume_each_into_their_own_folder_and_catal
         assert {h.state for h in (left, right)} == {ServerState.READY} and left.pid != right.pid
         svc = {"left": await servers.sessions(left.id), "right": await servers.sessions(right.id)}
         assert svc["left"] is not svc["right"] and svc["left"].target.client is not svc["right"].target.client
+        # what each server itself said of the model at load (print_info), read from its own run's log
+        assert {s.target.model_kind_from_log for s in svc.values()} == {"sliding-window"}
 
         for name, s in svc.items():
             await s.target.client.completion(PROMPTS[name], slot_id=0, n_predict=2)
@@ -56,7 +58,7 @@ async def test_two_profiles_park_and_resume_each_into_their_own_folder_and_catal
 
         parks = {name: (await s.park(0, "chat")).record for name, s in svc.items()}
         for name, rec in parks.items():
-            assert (rec.profile, rec.name, rec.slot_id) == (name, "chat", 0)
+            assert (rec.profile, rec.name, rec.slot_id, rec.memory_kind) == (name, "chat", 0, "sliding-window")
             assert rec.state_path.parent == tmp_path / name and rec.state_path.is_file()
             assert files_in(tmp_path / name) == {rec.state_file}  # one file, in its own folder only
         assert parks["right"].n_tokens > parks["left"].n_tokens  # each server saved its own chat

@@ -131,6 +131,29 @@ def test_replace_keeps_id_created_at_and_history(cat):
     assert [e.restore_ms for e in cat.history(first.id)] == [5.0]
 
 
+def test_a_repark_keeps_what_the_session_earned(cat):
+    """A continued session parked again under its own name (quit, park all & stop) keeps its time-saved
+    ledger, its last restore and verdict, and the user's notes: the new park brings none of them."""
+    fresh = {"last_restore_ms": None, "last_n_restored": None, "last_restore_at": None, "last_verdict": None,
+             "last_verdict_reason": None, "notes": "", "time_saved_s": 0.0, "last_time_saved_s": None}
+    first = cat.add_or_replace(full_record(**{**fresh, "notes": "the long design chat"}))
+    cat.update_restore(first.id, 12.5, 1_000, at=15.0)
+    cat.update_verdict(first.id, "HIT", "reused 990 of 1,000 tokens")
+    cat.record_time_saved(first.id, 10.2)
+    cat.add_event(HistoryEvent(session_id=first.id, kind="resume", at=20.0, restore_ms=5.0))
+    before = cat.get_by_id(first.id)
+    again = cat.add_or_replace(full_record(n_tokens=9_000, **fresh))  # what a park writes
+    assert again.id == first.id and again.n_tokens == 9_000
+    assert (again.last_verdict, again.last_verdict_reason) == ("HIT", "reused 990 of 1,000 tokens")
+    assert again.time_saved_s == before.time_saved_s == 10.2 and again.last_time_saved_s == 10.2
+    assert (again.last_restore_at, again.last_n_restored) == (before.last_restore_at, before.last_n_restored)
+    assert again.notes == "the long design chat" and cat.total_time_saved("gemma") == 10.2
+    assert [e.kind for e in cat.history(first.id)] == ["resume"]
+    # a row that carries its own (a move adopting the source's row) still sets them
+    moved = cat.add_or_replace(full_record(n_tokens=9_100, last_verdict="PARTIAL", time_saved_s=3.0, notes="moved"))
+    assert (moved.last_verdict, moved.time_saved_s, moved.notes) == ("PARTIAL", 3.0, "moved")
+
+
 def test_rename_and_conflicts(cat):
     a = cat.add_or_replace(full_record("a"))
     cat.add_or_replace(full_record("b"))

@@ -52,17 +52,49 @@ def test_llama_is_dense_and_zero_window_is_dense(tmp_path):
     assert info.memory_kind is MemoryKind.DENSE
 
 
-def test_recurrent_by_architecture_and_by_key(tmp_path):
+def test_recurrent_and_hybrid_by_llama_cpps_own_lists(tmp_path):
     info = read_model_info(write_gguf(tmp_path / "m.gguf", "mamba", {"mamba.ssm.state_size": 16}))
     assert info.memory_kind is MemoryKind.RECURRENT_HYBRID
-    info = read_model_info(write_gguf(tmp_path / "j.gguf", "jamba"))
-    assert info.memory_kind is MemoryKind.RECURRENT_HYBRID
-    # an architecture we do not know yet, recognised by its ssm keys
-    info = read_model_info(write_gguf(tmp_path / "n.gguf", "newhybrid", {"newhybrid.ssm.conv_kernel": 4}))
-    assert info.memory_kind is MemoryKind.RECURRENT_HYBRID
+    for arch in ("jamba", "qwen35", "lfm2", "granitehybrid", "mamba2", "rwkv7"):
+        info = read_model_info(write_gguf(tmp_path / f"{arch}.gguf", arch))
+        assert info.memory_kind is MemoryKind.RECURRENT_HYBRID, arch
     # hybrid with a sliding window too: the recurrent state dominates
     info = read_model_info(write_gguf(tmp_path / "h.gguf", "qwen3next", {"qwen3next.attention.sliding_window": 128}))
     assert info.memory_kind is MemoryKind.RECURRENT_HYBRID and info.n_swa == 128
+
+
+def test_stray_keys_do_not_make_a_dense_model_recurrent_or_sliding(tmp_path):
+    """llama.cpp's tests/test-llama-archs.cpp writes ssm, short-conv, wkv and sliding-window keys into
+    every tiny model it makes, a dense llama too: the architecture decides, as it does in llama.cpp."""
+    keys = {"llama.ssm.conv_kernel": 4, "llama.ssm.state_size": 128, "llama.shortconv.l_cache": 3,
+            "llama.wkv.head_size": 128, "llama.attention.sliding_window": 16}
+    info = read_model_info(write_gguf(tmp_path / "tiny-llama.gguf", "llama", keys))
+    assert info.memory_kind is MemoryKind.DENSE and info.n_swa == 16
+    # an architecture llama.cpp does not list as recurrent, whatever its keys say
+    info = read_model_info(write_gguf(tmp_path / "n.gguf", "newarch", {"newarch.ssm.conv_kernel": 4}))
+    assert info.memory_kind is MemoryKind.DENSE
+
+
+def test_the_servers_own_report_at_load(tmp_path):
+    from app.sessions.behaviour import memory_kind_from_log, memory_kind_from_log_file
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "llama-server-b11434"
+    [capture] = [p for p in sorted(fixtures.glob("*.log")) if "is_swa_any" in p.read_text(errors="replace")][:1]
+    assert memory_kind_from_log_file(capture) is MemoryKind.SLIDING_WINDOW  # Gemma 3 270M, as the server says
+    dense = ["0.00.682.511 I print_info: arch                  = llama",
+             "0.00.682.586 I print_info: is_swa_any            = 0"]
+    assert memory_kind_from_log(dense) is MemoryKind.DENSE
+    assert memory_kind_from_log(["0.00.1 I print_info: arch = qwen35"]) is MemoryKind.RECURRENT_HYBRID
+    assert memory_kind_from_log(["0.00.1 I print_info: arch = llama"]) is None  # is_swa_any not said yet
+    assert memory_kind_from_log([]) is None
+    # two loads in one log: the last one counts
+    assert memory_kind_from_log([*dense, "0.01 I print_info: arch = gemma3",
+                                 "0.02 I print_info: is_swa_any = 1"]) is MemoryKind.SLIDING_WINDOW
+    log = tmp_path / "server.log"
+    log.write_text("===== 2026-12-01 pid 11: start\n" + "\n".join(dense) + "\n"
+                   "===== 2026-12-01 pid 12: start\n0.1 I print_info: arch = gemma3\n0.2 I print_info: is_swa_any = 1\n")
+    assert memory_kind_from_log_file(log, pid=11) is MemoryKind.DENSE
+    assert memory_kind_from_log_file(log, pid=12) is MemoryKind.SLIDING_WINDOW
 
 
 def test_bad_model_files(tmp_path):

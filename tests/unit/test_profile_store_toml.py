@@ -1,4 +1,4 @@
-"""Profile files edited by hand (the README invites it) survive a save from the app: the
+"""Profile files edited by hand (docs/guide/profiles.md invites it) survive a save from the app: the
 user's comments and key order stay, the changed values are written, cleared ones removed."""
 
 from __future__ import annotations

@@ -97,6 +97,49 @@ async def test_a_second_build_is_a_cache_hit(fake):
         await build_server(BuildRequest(version="9.9.9", patch=patch, cached_only=True))
 
 
+async def test_the_test_programs_come_from_the_same_compile_into_their_own_entry(fake):
+    """tests/sidecar-server/build's default: llama.cpp's test-llama-archs (the tiny models of every
+    architecture) built with the server, kept in ``<key>-tools``; the server's own entry and key stay
+    the ones a plain build makes, so a user's `kv-valet build-server` finds it."""
+    from app.serverbuild.cache import tools_entry, tools_of
+
+    sdist, patch = fake
+    plain = await build_server(request(sdist, patch))
+    assert tools_of(plain.binary.parent) is None
+    events: list[BuildProgress] = []
+    both = await build_server(request(sdist, patch, with_tools=True), events.append)
+    assert not both.cached and both.key == plain.key and "configure" in steps(events)  # built: no tools yet
+    tools = tools_of(both.binary.parent)
+    assert tools is not None and tools["test-llama-archs"].parent == tools_entry(both.binary.parent)
+    assert "-DLLAMA_BUILD_TESTS=ON" in both.info["cmake_options"]
+    again = await build_server(request(sdist, patch, with_tools=True))
+    assert again.cached and tools_of(again.binary.parent) == tools
+    found = await build_server(BuildRequest(version="1.0.0", patch=patch, cached_only=True, with_tools=True))
+    assert found.binary == both.binary
+
+
+async def test_a_built_version_answers_at_once_without_fetching_the_sdist(fake, monkeypatch):
+    """`kv-valet build-server` and the window's Build button: a version already built with this patch
+    and these options is found in the cache before any download (the sdist of a release never changes)."""
+    from app.tools import server_build
+
+    sdist, patch = fake
+    first = await build_server(request(sdist, patch))
+    fetched: list[str] = []
+
+    async def no_download(version, dest, emit, tail):
+        fetched.append(version)
+        return None
+
+    monkeypatch.setattr(server_build, "_download", no_download)
+    events: list[BuildProgress] = []
+    again = await build_server(BuildRequest(version="1.0.0", patch=patch), events.append)
+    assert again.cached and again.binary == first.binary and steps(events) == ["cached"] and fetched == []
+    with pytest.raises(BuildError, match="could not fetch"):  # another version is not in the cache: fetched
+        await build_server(BuildRequest(version="2.0.0", patch=patch))
+    assert fetched == ["2.0.0"]
+
+
 async def test_cancel_mid_compile_leaves_no_entry_and_no_process(fake):
     sdist, patch = fake
     options = BuildOptions(extra=("-DFAKE_HANG=ON",))  # the link never ends: the cancel is always mid-build
