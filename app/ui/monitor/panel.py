@@ -82,7 +82,6 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         self._controller: Any = None
         self._lock: asyncio.Lock | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._watched_window: QWidget | None = None
         self.last_snapshot: Snapshot | None = None
         self._shown_warnings: tuple = ()
         self._closed = False
@@ -306,7 +305,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
             self.sampler = Sampler(take, on_snapshot=self.apply_snapshot, interval=self.interval,
                                    busy_interval=self.busy_interval, url=url, cache_ram_mib=cache_ram)
             self.sampler.start()
-            self._update_pause()
+            self.update_pause()
         self.sig_sampling.emit(True)
 
     def set_rates(self, interval: float, busy_interval: float) -> None:

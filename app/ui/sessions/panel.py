@@ -292,7 +292,10 @@ class SessionsPanel(QWidget):
         if self.remote is not None:  # a host's server: park and resume through its kv-valet
             self.slots_timer.stop()
             return self.remote.show_controls()
-        self.slots_timer.start() if on else self.slots_timer.stop()
+        if on:
+            self.slots_timer.start()
+        else:
+            self.slots_timer.stop()
         for b in (self.park_button, self.park_all_button, self.resume_button, self.check_button, self.ab_button,
                   self.slot, self.name):
             b.setEnabled(on)
