@@ -163,7 +163,9 @@ def remote_status(name: str, profile: str, as_json: bool) -> int:
     if as_json:
         data = _remote(name, lambda h: h.status(profile))
         _print_json(data)
-        return Exit.OK if data.get("health") == "ok" else Exit.FAIL
+        from app.core.states import Health
+
+        return Exit.OK if Health.parse(data.get("health"))[0] is Health.OK else Exit.FAIL
     text = _remote(name, lambda h: h.run_cli_text(["status", profile], ok_exits=(0, 1)))
     sys.stdout.write(text)
     return Exit.OK

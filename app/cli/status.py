@@ -28,6 +28,7 @@ def _remote_status(args) -> int:
 
 
 async def cmd_status(args) -> int:
+    from app.core.states import Health
     from app.monitor.gpu import GpuMonitor
     from app.monitor.process import ProcessMonitor
     from app.monitor.snapshot import format_snapshot, snapshot_to_dict, take_snapshot
@@ -40,7 +41,7 @@ async def cmd_status(args) -> int:
 
         proc = ProcessMonitor(pid) if pid else None
         snap = await take_snapshot(fetch_health, client.slots, GpuMonitor(), proc, {}, cache_ram, url)
-        behaviour = await _sidecar_behaviour(client, args.url) if snap.health == "ok" else None
+        behaviour = await _sidecar_behaviour(client, args.url) if snap.health is Health.OK else None
     workers = await _rpc_workers(args.url, pid)
     from app.core.sidecar_behaviour import LABELS
 
@@ -59,7 +60,7 @@ async def cmd_status(args) -> int:
             print(f"RPC worker {st.describe()}")
         for f in (workers.findings if workers else ()):
             print(f"{f.severity.value}: {f.message}" + "".join(f"\n  remedy: {r.label}" for r in f.remedies))
-    return EXIT_OK if snap.health == "ok" else EXIT_FAIL
+    return EXIT_OK if snap.health is Health.OK else EXIT_FAIL
 
 
 async def _sidecar_behaviour(client, target: str):

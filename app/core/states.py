@@ -1,5 +1,5 @@
-"""The enums every layer shares: a server's state, a model's memory kind, a sidecar's
-status, and what the computer is about to do.
+"""The enums every layer shares: a server's state, its health, a model's memory kind, a
+sidecar's status, and what the computer is about to do.
 
 They live in core so that a layer below the one that produces them (the catalog
 stores memory kinds and sidecar statuses; the window compares server states) needs
@@ -22,6 +22,52 @@ class ServerState(enum.StrEnum):
     READY = "Ready"
     STOPPING = "Stopping"
     CRASHED = "Crashed"
+
+
+class Health(enum.StrEnum):
+    """What a server answered to its last health check (app.monitor.snapshot reads it): the one
+    word every tab, the status bar and ``kv-valet status --json`` compare, never the text "ok".
+
+    On the wire (``status --json``, a host's answer) it is the value, followed by ``": why"`` when
+    there is a reason ("unreachable: connection refused"): :meth:`parse` and :func:`health_text`."""
+
+    OK = "ok"
+    LOADING = "loading"
+    UNREACHABLE = "unreachable"
+    ERROR = "error"  # the sample itself failed (app.monitor.snapshot.error_snapshot)
+    NOT_RUNNING = "not running"  # nothing answers, and nothing was asked (a host's profile that is down)
+
+    @classmethod
+    def parse(cls, text: object) -> tuple["Health", str]:
+        """``"ok"``, ``"loading"``, ``"unreachable: why"`` (a host's ``status --json``) as (health, why);
+        an empty or unknown word is NOT_RUNNING / UNREACHABLE with the text as its reason."""
+        if isinstance(text, Health):
+            return text, ""
+        raw = str(text or "").strip()
+        if not raw:
+            return cls.NOT_RUNNING, ""
+        word, _, why = raw.partition(":")
+        word = word.strip().lower()
+        for h in cls:
+            if word == h.value:
+                return h, why.strip()
+        if word in ("ready", "healthy"):
+            return cls.OK, ""
+        return cls.UNREACHABLE, raw
+
+    @property
+    def ready(self) -> bool:
+        return self is Health.OK
+
+    def state(self) -> ServerState:
+        """The server state this health means for a server nobody here supervises (a host's)."""
+        return ServerState.READY if self is Health.OK else ServerState.LOADING if self is Health.LOADING \
+            else ServerState.STOPPED
+
+
+def health_text(health: Health, why: str = "") -> str:
+    """``health`` as written on the wire and shown: "ok", "unreachable: connection refused"."""
+    return f"{health.value}: {why}" if why else health.value
 
 
 class MemoryKind(enum.StrEnum):

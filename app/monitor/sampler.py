@@ -9,6 +9,12 @@ in sequence). The interval is ``interval`` (1 s), or ``busy_interval``
 
 Every exception inside a tick is logged and delivered as an error snapshot
 (:func:`app.monitor.snapshot.error_snapshot`), never lost silently.
+
+:class:`Samplers` holds the one sampler of each server and the one NVML handle
+(:class:`app.monitor.gpu.GpuMonitor`) they all share (issue #27): the Monitor tab,
+the server list and the status bar read the snapshots of the same sampler. A
+sampler nobody watches closely stays paused; a reader that needs a figure of it
+now asks :meth:`Sampler.sample_once` (one tick, never two at once).
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from app.core.background import track
+from app.monitor.gpu import GpuMonitor
 from app.monitor.snapshot import Snapshot, error_snapshot
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "Samplers"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +71,7 @@ class Sampler:
         self._running.set()
         self._wake = asyncio.Event()
         self._busy = False
+        self._ticking: asyncio.Lock | None = None  # one tick at a time: the loop's, or sample_once's
         self.last_snapshot: Snapshot | None = None
         self.ticks = 0
         self.skipped_ticks = 0
@@ -109,6 +118,14 @@ class Sampler:
         except Exception:
             log.exception("sampler task ended with an error")
 
+    async def run(self) -> None:
+        """Tick until cancelled, then stop: for a caller whose own task owns the sampler's life."""
+        self.start()
+        try:
+            await asyncio.wait({self._task})
+        finally:
+            await self.stop()
+
     def pause(self) -> None:
         self._running.clear()
 
@@ -128,7 +145,22 @@ class Sampler:
 
     # -- loop --------------------------------------------------------------
 
+    async def sample_once(self) -> Snapshot:
+        """One snapshot now, delivered as a tick's (a paused sampler asked by a reader; not counted
+        in ``ticks``); while the loop ticks, its last snapshot."""
+        if self.is_running and not self.paused and self.last_snapshot is not None:
+            return self.last_snapshot
+        snap = await self._tick()
+        await self._deliver(snap, counted=False)
+        return snap
+
     async def _tick(self) -> Snapshot:
+        if self._ticking is None:
+            self._ticking = asyncio.Lock()
+        async with self._ticking:
+            return await self._tick_alone()
+
+    async def _tick_alone(self) -> Snapshot:
         try:
             snap = await asyncio.wait_for(self._take(), self.tick_timeout)
             if not isinstance(snap, Snapshot):
@@ -143,9 +175,9 @@ class Sampler:
             snap = error_snapshot(self.url, exc, self.cache_ram_mib)
         return snap
 
-    async def _deliver(self, snap: Snapshot) -> None:
+    async def _deliver(self, snap: Snapshot, counted: bool = True) -> None:
         self.last_snapshot = snap
-        self.ticks += 1
+        self.ticks += counted
         cb = self.on_snapshot
         if cb is None:
             return
@@ -191,3 +223,107 @@ class Sampler:
                     pass
             elif self._wake.is_set():
                 anchor = None
+
+
+TakeFor = Callable[[GpuMonitor], SnapshotFn]
+OnPublished = Callable[[str, Snapshot], Any]
+
+
+class Samplers:
+    """The one :class:`Sampler` of each server (by key: its target id) and the one
+    :class:`GpuMonitor` (NVML handle) of this machine they share. Every snapshot of every
+    sampler is published to the subscribers with its key. Qt-free; on the event loop."""
+
+    def __init__(self, *, gpu: GpuMonitor | None = None, interval: float = 1.0, busy_interval: float = 0.25,
+                 gpu_factory: Callable[[], GpuMonitor] | None = None) -> None:
+        self._gpu = gpu
+        self._own_gpu = gpu is None
+        self._gpu_factory = gpu_factory
+        self.interval, self.busy_interval = float(interval), float(busy_interval)
+        self.samplers: dict[str, Sampler] = {}
+        self._idents: dict[str, tuple] = {}
+        self._subs: list[OnPublished] = []
+        self._stopping: set[asyncio.Task] = set()  # samplers of servers gone, stopping (awaited by aclose)
+
+    @property
+    def gpu(self) -> GpuMonitor:
+        """This machine's one NVML handle, opened at the first sample that needs it."""
+        if self._gpu is None:
+            self._gpu = (self._gpu_factory or GpuMonitor)()
+        return self._gpu
+
+    @gpu.setter
+    def gpu(self, gpu: GpuMonitor) -> None:
+        """Use ``gpu`` (the caller's to close) from the next tick on."""
+        self._gpu, self._own_gpu = gpu, False
+
+    def ensure(self, key: str, ident: tuple, take_for: TakeFor, *, url: str = "",
+               cache_ram_mib: int | None = None) -> Sampler:
+        """The sampler of ``key``; made (paused: see :meth:`Sampler.resume`) when there is none, or
+        when the server behind the key is another now (``ident``: its URL and pid)."""
+        s = self.samplers.get(key)
+        if s is not None and self._idents.get(key) == ident and s.is_running:
+            return s
+        if s is not None:
+            self.stop_soon(key)  # another server answers there now
+        s = Sampler(lambda: take_for(self.gpu)(), on_snapshot=lambda snap, key=key: self._publish(key, snap),
+                    interval=self.interval, busy_interval=self.busy_interval, url=url, cache_ram_mib=cache_ram_mib)
+        s.pause()
+        s.start()
+        self.samplers[key], self._idents[key] = s, ident
+        return s
+
+    def get(self, key: str | None) -> Sampler | None:
+        return self.samplers.get(key) if key is not None else None
+
+    def last(self, key: str | None) -> Snapshot | None:
+        s = self.get(key)
+        return s.last_snapshot if s is not None else None
+
+    def subscribe(self, cb: OnPublished) -> None:
+        self._subs.append(cb)
+
+    def unsubscribe(self, cb: OnPublished) -> None:
+        self._subs = [c for c in self._subs if c != cb]
+
+    async def _publish(self, key: str, snap: Snapshot) -> None:
+        for cb in list(self._subs):
+            try:
+                result = cb(key, snap)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("snapshot subscriber failed")
+
+    def set_rates(self, interval: float, busy_interval: float) -> None:
+        """The rates of every sampler, from its next tick."""
+        self.interval, self.busy_interval = float(interval), float(busy_interval)
+        for s in self.samplers.values():
+            s.interval, s.busy_interval = self.interval, self.busy_interval
+
+    def _forget(self, key: str) -> Sampler | None:
+        self._idents.pop(key, None)
+        return self.samplers.pop(key, None)
+
+    async def stop(self, key: str) -> None:
+        """The server behind ``key`` is gone: its sampler stops (idempotent)."""
+        s = self._forget(key)
+        if s is not None:
+            await s.stop()
+
+    def stop_soon(self, key: str) -> None:
+        """:meth:`stop` from a callback: gone from :attr:`samplers` now, stopped in the background."""
+        s = self._forget(key)
+        if s is not None:
+            task = track(s.stop(), f"stopping the sampler of {key}")
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+
+    async def aclose(self) -> None:
+        for key in list(self.samplers):
+            await self.stop(key)
+        if self._stopping:
+            await asyncio.gather(*list(self._stopping), return_exceptions=True)
+        if self._gpu is not None and self._own_gpu:
+            gpu, self._gpu = self._gpu, None
+            await asyncio.to_thread(gpu.close)

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.states import Health, health_text
 from app.monitor.gpu import GpuMonitor, GpuSnapshot
 from app.monitor.process import HostSample, ProcessMonitor, ProcessSample, sample_host
 from app.monitor.slots import LastTask, RestoredSlot, SlotRow, slot_rows, slots_state_from_error
@@ -35,6 +36,7 @@ __all__ = [
     "health_from_error",
     "format_snapshot",
     "snapshot_to_dict",
+    "summary",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ DEFAULT_FETCH_TIMEOUT_S = 5.0
 class Snapshot:
     taken_at: float  # epoch seconds
     url: str
-    health: str  # "ok" / "loading" / "unreachable: <reason>" / "error: <reason>"
+    health: Health
     slots: tuple[SlotRow, ...]
     slots_error: str | None
     gpu: GpuSnapshot
@@ -57,10 +59,16 @@ class Snapshot:
     # Set only when the tick itself failed (see error_snapshot); the fields
     # above then hold "not sampled" placeholders.
     error: str | None = None
+    health_detail: str = ""  # why, for UNREACHABLE and ERROR ("connection refused")
 
     @property
     def any_busy(self) -> bool:
         return any(r.busy for r in self.slots)
+
+    @property
+    def health_text(self) -> str:
+        """"ok", "loading", "unreachable: <reason>", "error: <reason>" (as shown and in --json)."""
+        return health_text(self.health, self.health_detail)
 
 
 # -- health -------------------------------------------------------------------
@@ -74,63 +82,71 @@ def _status_of(x: Any) -> int | None:
     return None
 
 
-def health_from_error(exc: BaseException) -> str:
+HealthReading = tuple[Health, str]  # the health and why (empty for OK and LOADING)
+OK: HealthReading = (Health.OK, "")
+LOADING: HealthReading = (Health.LOADING, "")
+
+
+def _unreachable(why: str) -> HealthReading:
+    return Health.UNREACHABLE, why
+
+
+def health_from_error(exc: BaseException) -> HealthReading:
     status = _status_of(exc)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     if status == 503 or "loading" in str(message).lower():
-        return "loading"
+        return LOADING
     if status is not None:
-        return f"unreachable: HTTP {status}: {message}"
+        return _unreachable(f"HTTP {status}: {message}")
     if isinstance(exc, asyncio.TimeoutError):
-        return "unreachable: timed out"
+        return _unreachable("timed out")
     name = type(exc).__name__
-    return f"unreachable: {message}" if name in str(message) else f"unreachable: {name}: {message}"
+    return _unreachable(str(message) if name in str(message) else f"{name}: {message}")
 
 
-def health_from_result(result: Any) -> str:
-    """Normalise what ``fetch_health`` returned: "ok", "loading" or the text."""
+def health_from_result(result: Any) -> HealthReading:
+    """Normalise what ``fetch_health`` returned: (Health.OK, ""), (Health.LOADING, "") or why not."""
     if result is None or result is True:
-        return "ok"
+        return OK
     if result is False:
-        return "unreachable: health check failed"
+        return _unreachable("health check failed")
+    if isinstance(result, Health):
+        return result, ""
     if isinstance(result, str):
-        r = result.strip().lower()
-        if r in ("ok", "ready", "healthy"):
-            return "ok"
-        if "loading" in r:
-            return "loading"
-        return result
+        if "loading" in result.strip().lower():
+            return LOADING
+        return Health.parse(result)
     if isinstance(result, Mapping):
         err = result.get("error")
         if isinstance(err, Mapping):
             if err.get("code") == 503 or "loading" in str(err.get("message", "")).lower():
-                return "loading"
-            return f"unreachable: {err.get('message', err)}"
+                return LOADING
+            return _unreachable(str(err.get("message", err)))
         status = result.get("status")
         if status is not None:
             return health_from_result(str(status))
-        return "ok"
+        return OK
     ok = getattr(result, "ok", None)
     if isinstance(ok, bool):  # the client's Health: status 0 means no HTTP answer at all
         if ok:
-            return "ok"
+            return OK
         if getattr(result, "loading", False):
-            return "loading"
+            return LOADING
         status, message = _status_of(result), getattr(result, "message", "") or ""
         if not status:
-            return f"unreachable: {message or 'no answer'}"
-        return f"unreachable: HTTP {status}" + (f": {message}" if message else "")
+            return _unreachable(message or "no answer")
+        return _unreachable(f"HTTP {status}" + (f": {message}" if message else ""))
     status = _status_of(result)
     if status is not None:
         if 200 <= status < 300:
-            return "ok"
+            return OK
         if status == 503:
-            return "loading"
-        return f"unreachable: HTTP {status}"
+            return LOADING
+        return _unreachable(f"HTTP {status}")
     v = getattr(result, "value", None) or getattr(result, "name", None)
     if isinstance(v, str):
         return health_from_result(v)
-    return str(result)
+    return _unreachable(str(result))
 
 
 # -- taking a snapshot --------------------------------------------------------
@@ -182,7 +198,7 @@ async def take_snapshot(
     """
     taken_at = time.time()
 
-    async def health() -> str:
+    async def health() -> HealthReading:
         try:
             return health_from_result(await asyncio.wait_for(fetch_health(), timeout_s))
         except asyncio.CancelledError:
@@ -218,11 +234,12 @@ async def take_snapshot(
             log.exception("local sampling failed")
             return None, GpuSnapshot(False, f"NVML error: {exc}", (), None), HostSample(None, None, None)
 
-    h, (rows, slots_error), (ps, gs, host) = await asyncio.gather(health(), slots(), local())
+    (h, why), (rows, slots_error), (ps, gs, host) = await asyncio.gather(health(), slots(), local())
     snap = Snapshot(
         taken_at=taken_at,
         url=url,
         health=h,
+        health_detail=why,
         slots=rows,
         slots_error=slots_error,
         gpu=gs,
@@ -238,13 +255,28 @@ async def take_snapshot(
     return dataclasses.replace(snap, warnings=warnings)
 
 
+def summary(s: Snapshot) -> str:
+    """One short line of a snapshot for the status bar: health, slots in use, VRAM per GPU."""
+    parts = [s.health_text if s.health is not Health.OK else "health ok"]
+    if s.slots:
+        held = sum(1 for r in s.slots if r.busy or (r.tokens_held or 0) > 0)
+        parts.append(f"{held} / {len(s.slots)} slots in use")
+    for g in s.gpu.gpus:
+        if g.lost:
+            parts.append(f"GPU{g.index} lost")
+        elif not is_na(g.mem_used) and not is_na(g.mem_total) and g.mem_total:
+            parts.append(f"GPU{g.index} {g.mem_used / 2**30:.1f}/{g.mem_total / 2**30:.1f} GiB")
+    return " · ".join(parts)
+
+
 def error_snapshot(url: str, exc: BaseException | str, cache_ram_mib: int | None = None) -> Snapshot:
     """A snapshot for a tick that failed as a whole (the error is kept, not lost)."""
     text = exc if isinstance(exc, str) else (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     return Snapshot(
         taken_at=time.time(),
         url=url,
-        health=f"error: {text}",
+        health=Health.ERROR,
+        health_detail=text,
         slots=(),
         slots_error=f"not sampled: {text}",
         gpu=GpuSnapshot(False, f"not sampled: {text}", (), None),
@@ -274,8 +306,12 @@ def _jsonable(v: Any) -> Any:
 
 
 def snapshot_to_dict(s: Snapshot) -> dict[str, Any]:
-    """One JSON-serialisable object (``NA`` -> null, tuples -> lists)."""
-    return _jsonable(s)
+    """One JSON-serialisable object (``NA`` -> null, tuples -> lists); ``health`` as its text
+    ("unreachable: why", what every kv-valet's ``status --json`` has said: Health.parse reads it)."""
+    d = _jsonable(s)
+    d["health"] = s.health_text
+    d.pop("health_detail", None)
+    return d
 
 
 def _cell(v: Any) -> str:
@@ -308,7 +344,7 @@ def _uptime(s: float | None) -> str:
 def format_snapshot(s: Snapshot) -> str:
     """Readable fixed-width tables: Slots, GPUs, Server process, Host, Warnings."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.taken_at))
-    lines = [f"KV Valet status of {s.url} at {when}", f"health: {s.health}"]
+    lines = [f"KV Valet status of {s.url} at {when}", f"health: {s.health_text}"]
     if s.error:
         lines.append(f"error: {s.error}")
 

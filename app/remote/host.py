@@ -25,6 +25,7 @@ from typing import Any, Iterable
 
 import asyncssh
 
+from app.core.states import Health
 from app.remote.unit import unit_name
 from app.server.client import LlamaClient
 from app.store.hosts import HostConfig
@@ -307,7 +308,7 @@ class RemoteHost:
 
     async def status(self, profile: str) -> dict:
         """``kv-valet status PROFILE --json`` there: health, slots, GPUs (VRAM per GPU), process and
-        host figures. A server that is down answers too (health not "ok")."""
+        host figures. A server that is down answers too (its health not Health.OK)."""
         return dict(await self.run_cli(["status", profile, "--json"], ok_exits=(0, 1)) or {})
 
     async def servers(self) -> list[dict]:
@@ -315,7 +316,8 @@ class RemoteHost:
         "status": <status --json>, "running": bool}``, the statuses asked at once (one SSH channel each)."""
         profiles = await self.profiles()
         statuses = await asyncio.gather(*(self.status(p["name"]) for p in profiles))
-        return [{"profile": p, "status": st, "running": st.get("health") == "ok"} for p, st in zip(profiles, statuses)]
+        return [{"profile": p, "status": st, "running": Health.parse(st.get("health"))[0] is Health.OK}
+                for p, st in zip(profiles, statuses)]
 
     async def systemd(self, action: str, profile: str) -> dict:
         """start | stop | status of the host's ``kv-valet-<profile>.service`` user unit, through

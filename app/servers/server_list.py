@@ -7,8 +7,9 @@ decides. A row comes from a :class:`ServerListSource`:
   :class:`app.servers.service.ServerService`: the profiles launched here (several at
   once), the servers attached by URL and the leftovers of an earlier KV Valet. Its state
   follows the service's events at once; its figures (slots, VRAM per GPU, the process's
-  RSS and CPU) are sampled by :meth:`LocalServerSource.refresh`, off the event loop's
-  thread for the blocking NVML and psutil calls.
+  RSS and CPU) are each server's one sampler's snapshot (app.monitor.sampler.Samplers,
+  ``service.samplers``), the same the Monitor tab shows: :meth:`LocalServerSource.refresh`
+  reads the last one, or asks a paused sampler for one.
 * a remote host's source (its servers through that host's ``kv-valet`` over SSH) is the
   same protocol, with the host's name in the rows' ``host``.
 
@@ -24,17 +25,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
-from app.core.states import ServerState
+from app.core.states import Health, ServerState, health_text
 from app.core.units import fmt_bytes, fmt_pct, is_na
-from app.monitor.gpu import NO_GPU_PREFIX, GpuMonitor, GpuSnapshot
-from app.monitor.process import ProcessMonitor
-from app.monitor.slots import slot_rows
+from app.monitor.gpu import NO_GPU_PREFIX, GpuSnapshot
+from app.monitor.snapshot import Snapshot
+from app.servers.service import sampler_for
 
 log = logging.getLogger(__name__)
 
 THIS_MACHINE = "this machine"
 NOT_SAMPLED = "not sampled yet"
-FETCH_TIMEOUT_S = 3.0
 
 #: app.ui.widgets.theme roles of a server's state: light or dark as the system is
 STATE_ROLES = {
@@ -125,18 +125,16 @@ class _Figures:
 
 
 class LocalServerSource:
-    """Every server of one :class:`app.servers.service.ServerService`, as rows."""
+    """Every server of one :class:`app.servers.service.ServerService`, as rows; their figures
+    from the service's samplers (``service.samplers``: one per server)."""
 
-    def __init__(self, service, *, gpu: GpuMonitor | None = None):
+    def __init__(self, service):
         from app.servers.events import StateChanged
 
         self.name = THIS_MACHINE
         self.service = service
-        self._gpu = gpu
-        self._own_gpu = gpu is None
         self._details: dict[str, str] = {}
         self._figures: dict[str, _Figures] = {}
-        self._procs: dict[str, ProcessMonitor] = {}
         self._cbs: list[Callable[[], None]] = []
         self._state_changed = StateChanged
         service.on_event(self._on_event)
@@ -167,66 +165,30 @@ class LocalServerSource:
         return out
 
     async def refresh(self) -> None:
+        """Each running server's figures from its one sampler: the last snapshot while it ticks (the
+        Monitor shows it), else one asked now (all at once, each sampler one tick at a time)."""
         live = {tid: h for tid, h in list(self.service.servers.items())
-                if h.state in (ServerState.READY, ServerState.LOADING)}
-        for gone in set(self._procs) - set(live):
-            self._procs.pop(gone, None)
+                if h.state in (ServerState.READY, ServerState.LOADING) and h.url}
         for gone in set(self._figures) - set(live):
             self._figures.pop(gone, None)
-        if not live:
-            return
-        slots = await asyncio.gather(*(_slot_use(h.client) for h in live.values()))
-        procs = {}
-        for tid, h in live.items():
-            pid = h.pid
-            mon = self._procs.get(tid)
-            if pid is None:
-                self._procs.pop(tid, None)
-            elif mon is None or mon.pid != pid:
-                procs[tid] = pid
-        local = await asyncio.to_thread(self._sample_local, live, procs)
-        for (tid, _h), (use, err) in zip(live.items(), slots):
-            process, gpus, message = local.get(tid, (None, (), NOT_SAMPLED))
-            self._figures[tid] = _Figures(use, err, gpus, message, process)
-
-    def _sample_local(self, live: dict, new_pids: dict[str, int]) -> dict[str, tuple]:
-        """The blocking part of a refresh, in one worker thread: psutil and NVML."""
-        for tid, pid in new_pids.items():
-            self._procs[tid] = ProcessMonitor(pid)  # primed: its CPU % counts from now on
-        if self._gpu is None:
-            self._gpu = GpuMonitor()
-        out = {}
-        for tid in live:
-            mon = self._procs.get(tid)
-            ps = mon.sample() if mon is not None else None
-            pids = {ps.pid, *ps.children_pids} if ps is not None and ps.alive else set()
-            process = ProcessUse(ps.pid, ps.rss, ps.cpu_pct) if ps is not None and ps.alive else None
-            try:
-                snap = self._gpu.sample(pids)
-            except Exception as e:  # report: the row says the GPUs could not be read
-                log.exception("server list: GPU sample failed")
-                snap = GpuSnapshot(False, f"NVML error: {e}", (), None)
-            gpus, message = gpu_uses(snap)
-            out[tid] = (process, gpus, message)
-        return out
+        samplers = [sampler_for(self.service.samplers, tid, h) for tid, h in live.items()]
+        snaps = await asyncio.gather(*(s.sample_once() for s in samplers))
+        for tid, snap in zip(live, snaps):
+            if tid in self.service.servers:  # still listed after the tick
+                self._figures[tid] = figures_of(snap)
 
     async def aclose(self) -> None:
-        self._procs.clear()
-        if self._gpu is not None and self._own_gpu:
-            gpu, self._gpu = self._gpu, None
-            await asyncio.to_thread(gpu.close)
+        self._figures.clear()  # the samplers are the service's: it stops them with their servers
 
 
-async def _slot_use(client) -> tuple[SlotUse | None, str | None]:
-    try:
-        data = await asyncio.wait_for(client.slots(), FETCH_TIMEOUT_S)
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # report: the row's Slots cell says why (a --no-slots server, a 401, a timeout)
-        return None, (str(e) or type(e).__name__)
-    if not isinstance(data, list):
-        return None, "GET /slots did not answer a list"
-    return slot_use(slot_rows(data, {}, {})), None
+def figures_of(snap: Snapshot) -> _Figures:
+    """A row's figures from a server's snapshot (app.monitor.snapshot.Snapshot)."""
+    p = snap.process
+    process = ProcessUse(p.pid, p.rss, p.cpu_pct) if p is not None and p.alive else None
+    gpus, message = gpu_uses(snap.gpu)
+    if snap.slots_error:
+        return _Figures(None, snap.slots_error, gpus, message, process)
+    return _Figures(slot_use(snap.slots), None, gpus, message, process)
 
 
 def slot_use(rows) -> SlotUse:
@@ -296,9 +258,8 @@ def remote_row(host: str, entry: dict) -> ServerRow:
     profile = dict(entry.get("profile") or {})
     st = dict(entry.get("status") or {})
     name = str(profile.get("name") or "?")
-    health = str(st.get("health") or "")
-    state = (ServerState.READY if health == "ok" else ServerState.LOADING if health == "loading"
-             else ServerState.STOPPED)
+    health, why = Health.parse(st.get("health"))
+    state = health.state()
     slots = None
     if isinstance(st.get("slots"), list) and state is ServerState.READY and not st.get("slots_error"):
         rows = st["slots"]
@@ -311,7 +272,7 @@ def remote_row(host: str, entry: dict) -> ServerRow:
     process = (ProcessUse(int(p["pid"]), p.get("rss"), p.get("cpu_pct"))
                if isinstance(p, dict) and p.get("alive") and p.get("pid") is not None else None)
     return ServerRow(f"{host}:{name}", name, state, "remote", host, str(st.get("url") or profile.get("url") or ""),
-                     "" if state is not ServerState.STOPPED else (health or "not running"), name, slots,
+                     "" if state is not ServerState.STOPPED else health_text(health, why), name, slots,
                      st.get("slots_error") if state is ServerState.READY else None, gpus,
                      "" if gpus else str(gpu.get("message") or ""), process)
 

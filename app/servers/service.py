@@ -10,6 +10,9 @@ Qt-free class. Each server-lifecycle decision is made here, once:
 * **launch, attach, adopt or stop** a leftover server, stop, detach;
 * **one HTTP client per server**, shared by the health watch, the Monitor's
   sampling, the session service, the load check and the verdicts;
+* **one sampler per server** (:meth:`ServerService.sampler`: health, slots, its process,
+  the GPUs through this machine's one NVML handle), whose snapshots the Monitor tab, the
+  server list and the status bar read (app.monitor.sampler.Samplers);
 * **one session service per server**, connected when it is Ready and closed when
   it goes (kept through a restart the session service asked for itself);
 * **the one bounded park-then-stop** (:meth:`ServerService.park_then_stop`) that
@@ -33,6 +36,9 @@ from app.core.background import track
 from app.core.lifecycle import DEFAULT_PARK_TIMEOUT_S, POLICY, StopTrigger, TargetKind
 from app.core.profile import LaunchProfile, ProfileError
 from app.core.states import ServerState
+from app.monitor.process import ProcessMonitor
+from app.monitor.sampler import Sampler, Samplers
+from app.monitor.snapshot import take_snapshot
 from app.sessions.service import ServiceError, SessionService
 from app.server.attach import AttachedServer
 from app.server.client import LlamaClient
@@ -175,6 +181,7 @@ class ServerService:
         self._cbs: list[Callable[[ServerEvent], None]] = []
         self._interrupt = asyncio.Event()
         self._parking: dict[str, asyncio.Task] = {}
+        self.samplers = Samplers()  # one per server, one NVML handle for them all
         self._closed = False
 
     @property
@@ -343,9 +350,18 @@ class ServerService:
         self.notify(SessionsChanged(target_id, svc))
         return svc
 
+    def sampler(self, target_id: str | None) -> Sampler | None:
+        """The one sampler of a server that runs (paused until someone resumes it), None for none."""
+        h = self.servers.get(target_id) if target_id is not None else None
+        if h is None or h.state in GONE or not h.url:
+            return None
+        return sampler_for(self.samplers, target_id, h)
+
     def _on_state(self, h: ServerHandle, state: ServerState, outcome: Outcome | None) -> None:
         if self.servers.get(h.id) is not h:
             return
+        if state in GONE:
+            self.samplers.stop_soon(h.id)
         detail = ""
         if state == ServerState.CRASHED and outcome is not None:
             detail = outcome.summary()
@@ -442,6 +458,7 @@ class ServerService:
         h = self.servers.pop(target_id, None)
         if h is None:
             return
+        await self.samplers.stop(target_id)
         if h.proxy is not None:
             proxy, h.proxy = h.proxy, None
             await proxy.stop()
@@ -464,8 +481,40 @@ class ServerService:
         self._closed = True
         for tid in list(self.servers):
             await self.remove(tid)
+        await self.samplers.aclose()
         if self._owns_catalog and self._catalog is not None:
             self._catalog.close()
+
+
+def sampler_for(samplers: Samplers, target_id: str, h) -> Sampler:
+    """The sampler of server ``h`` (a ServerHandle) in ``samplers``: its health and /slots through its
+    one HTTP client, its process (pid and children) and the GPUs, the restored tokens and last tasks
+    its session service knows (which /slots cannot show)."""
+    url, pid = h.url, h.pid
+    cache_ram = getattr(h.profile, "effective_cache_ram", None)
+
+    def take_for(gpu):
+        proc = ProcessMonitor(pid) if pid else None  # primed: its CPU % counts from the first tick
+
+        async def take():
+            target = getattr(getattr(h, "sessions", None), "target", None)
+            return await take_snapshot(h.client.health, h.client.slots, gpu, proc,
+                                       dict(target.restored) if target is not None else {}, cache_ram, url,
+                                       last_tasks=dict(target.last_tasks) if target is not None else {})
+        return take
+
+    return samplers.ensure(target_id, (url, pid), _once(take_for), url=url, cache_ram_mib=cache_ram)
+
+
+def _once(take_for):
+    """``take_for(gpu)`` made once (its process monitor kept from tick to tick)."""
+    made: dict = {}
+
+    def get(gpu):
+        if made.get("gpu") is not gpu:
+            made.update(gpu=gpu, take=take_for(gpu))
+        return made["take"]
+    return get
 
 
 def park_name_prefix(now: float | None = None) -> str:

@@ -15,7 +15,8 @@ one Qt-free class. Each workflow decision lives here, once:
 * recovery of interrupted parks and A/B hides at connect.
 
 Front ends subscribe to :meth:`on_change`, :meth:`on_restored` and
-:meth:`on_verdict`; the window re-emits them as Qt signals.
+:meth:`on_verdict`; the window re-emits them as Qt signals. It is the
+:class:`app.sessions.protocol.Sessions` of a server here, launched or attached.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from app.sessions.behaviour import (identify_target, memory_kind_from_log, memor
                                     mode_from_log_file)
 from app.sessions.check import (PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError, CheckReport,
                             recover_hidden_sidecars)
+from app.sessions.protocol import Capabilities
 from app.sessions.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
     recover_interrupted
 from app.sessions.resume import ResumeRefused, ResumeResult, find_session, resume_session
@@ -86,6 +88,8 @@ _CACHED = re.compile(r"cached n_tokens =\s*(\d+)")
 
 
 class SessionService:
+    host = None  # app.sessions.protocol.Sessions: a server of this machine
+
     def __init__(self, target: ServerTarget, *, stopper: Stopper | None = None,
                  restarter: Stopper | None = None):
         self.target = target
@@ -220,6 +224,33 @@ class SessionService:
     def save_dir(self) -> Path | None:
         return self.target.save_dir
 
+    @property
+    def profile(self) -> LaunchProfile | None:
+        return self.target.profile
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Everything, but stopping (a server KV Valet launched) and an A/B across restarts
+        (a server KV Valet runs): app.sessions.protocol."""
+        return Capabilities(park_and_stop=self.stopper is not None, check_across_restarts=self.can_restart)
+
+    def describe(self) -> str:
+        """Where this server's sessions are parked, or that the first park asks for the folder."""
+        if self.save_dir:
+            return f"Sessions of '{self.profile_name}' are parked in {self.save_dir}"
+        return "Attached to a server KV Valet did not start: the first Park asks for its --slot-save-path folder."
+
+    @property
+    def running(self) -> bool:
+        """A session service lives as long as its server runs (the server service closes it)."""
+        return not self._closed
+
+    def queue_labels(self) -> list[str]:
+        return self.target.queue.labels()
+
+    def on_queue(self, cb: Callable[[], None]) -> None:
+        self.target.queue.on_change(cb)
+
     def set_save_dir(self, folder: str | Path) -> None:
         """Attach mode: the user told us the server's --slot-save-path folder."""
         self.target.save_dir = Path(folder)
@@ -283,6 +314,10 @@ class SessionService:
     def on_change(self, cb: Callable[[], None]) -> None:
         """The catalog or the slots changed (park, resume, rename, delete, verdict)."""
         self._changed.append(cb)
+
+    async def reload(self) -> None:
+        """The records were changed from outside (a move): tell the observers."""
+        self._emit(self._changed)
 
     def on_restored(self, cb: Callable[[int, RestoredSlot], None]) -> None:
         self._restored_cbs.append(cb)

@@ -26,19 +26,16 @@ def wire(window) -> None:
     on_sessions_changed()
     monitor.health_badge.clicked.connect(lambda: window.tabs.setCurrentWidget(health))
 
-    # One bookkeeping for both tabs: the Monitor shows the session service's own
+    # One bookkeeping for both tabs: the server's sampler reads the session service's own
     # record of what was restored where (with its verdict) and of each slot's
-    # last task, which /slots cannot show.
+    # last task, which /slots cannot show (app.servers.service.sampler_for).
     def on_service(service) -> None:
-        if service is None:
-            monitor.restored, monitor.last_tasks = {}, {}
-        else:
-            monitor.restored, monitor.last_tasks = service.target.restored, service.target.last_tasks
         monitor.set_sidecar_behaviour(service.target.behaviour if service is not None else None)
         monitor.request_tick()
 
     def on_snapshot(snap) -> None:
-        if ctl.service is not None and snap.url.rstrip("/") == ctl.service.target.url.rstrip("/"):
+        if ctl.service is not None and ctl.sessions is ctl.service and \
+                snap.url.rstrip("/") == ctl.service.target.url.rstrip("/"):
             sessions.set_slot_rows(snap.slots)
 
     ctl.service_changed.connect(on_service)
@@ -51,6 +48,7 @@ def wire(window) -> None:
     from app.ui.sessions.move import SessionMoves  # Move to… / Copy to… on a session row: the other servers
 
     window.session_moves = SessionMoves(sessions, window.server_list)
+    _show_snapshots(window)
     from app.ui.servers.remote_view import RemoteView  # a host's row: its sessions, park and resume there
 
     window.remote_view = RemoteView(window)
@@ -70,6 +68,22 @@ def wire(window) -> None:
     window.tray_action = tray_setting_action(window)
     window.session_menu.addAction(window.tray_action)
     window.preferences.apply(window.prefs)
+
+
+def _show_snapshots(window) -> None:
+    """The status bar reads the shown server's snapshot from that server's one sampler (the
+    server service's, as the Monitor tab and the server list do; a host's: app.ui.servers.remote_view)."""
+    from app.core.states import ServerState
+    from app.ui.widgets.status_bar import SnapshotLabel
+
+    controller = window.controller
+    samplers = controller.service.samplers
+    window.snapshot_label = label = SnapshotLabel()
+    window.statusBar().addPermanentWidget(label)
+    samplers.subscribe(lambda key, snap: key == controller.target_id and label.show_snapshot(snap))
+    controller.sig_selected.connect(lambda tid: label.show_snapshot(samplers.last(tid)))
+    controller.sig_state.connect(lambda state, _detail: state in (ServerState.STOPPED, ServerState.CRASHED)
+                                 and label.show_snapshot(None))
 
 
 def _guard_shutdown(window, sessions) -> None:

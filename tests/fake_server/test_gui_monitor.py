@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from app.core.states import Health
 from app.core.profile import LaunchProfile
 from app.monitor.gpu import GpuMonitor
 from app.monitor.slots import RestoredSlot
@@ -73,7 +74,7 @@ def test_wiring_adds_a_monitor_tab_that_follows_the_controller(wired_window, qlo
     window.tabs.setCurrentWidget(panel)
     window.show()
 
-    first = signal_future(panel.sig_snapshot, lambda s: s.health == "ok")
+    first = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK)
     assert run(qloop, window.controller.start_async(profile)) is True
     snap = run(qloop, first)
     assert snap.url == window.controller.url
@@ -93,14 +94,15 @@ def test_wiring_adds_a_monitor_tab_that_follows_the_controller(wired_window, qlo
 def test_slot_busy_then_idle_and_paused_while_hidden(window, qloop, profile, monkeypatch):
     # slot 1 stays busy until the Monitor has shown it (SIGUSR2 ends the delay): no timed window
     monkeypatch.setenv("FAKE_COMPLETION_DELAY", "600")
-    panel = MonitorPanel(gpu_monitor=GpuMonitor(nvml=two_gpus()), interval=0.2, busy_interval=0.05)
+    window.controller.service.samplers.gpu = GpuMonitor(nvml=two_gpus())  # the window's one NVML handle
+    panel = MonitorPanel(interval=0.2, busy_interval=0.05)
     panel.attach(window.controller)
     window.add_panel(panel, "Monitor")
     window.tabs.setCurrentWidget(panel)
     window.show()
 
     sampling = signal_future(panel.sig_sampling, lambda on: on is True)
-    idle = signal_future(panel.sig_snapshot, lambda s: s.health == "ok" and len(s.slots) == 2)
+    idle = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK and len(s.slots) == 2)
     assert run(qloop, window.controller.start_async(profile)) is True
     run(qloop, sampling)
     snap = run(qloop, idle)
@@ -155,8 +157,9 @@ def test_slot_busy_then_idle_and_paused_while_hidden(window, qloop, profile, mon
     qloop.run_until_complete(asyncio.sleep(0))
     assert not sampler.paused
 
-    # The park/resume code updates panel.restored; the next tick shows it.
-    panel.restored[0] = RestoredSlot(123, "chat-a")
+    # A resume records what it restored in the session service; the next tick shows it.
+    svc = run(qloop, window.controller.service.sessions(window.controller.target_id))
+    svc.target.restored[0] = RestoredSlot(123, "chat-a")
     marked = signal_future(panel.sig_snapshot, lambda s: s.slots[0].tokens_known_from_restore)
     panel.request_tick()
     run(qloop, marked)
@@ -169,14 +172,58 @@ def test_slot_busy_then_idle_and_paused_while_hidden(window, qloop, profile, mon
 
 
 def test_no_slots_server_shows_the_reason(window, qloop, profile):
-    panel = MonitorPanel(gpu_monitor=GpuMonitor(nvml=two_gpus()), interval=0.2)
+    window.controller.service.samplers.gpu = GpuMonitor(nvml=two_gpus())
+    panel = MonitorPanel(interval=0.2)
     panel.attach(window.controller)
     window.add_panel(panel, "Monitor")
     window.tabs.setCurrentWidget(panel)
     window.show()
-    got = signal_future(panel.sig_snapshot, lambda s: s.health == "ok")
+    got = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK)
     assert run(qloop, window.controller.start_async(profile.replace(slots_endpoint=False))) is True
     assert "--no-slots" in window.controller.plan.argv
     snap = run(qloop, got)
     assert snap.slots_error and "--no-slots" in snap.slots_error
     assert panel.slots_error_label.text() == snap.slots_error and not panel.slots_error_label.isHidden()
+
+
+def test_one_sampler_and_one_nvml_handle_per_server_for_every_tab_and_the_status_bar(wired_window, qloop, profile,
+                                                                                      monkeypatch):
+    """The Monitor tab, the server list and the status bar read the same sampler of a server:
+    counted, one sampler and one NVML handle, whether the Monitor is seen or not."""
+    from app.servers.server_list import SlotUse
+
+    window = wired_window
+    made = []
+    init = GpuMonitor.__init__
+
+    def counted(self, *a, **kw):
+        made.append(self)
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(GpuMonitor, "__init__", counted)
+    panel = window.monitor_panel
+    panel.interval = 0.2
+    window.tabs.setCurrentWidget(panel)
+    window.show()
+    first = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK)
+    assert run(qloop, window.controller.start_async(profile)) is True
+    run(qloop, first)
+    service, tid = window.controller.service, window.controller.target_id
+    run(qloop, window.server_list.refresh())
+    window.tabs.setCurrentIndex(0)  # the Monitor hidden: its sampler pauses, the list asks it for one tick
+    assert panel.sampler.paused
+    run(qloop, window.server_list.refresh())  # after a tick of the loop under way (one tick at a time)
+    ticks = panel.sampler.ticks
+    run(qloop, window.server_list.refresh())
+    run(qloop, window.server_list.refresh())
+    assert list(service.samplers.samplers) == [tid] and panel.sampler is service.samplers.get(tid)
+    assert panel.sampler.ticks == ticks  # the list's ticks are asked, not the loop's
+    assert len(made) == 1  # one NVML handle for the Monitor and the list
+    assert window.server_list.servers.row(tid).slots == SlotUse(2, 0, 0)
+    assert window.snapshot_label.text().endswith("health ok · 0 / 2 slots in use</span>"), window.snapshot_label.text()
+    assert window.snapshot_label.snapshot is service.samplers.last(tid)
+
+    stopped = signal_future(panel.sig_sampling, lambda on: on is False)
+    run(qloop, window.controller.stop_async())
+    run(qloop, stopped)
+    assert service.samplers.samplers == {} and window.snapshot_label.text() == ""

@@ -8,9 +8,10 @@ import asyncio
 
 import pytest
 
-from app.servers import remote_view as rv_jobs
+from app.servers import remote_sessions as rv_jobs
 from app.servers.server_list import RemoteServerSource
 from app.ui.servers import remote_view
+from app.ui.sessions.operations import Operation
 from tests.conftest import signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_server_list import click_row, open_tab
@@ -76,6 +77,13 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
         assert "9.0" in card.mem_label.text() and "16.0" in card.mem_label.text(), card.mem_label.text()
         assert "8.0" in card.server_label.text(), card.server_label.text()
         assert "Ready on gpu-box" in w.state_label.text() and "Server" not in w.state_label.text()
+        assert "health ok · 1 / 2 slots in use · GPU0 9.0/16.0 GiB" in w.snapshot_label.text()
+        # the Sessions tab shows the host's server through its one entry point: park and resume there
+        sessions = w.sessions_panel
+        assert sessions.controller.sessions.host == "gpu-box" and sessions.controller.sessions.profile_name == "big"
+        assert sessions.park_button.isEnabled() and sessions.resume_button.isEnabled()
+        assert not sessions.check_button.isEnabled() and not sessions.ab_button.isEnabled()  # its capabilities
+        assert not sessions.delete_button.isEnabled() and sessions.resume_all_button.isHidden()
 
         # asked again while shown, one call at a time (the next waits for the answer)
         again = signal_future(view.sig_monitor)
@@ -95,6 +103,7 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
         await asyncio.wait({task}, timeout=10)
         assert task.done() and view._poll_task is None
         assert "Server Stopped" in w.state_label.text() and "not sampling" in monitor.status_label.text().lower()
+        assert w.sessions_panel.controller.sessions is None and w.sessions_panel.delete_button.isEnabled()
         calls = host.calls
         assert host.most == 1 and calls >= 4
         await w.shutdown()
@@ -109,3 +118,67 @@ def test_the_status_bar_words_of_a_remote_server():
     assert rv_jobs.state_text(rv_jobs.remote_state({"health": "unreachable: x"}, ServerState.READY),
                               "gpu-box") == "Stopped on gpu-box"
     assert rv_jobs.remote_state(None, ServerState.READY) is ServerState.READY  # not answered yet: the row's
+
+
+class ParkingHost(StandInHost):
+    """A stand-in host whose kv-valet also parks and resumes (``run_cli``: what its ``--json`` says)."""
+
+    def __init__(self):
+        super().__init__()
+        self.listed = [{"name": "chat", "profile": "big", "state_file": "chat.bin", "save_dir": "/srv/kv",
+                        "n_tokens": 900}]
+        self.commands = []
+
+    async def status(self, profile):
+        return STATUS
+
+    async def sessions(self, profile=None):
+        return list(self.listed)
+
+    async def run_cli(self, argv, *, timeout=60, ok_exits=(0,)):
+        self.commands.append(list(argv))
+        if argv[0] == "park":
+            self.listed.insert(0, {"name": "again", "profile": "big", "n_tokens": 1234})
+            return {"ok": True, "profile": "big", "sessions": [
+                {"ok": True, "session": "again", "slot": 0, "tokens": 1234, "state_size": 2**20, "save_ms": 5.0,
+                 "profile": "big", "warnings": []}]}
+        return {"ok": True, "session": argv[2], "profile": "big", "slot": 1, "tokens": 900, "restore_ms": 7.0,
+                "warnings": []}
+
+
+def test_park_and_resume_on_a_remote_row_go_through_the_tabs_one_code_path(qtbot, qloop, tmp_path):
+    from PySide6.QtCore import Qt
+
+    w, _profile = make_window(qtbot, tmp_path)
+    host = ParkingHost()
+    sessions = w.sessions_panel
+
+    async def scenario():
+        refreshed = signal_future(w.server_list.sig_refreshed, lambda: w.server_list.model.row_of("gpu-box:big") is not None)
+        w.server_list.add_source(RemoteServerSource(host))
+        await asyncio.wait_for(refreshed, 10)
+        open_tab(qtbot, w, sessions)
+        loaded = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "gpu-box:big")
+        click_row(qtbot, w, "gpu-box:big")
+        await asyncio.wait_for(loaded, 10)
+        assert [r.name for r in sessions.source_model.records] == ["chat"]
+        assert "'big' on gpu-box: Ready" in sessions.hint.text()
+
+        sessions.slot.setCurrentIndex(sessions.slot.findData(0))
+        sessions.name.setText("again")
+        parked = signal_future(sessions.controller.said, lambda op, ok, text: op is Operation.PARK)
+        qtbot.mouseClick(sessions.park_button, Qt.LeftButton)
+        _op, ok, text = await asyncio.wait_for(parked, 10)
+        assert ok and text.startswith("Parked slot 0 as 'again': 1,234 tokens"), text
+        assert host.commands[-1] == ["park", "big", "--json", "--slot", "0", "--name", "again"]
+        assert [r.name for r in sessions.source_model.records] == ["again", "chat"]  # listed again
+
+        assert sessions.select("chat")
+        resumed = signal_future(sessions.controller.said, lambda op, ok, text: op is Operation.RESUME)
+        qtbot.mouseClick(sessions.resume_button, Qt.LeftButton)
+        _op, ok, text = await asyncio.wait_for(resumed, 10)
+        assert ok and text.startswith("Resumed 'chat' into slot 1: 900 tokens"), text
+        assert host.commands[-1][:4] == ["resume", "big", "chat", "--json"]
+        await w.shutdown()
+
+    qloop.run_until_complete(asyncio.wait_for(scenario(), 60))

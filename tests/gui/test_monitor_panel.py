@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from app.core.states import Health
 from app.monitor.gpu import GpuMonitor
 from app.monitor.process import HostSample, ProcessSample
 from app.monitor.slots import RestoredSlot, SlotsUnavailable, slot_rows
@@ -34,7 +35,7 @@ def make_snapshot(*, slots_json=SLOTS_AFTER_TASK, restored=None, gpu=None, slots
     snap = Snapshot(
         taken_at=time.time() if taken_at is None else taken_at,
         url="http://127.0.0.1:8080",
-        health="ok",
+        health=Health.OK,
         slots=() if slots_error else tuple(slot_rows(slots_json, restored or {})),
         slots_error=slots_error,
         gpu=gpu,
@@ -47,7 +48,7 @@ def make_snapshot(*, slots_json=SLOTS_AFTER_TASK, restored=None, gpu=None, slots
 
 @pytest.fixture
 def panel(qtbot):
-    p = MonitorPanel(gpu_monitor=GpuMonitor(nvml=two_gpus()))
+    p = MonitorPanel()
     qtbot.addWidget(p)
     p.resize(1100, 800)
     p.show()
@@ -83,8 +84,7 @@ def test_slot_rows_from_recorded_slots_json(panel, qtbot):
 def test_restored_tokens_marked_with_tooltip(panel):
     from PySide6.QtCore import Qt
 
-    panel.restored[0] = RestoredSlot(336, "chat-a")
-    snap = make_snapshot(slots_json=SLOTS_AFTER_RESTORE, restored=panel.restored)
+    snap = make_snapshot(slots_json=SLOTS_AFTER_RESTORE, restored={0: RestoredSlot(336, "chat-a")})
     panel.apply_snapshot(snap)
     m = panel.slots_model
     assert cell(m, 0, C.COL_TOKENS) == "336 (restored)"

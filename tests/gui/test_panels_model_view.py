@@ -15,7 +15,6 @@ from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QStyleOptionViewItem
 
 from app import paths
-from app.monitor.gpu import GpuMonitor
 from app.monitor.slots import SlotRow
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
@@ -25,7 +24,6 @@ from app.ui.monitor.panel import MonitorPanel, SlotsTableModel
 from app.ui.panels import sessions_panel
 from app.ui.sessions.model import COL_NAME, COL_TOKENS, COL_VERDICT, SessionsModel
 from tests.conftest import run
-from tests.doubles.fake_nvml import two_gpus
 from tests.unit.test_sessions_scale import park_many
 
 pytestmark = pytest.mark.gui
@@ -49,7 +47,7 @@ def sessions(qtbot, qloop):
 
 @pytest.fixture
 def monitor(qtbot):
-    p = MonitorPanel(gpu_monitor=GpuMonitor(nvml=two_gpus()))
+    p = MonitorPanel()
     qtbot.addWidget(p)
     p.resize(1100, 800)
     p.show()

@@ -6,9 +6,11 @@ import asyncio
 
 import pytest
 
+from app.core.states import Health
 from app.core.profile import LaunchProfile
 from app.server.client import LlamaClient
-from app.server.launcher import make_supervisor, plan_launch
+from app.servers.service import ServerService
+from app.ui.servers.controller import ServerController
 from app.ui.monitor.panel import MonitorPanel, SlotsTableModel
 from tests.conftest import signal_future
 from tests.conftest import free_port
@@ -21,30 +23,10 @@ def run(loop, aw, timeout=120):
     return loop.run_until_complete(asyncio.wait_for(aw, timeout))
 
 
-def make_controller(plan, sup):
-    """The part of ServerController the panel reads, around a bare Supervisor."""
-    from PySide6.QtCore import QObject, Signal
-
-    class Controller(QObject):
-        sig_state = Signal(str, str)
-
-        @property
-        def pid(self):
-            return sup.pid
-
-    c = Controller()
-    c.plan, c.supervisor, c.url = plan, sup, plan.url
-    c.client = sup._client  # the server's one client, as the server service shares it
-    sup.on_state(lambda state, outcome: c.sig_state.emit(state.value, ""))
-    return c
-
-
 def test_slot_table_follows_a_real_completion(real_binary, real_model, tmp_path, qloop, qtbot):
     profile = LaunchProfile(name="real-monitor", model=real_model, server_binary=real_binary, port=free_port(),
                             ctx_size=2048, parallel=2, slot_save_path=str(tmp_path / "slots") + "/")
-    plan = plan_launch(profile)
-    sup = make_supervisor(plan)
-    controller = make_controller(plan, sup)
+    controller = ServerController(service=ServerService(connect_sessions=False))  # its sampler is the service's
     panel = MonitorPanel(interval=0.5, busy_interval=0.05)
     qtbot.addWidget(panel)
     panel.attach(controller)
@@ -52,9 +34,10 @@ def test_slot_table_follows_a_real_completion(real_binary, real_model, tmp_path,
     seen = []
     panel.sig_snapshot.connect(seen.append)
     try:
-        first = signal_future(panel.sig_snapshot, lambda s: s.health == "ok" and len(s.slots) == 2)
-        run(qloop, sup.start())
+        first = signal_future(panel.sig_snapshot, lambda s: s.health is Health.OK and len(s.slots) == 2)
+        assert run(qloop, controller.start_async(profile)) is True
         snap = run(qloop, first)
+        sup = controller.supervisor
         assert snap.process is not None and snap.process.pid == sup.pid and snap.process.alive
         assert [r.n_ctx for r in snap.slots] == [1024, 1024]  # -c 2048 split across 2 slots
         m = panel.slots_model
@@ -62,7 +45,7 @@ def test_slot_table_follows_a_real_completion(real_binary, real_model, tmp_path,
         assert m.index(0, C.COL_NCTX).data() == "1,024"
 
         async def complete():
-            async with LlamaClient(plan.url) as client:
+            async with LlamaClient(controller.url) as client:
                 return await client.completion("Write a long story about a lighthouse keeper and the sea.",
                                                slot_id=1, n_predict=100, extra={"ignore_eos": True})
 
@@ -90,9 +73,12 @@ def test_slot_table_follows_a_real_completion(real_binary, real_model, tmp_path,
         assert not any("Traceback" in t for t in panel.warning_texts())
     finally:
         stopped = signal_future(panel.sig_sampling, lambda on: on is False)
-        run(qloop, sup.aclose())
-        if panel.sampler is not None:
+        sampling = panel.sampler is not None
+        run(qloop, controller.stop_async())
+        if sampling:
             run(qloop, stopped, timeout=10)
         run(qloop, panel.aclose())
-    assert not sup.running and panel.sampler is None
+        run(qloop, controller.aclose())
+    assert not controller.supervisor or not controller.supervisor.running
+    assert panel.sampler is None and controller.service.samplers.samplers == {}
     assert any(s.any_busy for s in seen)

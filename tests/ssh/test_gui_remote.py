@@ -121,6 +121,8 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             click_row(qtbot, w, "box:there")
             await asyncio.wait_for(loaded, 60)
             assert [r.name for r in sessions.source_model.records] == ["chat"]
+            assert sessions.controller.sessions.host == "box"
+            assert not sessions.check_button.isEnabled() and not sessions.rename_button.isEnabled()  # the host's
             assert sessions.park_button.isEnabled() and "'there' on box: Ready" in sessions.hint.text()
             assert "not shown here" in w.log_panel.view.toPlainText()
             assert w.health_panel.shown == "box:there" and w.health_panel.table.rowCount() == 0
@@ -176,7 +178,8 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
         shown = signal_future(sessions.controller.service_changed, lambda s: s is not None and s.profile_name == "here")
         click_row(qtbot, w, "profile:here")
         await asyncio.wait_for(shown, 30)
-        assert sessions.remote is None and [r.name for r in sessions.source_model.records] == ["chat"]
+        assert sessions.controller.sessions is sessions.controller.service
+        assert [r.name for r in sessions.source_model.records] == ["chat"]
         assert w.health_panel.shown == "profile:here"
         await w.shutdown()
 

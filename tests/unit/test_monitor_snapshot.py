@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.core.states import Health, ServerState, health_text
 from app.monitor.gpu import GpuMonitor, GpuSample, GpuSnapshot
 from app.monitor.process import HostSample, ProcessMonitor
 from app.monitor.slots import RestoredSlot, SlotRow, SlotsUnavailable
@@ -52,7 +53,7 @@ async def test_take_snapshot_collects_everything():
         {0: RestoredSlot(336, "fixture.bin")}, 8192, URL,
     )
     assert isinstance(snap, Snapshot) and snap.url == URL
-    assert snap.health == "ok" and snap.slots_error is None
+    assert snap.health is Health.OK and snap.slots_error is None
     assert snap.slots[0].tokens_held == 336 and snap.slots[0].tokens_known_from_restore
     assert snap.gpu.available and len(snap.gpu.gpus) == 2
     assert snap.process.alive and snap.process.pid == os.getpid()
@@ -86,7 +87,7 @@ async def test_failures_become_values():
         raise HttpError(501, "This server does not support slots endpoint. Start it with `--slots`")
 
     snap = await take_snapshot(loading, no_slots, GpuMonitor(nvml=FakeNvml(init_error=9)), None, None, None, URL)
-    assert snap.health == "loading"
+    assert snap.health is Health.LOADING
     assert snap.slots == () and snap.slots_error == SlotsUnavailable.NO_SLOTS
     assert not snap.gpu.available and snap.gpu.message.startswith("no NVIDIA GPU found")
     assert snap.process is None
@@ -95,7 +96,8 @@ async def test_failures_become_values():
         raise ConnectionRefusedError("[Errno 111] Connection refused")
 
     snap = await take_snapshot(refused, refused, None, None, None, None, URL)
-    assert snap.health.startswith("unreachable: ") and "Connection refused" in snap.health
+    assert snap.health is Health.UNREACHABLE and "Connection refused" in snap.health_detail
+    assert snap.health_text.startswith("unreachable: ") and snapshot_to_dict(snap)["health"] == snap.health_text
     assert snap.slots_error.startswith("GET /slots failed: ")
 
 
@@ -106,15 +108,24 @@ async def test_hung_fetch_is_bounded_by_timeout():
         await never.wait()
 
     snap = await take_snapshot(hang, hang, None, None, None, None, URL, timeout_s=0.05)
-    assert snap.health == "unreachable: timed out"
+    assert (snap.health, snap.health_detail) == (Health.UNREACHABLE, "timed out")
     assert "timed out" in snap.slots_error
 
 
 def test_health_normalisation():
-    assert health_from_result({"status": "ok"}) == "ok"
-    assert health_from_result("ok") == "ok"
-    assert health_from_result({"error": {"code": 503, "message": "Loading model"}}) == "loading"
-    assert health_from_result(None) == "ok"
+    assert health_from_result({"status": "ok"}) == (Health.OK, "")
+    assert health_from_result("ok") == (Health.OK, "")
+    assert health_from_result({"error": {"code": 503, "message": "Loading model"}}) == (Health.LOADING, "")
+    assert health_from_result(None) == (Health.OK, "")
+
+
+def test_health_reads_the_wire_text_of_any_kv_valet():
+    assert Health.parse("ok") == (Health.OK, "") and Health.parse("loading") == (Health.LOADING, "")
+    assert Health.parse("unreachable: connection refused") == (Health.UNREACHABLE, "connection refused")
+    assert Health.parse(None) == (Health.NOT_RUNNING, "") and Health.parse("error: x") == (Health.ERROR, "x")
+    assert Health.parse("gone away") == (Health.UNREACHABLE, "gone away")
+    assert health_text(Health.UNREACHABLE, "x") == "unreachable: x" and health_text(Health.OK) == "ok"
+    assert Health.OK.state() is ServerState.READY and Health.UNREACHABLE.state() is ServerState.STOPPED
 
 
 def _gpu(i, total, used, lost=False):
@@ -127,7 +138,7 @@ def _row(i, held, n_ctx=4096, busy=False):
 
 def _snapshot(**kw):
     base = dict(
-        taken_at=1_700_000_000.0, url=URL, health="ok", slots=(), slots_error=None,
+        taken_at=1_700_000_000.0, url=URL, health=Health.OK, slots=(), slots_error=None,
         gpu=GpuSnapshot(True, "ok", (), "535"), process=None,
         host=HostSample(64 * GiB, 10 * GiB, 54 * GiB), cache_ram_mib=None,
     )

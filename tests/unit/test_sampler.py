@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from app.core.states import Health
 from app.monitor.gpu import GpuSnapshot
 from app.monitor.process import HostSample
 from app.monitor.sampler import Sampler
@@ -70,7 +71,7 @@ async def test_ticks_happen_and_stop_leaves_no_task():
     finally:
         await sampler.stop()
     assert not sampler.is_running
-    assert all(s.health == "ok" for s in rec.snaps)
+    assert all(s.health is Health.OK for s in rec.snaps)
     assert sampler.last_snapshot is rec.snaps[-1]
     others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert others == []
@@ -147,7 +148,7 @@ async def test_exception_in_tick_produces_error_snapshot(caplog):
             await sampler.stop()
     err = rec.snaps[0]
     assert err.error and "snapshot machinery broke" in err.error
-    assert err.health.startswith("error:") and err.url == URL
+    assert err.health is Health.ERROR and err.health_text.startswith("error:") and err.url == URL
     assert rec.snaps[1].error is None
     assert "sampler tick failed" in caplog.text
 

@@ -13,7 +13,9 @@ from app.core.states import ServerState
 from app.servers.server_list import (COLUMNS, THIS_MACHINE, GpuUse, LocalServerSource, ProcessUse, ServerList,
                                   ServerListSource, ServerRow, SlotUse, cells, gpu_uses, move_targets, shown_rows,
                                   slot_use)
+from app.monitor.sampler import Samplers
 from app.servers.events import StateChanged
+from app.servers.service import sampler_for
 from app.monitor.gpu import GpuSample, GpuSnapshot
 from app.monitor.slots import slot_rows
 
@@ -101,6 +103,9 @@ class FakeClient:
             raise self.answer
         return self.answer
 
+    async def health(self):
+        return "ok"
+
 
 class FakeGpu:
     def __init__(self):
@@ -117,9 +122,12 @@ class FakeGpu:
 
 
 class FakeService:
-    def __init__(self):
+    """What the local source needs of a server service: its servers, their events, their samplers."""
+
+    def __init__(self, gpu=None):
         self.servers: dict = {}
         self.cbs = []
+        self.samplers = Samplers(gpu=gpu or FakeGpu(), gpu_factory=lambda: pytest.fail("a second NVML handle"))
 
     def on_event(self, cb):
         self.cbs.append(cb)
@@ -133,18 +141,18 @@ def handle(name, state, *, pid=None, slots=(), owned=True):
     profile = LaunchProfile(name=name, model="/m.gguf") if owned else None
     spec = SimpleNamespace(name=name if owned else "http://127.0.0.1:9")
     return SimpleNamespace(state=state, profile=profile, url=f"http://127.0.0.1/{name}", spec=spec, pid=pid,
-                           supervisor=object() if owned else None, client=FakeClient(list(slots)))
+                           supervisor=object() if owned else None, client=FakeClient(list(slots)), sessions=None)
 
 
 async def test_the_local_source_lists_every_server_with_its_figures_and_follows_states():
-    svc = FakeService()
+    gpu = FakeGpu()
+    svc = FakeService(gpu)
     svc.servers["profile:a"] = handle("a", ServerState.READY, pid=os.getpid(),
                                       slots=[{"id": 0, "n_ctx": 512, "n_prompt_tokens": 40}, {"id": 1, "n_ctx": 512}])
     svc.servers["url:http://127.0.0.1:9"] = handle("b", ServerState.READY, owned=False)
     svc.servers["url:http://127.0.0.1:9"].client = FakeClient(RuntimeError("HTTP 501: slots endpoint disabled"))
     svc.servers["profile:c"] = handle("c", ServerState.STOPPED)
-    gpu = FakeGpu()
-    src = LocalServerSource(svc, gpu=gpu)
+    src = LocalServerSource(svc)
     assert isinstance(src, ServerListSource)
     changes = []
     src.on_change(lambda: changes.append(1))
@@ -153,9 +161,9 @@ async def test_the_local_source_lists_every_server_with_its_figures_and_follows_
     assert (a.kind, a.profile, a.host, a.slots) == ("profile", "a", THIS_MACHINE, SlotUse(2, 1, 0))
     assert a.process is not None and a.process.pid == os.getpid() and a.process.rss > 0
     assert a.gpus == (GpuUse(0, "P100", 2 * GiB, 16 * GiB, GiB),)
-    assert (b.kind, b.name, b.profile, b.slots, b.slots_error) == ("attached", "http://127.0.0.1:9", None, None,
-                                                                     "HTTP 501: slots endpoint disabled")
-    assert b.process is None and gpu.asked[1] == set()  # no pid of its own: the cards, no share
+    assert (b.kind, b.name, b.profile, b.slots) == ("attached", "http://127.0.0.1:9", None, None)
+    assert "HTTP 501: slots endpoint disabled" in b.slots_error
+    assert b.process is None and set() in gpu.asked  # no pid of its own: the cards, no share
     assert c.slots is None and c.process is None  # a stopped server is not sampled
 
     svc.servers["profile:a"].state = ServerState.CRASHED
@@ -164,7 +172,45 @@ async def test_the_local_source_lists_every_server_with_its_figures_and_follows_
     a = src.rows()[0]
     assert (a.state, a.detail, a.slots, a.gpus) == (ServerState.CRASHED, "killed by signal 9", None, ())
     await src.aclose()
-    assert not gpu.closed  # a monitor given to the source is the giver's to close
+    await svc.samplers.aclose()
+    assert not gpu.closed  # a monitor given to the samplers is the giver's to close
+
+
+async def test_one_sampler_and_one_nvml_handle_per_server_whoever_reads_it():
+    """The list, the Monitor and the status bar read the same sampler of a server: refreshing the
+    list again, or the Monitor following a server, makes no other sampler and no other NVML handle."""
+    from tests.doubles.fake_nvml import two_gpus
+
+    from app.monitor.gpu import GpuMonitor
+
+    handles = []
+
+    def nvml_handle():
+        handles.append(GpuMonitor(nvml=two_gpus()))
+        return handles[-1]
+
+    svc = FakeService()
+    svc.samplers = Samplers(gpu_factory=nvml_handle)
+    svc.servers["profile:a"] = handle("a", ServerState.READY, pid=os.getpid(), slots=[{"id": 0, "n_ctx": 512}])
+    svc.servers["profile:b"] = handle("b", ServerState.LOADING, slots=[])
+    src = LocalServerSource(svc)
+    for _ in range(3):
+        await src.refresh()
+    monitor = sampler_for(svc.samplers, "profile:a", svc.servers["profile:a"])  # what the Monitor tab follows
+    published = []
+    svc.samplers.subscribe(lambda key, snap: published.append(key))
+    monitor.resume()
+    await src.refresh()
+    assert sorted(svc.samplers.samplers) == ["profile:a", "profile:b"] and svc.samplers.get("profile:a") is monitor
+    assert len(handles) == 1 and handles[0]._nvml.init_calls == 1  # one NVML handle, initialised once
+    assert src.rows()[0].gpus and src.rows()[0].slots == SlotUse(1, 0, 0)
+    assert published  # every reader's snapshot is the sampler's, published to every subscriber
+    svc.servers["profile:b"].state = ServerState.STOPPED
+    await svc.samplers.stop("profile:b")
+    await src.refresh()
+    assert sorted(svc.samplers.samplers) == ["profile:a"]
+    await svc.samplers.aclose()
+    assert not monitor.is_running
 
 
 class BrokenSource:
@@ -186,7 +232,7 @@ class BrokenSource:
 async def test_the_list_keeps_this_machine_first_and_survives_a_failing_host(caplog):
     svc = FakeService()
     svc.servers["profile:a"] = handle("a", ServerState.READY, slots=[{"id": 0, "n_ctx": 512}])
-    servers = ServerList([LocalServerSource(svc, gpu=FakeGpu())])
+    servers = ServerList([LocalServerSource(svc)])
     servers.add(BrokenSource())
     with pytest.raises(ValueError):
         servers.add(BrokenSource())

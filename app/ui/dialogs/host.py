@@ -1,7 +1,7 @@
 """Add a host from the window: name, destination, port, kv-valet path, key file (issue #20).
 
 Saved through app.store.hosts (the file ``kv-valet hosts`` edits), then checked at once
-(app.servers.remote_view.check_host: the key against known_hosts, the login, its kv-valet): the
+(app.servers.remote_sessions.check_host: the key against known_hosts, the login, its kv-valet): the
 outcome is shown in the dialog — "host key verified" or the refusal with its remedy. The
 dialog stays open on a refusal so the user can fix a field and press Add again; a host that
 answered is listed in the server list (``sig_added``) and the dialog closes.
@@ -73,7 +73,7 @@ class HostDialog(QDialog):
 
     async def add(self) -> bool:
         """Save the host (replacing one of the same name only after it answered) and check it."""
-        from app.servers.remote_view import check_host
+        from app.servers.remote_sessions import check_host
         from app.store.hosts import HostsError, HostStore
 
         try:

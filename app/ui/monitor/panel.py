@@ -2,12 +2,13 @@
 
 Everything shown comes from one :class:`app.monitor.snapshot.Snapshot` per
 tick; this module only turns snapshots into widgets. Sampling (HTTP, NVML,
-psutil) lives in :mod:`app.monitor`: the :class:`Sampler` runs on the qasync
-loop and the blocking NVML/psutil calls run in a worker thread there, so the
-window never blocks on a sick GPU.
+psutil) lives in :mod:`app.monitor`: each server's one :class:`Sampler` (the
+server service's, ``service.sampler(target_id)``: the server list and the status
+bar read the same one) runs on the qasync loop and the blocking NVML/psutil calls
+run in a worker thread there, so the window never blocks on a sick GPU.
 
-The sampler runs while the server is Ready and the tab is visible: hidden or
-minimised it is paused (no NVML or HTTP traffic for a window nobody looks at),
+The shown server's sampler ticks while it is Ready and the tab is visible: hidden or
+minimised it is paused (no fast NVML or HTTP traffic for a window nobody looks at),
 and it ticks at once when shown again (:class:`app.ui.widgets.visibility.PausesWhenHidden`).
 
 The parts: the slot table's model (:mod:`app.ui.sessions.slots_model`, shown through a
@@ -29,14 +30,13 @@ from PySide6.QtWidgets import (QAbstractItemView, QFrame, QHBoxLayout, QHeaderVi
 
 from app.core.background import track
 from app.core.states import ServerState
-from app.monitor.gpu import GpuHistory, GpuMonitor, GpuSnapshot
-from app.monitor.process import ProcessMonitor
-from app.monitor.sampler import Sampler
-from app.monitor.slots import LastTask, RestoredSlot
-from app.monitor.snapshot import Snapshot, take_snapshot
+from app.monitor.gpu import GpuHistory, GpuSnapshot
+from app.monitor.sampler import Sampler, Samplers
+from app.monitor.snapshot import Snapshot
 from app.monitor.warnings import CRITICAL
 from app.ui.widgets import theme
 from app.ui.widgets.delegates import FillBarDelegate
+from app.ui.widgets.status_bar import HEALTH_ROLES
 from app.ui.monitor.gpus import GpuBox, GpuCard, GpuHistoryChart
 from app.ui.monitor.host import HostBox, ProcessBox
 from app.ui.sessions.slots_model import FILL_ROLE, RESTORED_TOOLTIP, ROW_ROLE, ShownSlots, SlotsTableModel
@@ -52,12 +52,9 @@ __all__ = ["SlotsTableModel", "GpuHistoryChart", "GpuCard", "MonitorPanel", "RES
 
 
 class MonitorPanel(PausesWhenHidden, QWidget):
-    """The Monitor tab. ``attach(controller)`` makes it follow a ServerController.
-
-    ``restored`` maps slot id -> ``(n_restored, session name)``; the park /
-    resume code updates it after a restore (``/slots`` does not show restored
-    tokens) and may call :meth:`request_tick` to show it at once.
-    """
+    """The Monitor tab. ``attach(controller)`` makes it follow a ServerController: the sampler
+    of the server it shows. The park / resume code may call :meth:`request_tick` after a restore
+    (the sampler reads what the session service restored: ``/slots`` does not show it)."""
 
     sig_snapshot = Signal(object)  # every Snapshot applied to the view
     sig_sampling = Signal(bool)  # True: a sampler started for a Ready server; False: sampling stopped
@@ -65,20 +62,16 @@ class MonitorPanel(PausesWhenHidden, QWidget):
     SAMPLE_STATES = (ServerState.READY,)
     STOP_STATES = (ServerState.STOPPING, ServerState.STOPPED, ServerState.CRASHED)
 
-    def __init__(self, parent: QWidget | None = None, *, gpu_monitor: GpuMonitor | None = None,
-                 interval: float = 1.0, busy_interval: float = 0.25, history_window_s: float = 600.0) -> None:
+    def __init__(self, parent: QWidget | None = None, *, interval: float = 1.0, busy_interval: float = 0.25,
+                 history_window_s: float = 600.0) -> None:
         super().__init__(parent)
-        # What the session service knows and /slots does not (shared with it by the wiring).
-        self.restored: dict[int, RestoredSlot] = {}
-        self.last_tasks: dict[int, LastTask] = {}
-        self._gpu = gpu_monitor
-        self._own_gpu = gpu_monitor is None
-        # Used for the next sampler (set them before the server is Ready).
+        # The rates of the sampler shown (set them before the server is Ready, or with set_rates).
         self.interval = interval
         self.busy_interval = busy_interval
         self.history = GpuHistory(window_s=history_window_s)
-        self.sampler: Sampler | None = None
-        self._sampling_key: tuple[str, int | None] | None = None
+        self.sampler: Sampler | None = None  # the shown server's (the server service's, not this tab's)
+        self._samplers: Samplers | None = None
+        self._sampling_key: str | None = None  # its target id
         self._controller: Any = None
         self._lock: asyncio.Lock | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -198,9 +191,8 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         """Show one snapshot (public: tests feed synthetic ones) and emit sig_snapshot."""
         self.last_snapshot = snap
         when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
-        health = snap.health
-        colour_ = theme.hex_of("ok" if health == "ok" else "warn" if health == "loading" else "crit")
-        _set_text(self.status_label, f"{snap.url or 'server'} · health <b style='color:{colour_}'>{health}</b> · "
+        colour_ = theme.hex_of(HEALTH_ROLES.get(snap.health, "crit"))
+        _set_text(self.status_label, f"{snap.url or 'server'} · health <b style='color:{colour_}'>{snap.health_text}</b> · "
                                      f"sampled {when}")
         self._apply_warnings(snap)
         self._apply_slots(snap)
@@ -277,42 +269,33 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         if c is None:
             return
         async with self._get_lock():
-            url = c.url
-            pid = c.pid  # launched here, or by an earlier KV Valet (its pid record)
-            if not url:
+            key, service = c.target_id, c.service
+            sampler = service.sampler(key)  # the one sampler of that server (the list reads it too)
+            if sampler is None:
                 return
-            key = (url, pid)
-            if self.sampler is not None and self._sampling_key == key and self.sampler.is_running:
+            if sampler is self.sampler and sampler.is_running:
                 return
             await self._stop_sampler_locked()
-            profile = getattr(getattr(c, "plan", None), "profile", None)
-            cache_ram = getattr(profile, "effective_cache_ram", None)
-            client = c.client  # the server's one HTTP client (app.servers.service), not closed here
-            if self._gpu is None:
-                self._gpu = GpuMonitor()
-            gpu = self._gpu
-            proc = ProcessMonitor(pid) if pid else None
-
-            async def fetch_health() -> Any:
-                h = await client.health()
-                return "ok" if h.ok else "loading" if h.loading else f"unreachable: {h.message}"
-
-            async def take() -> Snapshot:
-                return await take_snapshot(fetch_health, client.slots, gpu, proc, dict(self.restored),
-                                           cache_ram, url, last_tasks=dict(self.last_tasks))
-
-            self._sampling_key = key
-            self.sampler = Sampler(take, on_snapshot=self.apply_snapshot, interval=self.interval,
-                                   busy_interval=self.busy_interval, url=url, cache_ram_mib=cache_ram)
-            self.sampler.start()
-            self.update_pause()
+            if self._samplers is not service.samplers:
+                if self._samplers is not None:
+                    self._samplers.unsubscribe(self._on_published)
+                self._samplers = service.samplers
+                self._samplers.subscribe(self._on_published)
+            self._samplers.set_rates(self.interval, self.busy_interval)
+            self._sampling_key, self.sampler = key, sampler
+            self.update_pause()  # resumed while the tab is seen
         self.sig_sampling.emit(True)
+
+    def _on_published(self, key: str, snap: Snapshot) -> None:
+        """A snapshot of any server's sampler: shown when it is the shown server's."""
+        if key == self._sampling_key and not self._closed:
+            self.apply_snapshot(snap)
 
     def set_rates(self, interval: float, busy_interval: float) -> None:
         """The polling rates from the preferences; a running sampler takes them at its next tick."""
         self.interval, self.busy_interval = float(interval), float(busy_interval)
-        if self.sampler is not None:
-            self.sampler.interval, self.sampler.busy_interval = self.interval, self.busy_interval
+        if self._samplers is not None:
+            self._samplers.set_rates(self.interval, self.busy_interval)
             self.request_tick()
 
     async def _stop_sampling(self, state: ServerState = ServerState.STOPPED) -> None:
@@ -324,10 +307,11 @@ class MonitorPanel(PausesWhenHidden, QWidget):
             self.sig_sampling.emit(False)
 
     async def _stop_sampler_locked(self) -> None:
+        """Let go of the shown server's sampler: paused (the service stops it when its server goes)."""
         sampler, self.sampler = self.sampler, None
         self._sampling_key = None
         if sampler is not None:
-            await sampler.stop()
+            sampler.pause()
 
     def set_sidecar_behaviour(self, behaviour) -> None:
         """Show what the running build does with checkpoint sidecars (None: no server)."""
@@ -367,7 +351,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         return self.sampler is not None and self.sampler.paused
 
     async def aclose(self) -> None:
-        """Stop sampling and release the HTTP client and NVML; leaves no task behind."""
+        """Let go of the sampler shown (the server service's); leaves no task behind."""
         self._closed = True
         for t in list(self._tasks):
             t.cancel()
@@ -378,6 +362,5 @@ class MonitorPanel(PausesWhenHidden, QWidget):
                 pass
         async with self._get_lock():
             await self._stop_sampler_locked()
-        if self._gpu is not None and self._own_gpu:
-            gpu, self._gpu = self._gpu, None
-            await asyncio.to_thread(gpu.close)
+        if self._samplers is not None:
+            self._samplers.unsubscribe(self._on_published)

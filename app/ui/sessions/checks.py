@@ -22,15 +22,15 @@ class Checks:
         c = self.controller
         op = Operation.AB_CHECK if ab else Operation.CHECK
         what = f"{op.value} of '{name}'"
-        if c.service is None:
+        if c.sessions is None:
             c.say(f"{what}: start or attach to a server first.", ok=False, op=op)
             return None
-        rec = c.catalog.get(c.service.profile_name, name)
+        rec = c.catalog.get(c.sessions.profile_name, name)
         n = f"{rec.n_tokens:,}" if rec else "all the"
         c.say(f"{what}: running… (a re-prefill of {n} tokens can take a while)")
         try:
-            report = await (c.service.ab(name, slot_id, force=force, baseline=baseline) if ab
-                            else c.service.check(name, slot_id, force=force))
+            report = await (c.sessions.ab(name, slot_id, force=force, baseline=baseline) if ab
+                            else c.sessions.check(name, slot_id, force=force))
         except NeedsConfirmation as e:
             if not await c.questions.confirmed(op.value, "\n\n".join(e.warnings) + "\n\nGo on?"):
                 c.say(f"{what}: cancelled.", ok=True, op=op)
@@ -41,7 +41,7 @@ class Checks:
             return None
         verdict = report.row("with sidecar").verdict if ab else report.verdict
         c.say(f"{what} in slot {report.slot_id}: done — {verdict.kind}: {verdict.reason}", ok=True, op=op)
-        rec = c.catalog.get(c.service.profile_name, name)
+        rec = c.catalog.get(c.sessions.profile_name, name)
         c.checked.emit(report, c.catalog.history(rec.id) if rec else None)
         await c.read_slots()
         return report

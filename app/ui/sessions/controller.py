@@ -1,8 +1,10 @@
 """The Sessions tab's controller: the workflows, and typed signals of what they did.
 
-A :class:`SessionsController` is a :class:`QObject` (no widget): it follows the server the
-window shows (its :class:`~app.sessions.service.SessionService`), parks, resumes, checks,
-"Resume all", and says each outcome as a typed signal. Whoever wants to know (the table
+A :class:`SessionsController` is a :class:`QObject` (no widget): it shows one server's
+:class:`app.sessions.protocol.Sessions` (``sessions``: the window's server here, its
+:class:`~app.sessions.service.SessionService` ``service``, or a host's), set through its one entry
+point :meth:`~SessionsController.set_sessions`; it parks, resumes, checks, "Resume all" through
+them, and says each outcome as a typed signal. Whoever wants to know (the table
 widget :class:`~app.ui.sessions.panel.SessionsPanel`, the tray, the first-run guide, the
 Monitor's wiring) subscribes to those, never to the text of a message:
 
@@ -18,7 +20,6 @@ that go through this controller's public interface only.
 
 from __future__ import annotations
 
-import enum
 import logging
 import weakref
 
@@ -26,6 +27,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app import paths
 from app.core.verdict import Verdict, VerdictKind
+from app.sessions.protocol import Sessions
 from app.sessions.records import list_sessions
 from app.sessions.resume import ResumeFailed, ResumeNeedsConfirmation, ResumeRefused
 from app.sessions.service import ServiceError, SessionService
@@ -33,33 +35,11 @@ from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui.sessions.dialogs import answer, chosen_folder, folder_dialog
 from app.ui.sessions.model import _size
+from app.ui.sessions.operations import Operation
 from app.ui.widgets.questions import Questions
 from app.ui.widgets.tasks import Tasks
 
 log = logging.getLogger(__name__)
-
-
-class Operation(enum.Enum):
-    """What the Sessions tab did (its value is how the message line names it)."""
-    PARK = "Park"
-    PARK_ALL = "Park all"
-    PARK_ALL_AND_STOP = "Park all & stop"
-    RESUME = "Resume"
-    RESUME_ALL = "Resume all"
-    CHECK = "Check resume"
-    AB_CHECK = "A/B check"
-    VERDICT = "Verdict"
-    RENAME = "Rename"
-    DELETE = "Delete"
-    DELETE_OLDER = "Delete older"
-    MOVE = "Move"
-    WAKE = "Back from sleep"
-    CONNECT = "Connect"
-
-
-#: the operations that park or resume (the tray tells them when the window is hidden)
-PARKS_AND_RESUMES = frozenset({Operation.PARK, Operation.PARK_ALL, Operation.PARK_ALL_AND_STOP, Operation.RESUME,
-                               Operation.RESUME_ALL})
 
 
 class SessionsController(QObject):
@@ -70,8 +50,8 @@ class SessionsController(QObject):
     said = Signal(object, bool, str)  # Operation (None: a hint), ok, text: every outcome, as the message line says it
     changed = Signal()  # the catalog changed (parked, resumed, renamed, deleted, judged)
     restored = Signal(int, object)  # slot, RestoredSlot
-    service_changed = Signal(object)  # SessionService once connected (None when gone)
-    connected = Signal(bool)  # park and resume possible now (or no longer)
+    service_changed = Signal(object)  # the local SessionService once connected (None when gone)
+    connected = Signal(bool)  # the sessions shown, or their server's state, changed (False: none shown)
     queue_changed = Signal(list)  # the labels of the slot operations running and waiting
     slots_changed = Signal(list)  # SlotRows of the server, as read now
     plan_offered = Signal(list)  # the resume plan "Resume all" would resume ([]: none)
@@ -82,7 +62,8 @@ class SessionsController(QObject):
         self.owns_catalog = catalog is None
         self.catalog = catalog or Catalog(paths.catalog_path())
         self.store = store or ProfileStore()
-        self.service: SessionService | None = None
+        self.service: SessionService | None = None  # the session service of the server followed here
+        self.sessions: Sessions | None = None  # what the tab shows and acts on: that service, or a host's
         self.servers = None  # the window's ServerController, once attached
         self.closed = False
         self.questions = Questions(None, confirm)  # its parent: the panel that shows the tab (set_dialog_parent)
@@ -104,12 +85,7 @@ class SessionsController(QObject):
 
     @property
     def profile_name(self) -> str | None:
-        return self.service.profile_name if self.service else None
-
-    @property
-    def can_stop(self) -> bool:
-        """"Park all & stop" can stop this server (KV Valet started it)."""
-        return bool(self.service and self.service.stopper)
+        return self.sessions.profile_name if self.sessions else None
 
     def say(self, text: str, ok: bool = True, op: Operation | None = None) -> None:
         """Say an outcome: ``said`` always, ``failed`` too when it is an operation's failure."""
@@ -121,7 +97,7 @@ class SessionsController(QObject):
 
     def records(self) -> list:
         """The sessions listed: the server's profile's when connected (each sidecar looked at again), else all."""
-        records = self.service.sessions() if self.service else list_sessions(self.catalog)
+        records = self.sessions.sessions() if self.sessions else list_sessions(self.catalog)
         self._verify_hashes_later(records)
         return records
 
@@ -146,12 +122,34 @@ class SessionsController(QObject):
             self.spawn(self.bind_service(svc))
 
     def _drop_service(self) -> None:
-        if self.service is not None:
-            self.service = None  # the server service closes it
-            self.service_changed.emit(None)
+        gone, self.service = self.service, None  # the server service closes it
         self.plan = []
-        self.connected.emit(False)
+        if self.sessions is None or self.sessions is gone:  # a host's server shown stays shown
+            self.set_sessions(None)
+        if gone is not None:
+            self.service_changed.emit(None)
+
+    def set_sessions(self, sessions: Sessions | None) -> None:
+        """Show ``sessions`` (a server here, or a host's; None: no server): its records, its slots,
+        the controls its capabilities allow. The tab's one entry point: nothing else sets them."""
+        if self.closed:
+            return
+        self.sessions = sessions
+        if sessions is not None and sessions not in self._bound:  # shown again after another server: hooked once
+            self._bound.add(sessions)
+            sessions.on_queue(lambda s=sessions: self.sessions is s and self._on_queue())
+            sessions.on_change(lambda s=sessions: self.sessions is s and self._on_sessions_changed())
+            sessions.on_restored(lambda slot, entry, s=sessions: self.sessions is s and self.restored.emit(slot, entry))
+            sessions.on_verdict(lambda *a, s=sessions: self.sessions is s and self._on_verdict(*a))
+        self._on_queue()
+        self.connected.emit(sessions is not None)
         self.changed.emit()
+
+    def _on_sessions_changed(self) -> None:
+        if not self.closed:
+            self.connected.emit(self.sessions is not None)  # a host's server may have started or stopped
+            self.spawn(self.read_slots())  # the slots as they are after the change (a park, a host's answer)
+            self.changed.emit()
 
     async def connect_service(self) -> SessionService | None:
         """The session service of the server the window runs or watches (connected once)."""
@@ -172,38 +170,31 @@ class SessionsController(QObject):
         if self.service is svc:
             return svc
         self.service = svc
-        first = svc not in self._bound  # shown again after another server (the server list): hooked once
+        first = svc not in self._bound  # shown again after another server (the server list)
+        self.set_sessions(svc)
         if first:
-            self._bound.add(svc)
-            svc.target.queue.on_change(self._on_queue)
-            svc.on_change(self.notify_changed)
-            svc.on_restored(lambda slot, entry, svc=svc: self.service is svc and self.restored.emit(slot, entry))
-            svc.on_verdict(lambda *a, svc=svc: self.service is svc and self._on_verdict(*a))
             self.spawn(svc.warm_model_identity())
-        self._on_queue()
         await self.read_slots()
         if self.service is not svc:
             return None  # it went while the slots were read
-        self.connected.emit(True)
-        self.changed.emit()
         self.service_changed.emit(svc)
         if svc.recovery_messages:
             self.say("Recovered after an interruption: " + "; ".join(svc.recovery_messages), ok=True)
-        self._profile = svc.target.profile
+        self._profile = svc.profile
         self._offer_resume_all(svc.resume_plan(), auto=first)  # shown again: offered, never resumed unasked
         return svc
 
     def _on_queue(self) -> None:
         if not self.closed:
-            self.queue_changed.emit(self.service.target.queue.labels() if self.service else [])
+            self.queue_changed.emit(self.sessions.queue_labels() if self.sessions else [])
 
     async def read_slots(self) -> None:
         """Read the server's /slots once; ``slots_changed`` says them (empty, with a hint, when it fails)."""
-        if not self.service or self._reading_slots:
+        if not self.sessions or self._reading_slots:
             return
         self._reading_slots = True
         try:
-            rows = await self.service.slot_rows()
+            rows = await self.sessions.slot_rows()
         except Exception as e:  # report: said on the hint line; the slot chooser stays empty
             log.warning("sessions tab: reading the server's slots failed", exc_info=e)
             self.say(f"Slots unavailable: {e}", ok=False)
@@ -217,7 +208,7 @@ class SessionsController(QObject):
         """PKCL v2 sidecars: hash their state files off the GUI thread, once per change."""
         from app.sessions.sidecar_check import needs_hash
 
-        if self.service is None or self._hashing:
+        if self.sessions is None or not self.sessions.capabilities.local_files or self._hashing:
             return
         todo = [r for r in records if (r.id, r.state_size, r.updated_at) not in self._hash_tried and needs_hash(r)]
         if not todo:
@@ -227,7 +218,7 @@ class SessionsController(QObject):
 
         async def run():
             try:
-                await self.service.verify_sidecar_hashes(todo)
+                await self.sessions.verify_sidecar_hashes(todo)
             finally:
                 self._hashing = False
 
@@ -235,10 +226,10 @@ class SessionsController(QObject):
 
     async def ensure_save_dir(self) -> bool:
         """The folder to park into: an attached server's is asked once."""
-        if self.service is None:
+        if self.sessions is None:
             self.say("Start or attach to a server first.", ok=False)
             return False
-        if self.service.save_dir is None:
+        if self.sessions.save_dir is None and self.sessions.capabilities.choose_save_dir:
             self.folder_dialog = dlg = folder_dialog(self.questions.parent)
             try:
                 folder = await answer(dlg, lambda r: chosen_folder(dlg, r))
@@ -256,7 +247,7 @@ class SessionsController(QObject):
             return None
         what = "Park" + (f" slot {slot_id}" if slot_id is not None else "")
         try:
-            result = await self.service.park(slot_id, name)
+            result = await self.sessions.park(slot_id, name)
         except ServiceError as e:
             self.say(f"{what}: {e}", ok=False, op=Operation.PARK)
             return None
@@ -280,7 +271,7 @@ class SessionsController(QObject):
         if not await self.ensure_save_dir():
             return []
         try:
-            results = await self.service.park_all(remember=remember)
+            results = await self.sessions.park_all(remember=remember)
         except ServiceError as e:
             self.say(f"Park all: {e}", ok=False, op=Operation.PARK_ALL)
             return []
@@ -289,11 +280,11 @@ class SessionsController(QObject):
         return results
 
     async def park_all_and_stop(self):
-        if self.service is None or not await self.ensure_save_dir():
+        if self.sessions is None or not await self.ensure_save_dir():
             return None
         op = Operation.PARK_ALL_AND_STOP
         try:
-            outcome = await self.service.park_all_and_stop()
+            outcome = await self.sessions.park_all_and_stop()
         except ServiceError as e:
             self.say(f"{op.value}: {e}", ok=False, op=op)
             return None
@@ -313,11 +304,11 @@ class SessionsController(QObject):
     # -- resume --------------------------------------------------------------
     async def resume(self, name: str, slot_id: int | None = None, force: bool = False):
         what, op = f"Resume '{name}'", Operation.RESUME
-        if self.service is None:
+        if self.sessions is None:
             self.say(f"{what}: start or attach to a server first.", ok=False, op=op)
             return None
         try:
-            result = await self.service.resume(name, slot_id, force=force)
+            result = await self.sessions.resume(name, slot_id, force=force)
         except ResumeRefused as e:
             self.say(f"{what}: cannot resume: " + "; ".join(e.reasons), ok=False, op=op)
             return None
@@ -336,9 +327,9 @@ class SessionsController(QObject):
 
     async def resume_planned(self):
         """"Resume all": the resume plan's sessions back into their slots."""
-        if self.service is None:
+        if self.sessions is None:
             return []
-        outcomes = await self.service.resume_all()
+        outcomes = await self.sessions.resume_all()
         for o in outcomes:
             if o.ok and o.result is not None:
                 self.resumed.emit(o.result)
@@ -374,7 +365,7 @@ class SessionsController(QObject):
         """Back from a suspend that parked the slots: nothing to do if the chats are still in
         their slots; else offer (or do) "Resume all" for the slots that lost theirs."""
         if self.service is None:
-            return  # the server is gone: its next start offers the plan
+            return  # the server is gone: its next start offers the plan (a host's server did not sleep)
         op = Operation.WAKE
         try:
             lost = await self.service.check_after_wake()
@@ -395,6 +386,6 @@ class SessionsController(QObject):
         if self.servers is not None:
             self.servers.sig_sessions.disconnect(self._on_sessions)
         await self.tasks.end()
-        self.service = None  # the server service closes it with its server
+        self.service = self.sessions = None  # the server service closes it with its server
         if self.owns_catalog:
             self.catalog.close()

@@ -8,7 +8,7 @@ source is this machine's catalog, or the host whose server the Sessions tab show
 :func:`app.move.move.move_session` (the compatibility rules first, then the copy with its
 SHA-256 check and the atomic rename at the target), with a progress bar that can cancel it
 and the outcome said on the tab's message line (:func:`app.servers.server_list.move_verdict`),
-with the restore's verdict when asked (app.servers.remote_view.restore_and_judge).
+with the restore's verdict when asked (app.servers.remote_sessions.restore_and_judge).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import logging
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QMenu, QProgressDialog
 
+from app.core.states import ServerState
 from app.servers.server_list import THIS_MACHINE, ServerRow, move_cancelled, move_targets, move_verdict
 from app.store.catalog import SessionRecord
 from app.ui.dialogs.move import MoveDialog, ServerDropTarget, SessionDragger, session_mime
@@ -47,8 +48,9 @@ class SessionMoves(QObject):
         self.drop_target.sig_dropped.connect(self.on_drop)
 
     def _source_host(self) -> str:
-        remote = getattr(self.panel, "remote", None)
-        return remote.host_name if remote is not None else THIS_MACHINE
+        """Where the sessions the tab shows are: this machine, or the host of the server shown."""
+        shown = self.panel.controller.sessions
+        return shown.host if shown is not None and shown.host is not None else THIS_MACHINE
 
     def targets(self, rec: SessionRecord) -> list[ServerRow]:
         """Where ``rec`` may go: every other server of the list that runs from a profile."""
@@ -76,7 +78,7 @@ class SessionMoves(QObject):
             return
         if row.target_id not in {r.target_id for r in self.targets(rec)}:
             self.panel.say(f"'{rec.name}' cannot go to '{row.name}': it is there already, or that server "
-                            "does not run from a profile.", ok=False)
+                           "does not run from a profile.", ok=False)
             return
         self.panel.controller.spawn(self.ask_and_move(rec, row), f"moving '{rec.name}' to {target_id}")
 
@@ -119,6 +121,15 @@ class SessionMoves(QObject):
 
     def endpoint(self, row: ServerRow):
         """The move's endpoint for a row: a profile here; a remote host's source gives its own."""
+        return self._endpoint_at(row)
+
+    def source_endpoint(self, rec: SessionRecord):
+        """Where ``rec`` is: this machine's catalog, or the host whose server the tab shows."""
+        host = self._source_host()
+        return self._endpoint_at(ServerRow(f"{host}:{rec.profile}", rec.profile, ServerState.READY, host=host,
+                                           profile=rec.profile))
+
+    def _endpoint_at(self, row: ServerRow):
         from app.move.move import LocalEndpoint, MoveError
 
         if row.host == THIS_MACHINE:
@@ -128,13 +139,6 @@ class SessionMoves(QObject):
         if make is None:
             raise MoveError(f"moving to {row.host} is not possible from the window yet")
         return make(row)
-
-    def source_endpoint(self, rec: SessionRecord):
-        """Where ``rec`` is: this machine's catalog, or the host whose server the tab shows."""
-        from app.move.move import LocalEndpoint
-
-        remote = getattr(self.panel, "remote", None)
-        return remote.endpoint() if remote is not None else LocalEndpoint(self.panel.controller.catalog, rec.profile)
 
     async def move_or_copy(self, rec: SessionRecord, row: ServerRow, *, copy: bool,
                            restore: bool = False) -> tuple[bool, str]:
@@ -195,15 +199,15 @@ class SessionMoves(QObject):
             text += " " + await self._restore(target, result.record.name, row)
         self.panel.say(text, ok=ok, op=Operation.MOVE)
         self.panel.refresh()
-        if getattr(self.panel, "remote", None) is not None and self.panel.remote.view is not None:
-            await self.panel.remote.view.reload()  # the host's list without the session moved away
+        if self.panel.controller.sessions is not None:
+            await self.panel.controller.sessions.reload()  # the list without the session moved away (a host's too)
         self.panel.controller.notify_changed()
         self.sig_done.emit(ok, text)
         return ok, text
 
     async def _restore(self, target, name: str, row: ServerRow) -> str:
         """Restore ``name`` at ``target`` and judge a first query: the verdict, or why not."""
-        from app.servers.remote_view import restore_and_judge, verdict_text
+        from app.servers.remote_sessions import restore_and_judge, verdict_text
 
         self.panel.set_busy(True)
         try:

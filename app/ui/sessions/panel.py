@@ -2,12 +2,14 @@
 
 The Sessions tab is two objects: this widget (:class:`SessionsPanel`: the slot chooser, the
 buttons, the table widget :class:`~app.ui.sessions.table.SessionsTable`, the message line)
-and its :class:`~app.ui.sessions.controller.SessionsController` (the workflows over
-:class:`app.sessions.service.SessionService`, and typed signals of their outcomes). A click
-reads the widgets and calls the controller; the widget shows what the controller's signals
-say. The tray, the first-run guide and the menus subscribe to the controller's signals and
-call the panel's public actions (:meth:`park_chosen`, :meth:`resume_selected`, …); none
-reads a label's text. The CLI is the other face of the same service.
+and its :class:`~app.ui.sessions.controller.SessionsController` (the workflows over one
+:class:`app.sessions.protocol.Sessions`: a server here, its
+:class:`app.sessions.service.SessionService`, or a host's, app.servers.remote_sessions; and
+typed signals of their outcomes). A click reads the widgets and calls the controller; the
+widget shows what the controller's signals say, its controls enabled from the shown
+sessions' capabilities. The tray, the first-run guide and the menus subscribe to the
+controller's signals and call the panel's public actions (:meth:`park_chosen`,
+:meth:`resume_selected`, …); none reads a label's text. The CLI is the other face of the same service.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ class SessionsPanel(QWidget):
         controller.set_dialog_parent(self)
         self.housekeeping = Housekeeping(controller)
         self.checks = Checks(controller)
-        self.remote = None  # app.ui.servers.remote_view.RemoteSessions while a host's server is shown
         self.report_dialog = None
         self.history_dialog = None
         # The slot chooser follows the live /slots while the tab is visible
@@ -61,8 +62,6 @@ class SessionsPanel(QWidget):
         c.plan_offered.connect(self._show_plan)
         c.parked.connect(lambda result: self.list.select(result.record.name))
         c.checked.connect(self._show_report)
-        c.service_changed.connect(lambda svc: setattr(self.source_model, "server_view",
-                                                      svc.on_this_server if svc is not None else None))
         self.refresh()
         self._set_connected(False)
 
@@ -162,8 +161,6 @@ class SessionsPanel(QWidget):
 
     def park_chosen(self) -> None:
         """Park the chosen slot under the name typed (this machine's server, or the shown host's)."""
-        if self.remote is not None:
-            return self.remote.on_park()
         self.controller.spawn(self.controller.park(self.slot.currentData(), self.name.text().strip() or None))
 
     def park_all(self) -> None:
@@ -171,8 +168,6 @@ class SessionsPanel(QWidget):
 
     def resume_selected(self) -> None:
         """Resume the selected session into the chosen slot."""
-        if self.remote is not None:
-            return self.remote.on_resume()
         rec = self.selected()
         if rec is None:
             self.controller.say("Select a session to resume.", ok=False)
@@ -184,7 +179,7 @@ class SessionsPanel(QWidget):
 
     def _check(self, ab: bool) -> None:
         rec = self.selected()
-        if rec is None or self.controller.service is None:
+        if rec is None or self.controller.sessions is None:
             self.controller.say("Select a session to check.", ok=False)
             return
         self.controller.spawn(self.checks.check(rec.name, self.slot.currentData(), ab=ab))
@@ -229,13 +224,8 @@ class SessionsPanel(QWidget):
 
     # -- the table ---------------------------------------------------------------
     def refresh(self) -> None:
-        """This machine's catalog, or a host's sessions while its server is shown (app.ui.servers.remote_view)."""
+        """The shown sessions' records (this machine's catalog, or a host's), or the catalog's without a server."""
         if self.controller.closed:
-            return
-        if self.remote is not None:
-            if self.source_model.set_records(self.remote.records):
-                self.list.show_counts()
-            self.usage_label.setText(self.remote.usage())
             return
         records = self.controller.records()
         usage = disk_usage(self.controller.catalog, records=records)
@@ -266,7 +256,8 @@ class SessionsPanel(QWidget):
         self.busy.setVisible(bool(labels))
 
     def _show_plan(self, plan: list) -> None:
-        if not plan or self.remote is not None:
+        s = self.controller.sessions
+        if not plan or s is None or not s.capabilities.resume_all:
             self.resume_all_button.hide()
             return
         self.resume_all_button.setText(f"Resume all ({len(plan)})")
@@ -281,7 +272,7 @@ class SessionsPanel(QWidget):
 
     def _on_slots_timer(self) -> None:
         c = self.controller
-        if c.service is not None and self.remote is None and self.isVisible() and not c.closed:
+        if c.sessions is not None and self.isVisible() and not c.closed:
             c.spawn(c.read_slots())
 
     def showEvent(self, event) -> None:  # noqa: N802
@@ -289,62 +280,30 @@ class SessionsPanel(QWidget):
         self._on_slots_timer()
 
     def _set_connected(self, on: bool) -> None:
-        if self.remote is not None:  # a host's server: park and resume through its kv-valet
-            self.slots_timer.stop()
-            return self.remote.show_controls()
-        if on:
+        """The controls the shown sessions' capabilities allow (app.sessions.protocol), while their server runs."""
+        s = self.controller.sessions if on else None
+        caps = s.capabilities if s is not None else None
+        live = s is not None and s.running
+        self.source_model.server_view = s.on_this_server if s is not None else None
+        if live:
             self.slots_timer.start()
         else:
             self.slots_timer.stop()
-        for b in (self.park_button, self.park_all_button, self.resume_button, self.check_button, self.ab_button,
-                  self.slot, self.name):
-            b.setEnabled(on)
-        svc = self.controller.service
-        self.park_stop_button.setEnabled(on and self.controller.can_stop)
-        if not on:
-            self.hint.setText("Start or attach to a server to park and resume. Parked sessions stay listed.")
+        for b, can in ((self.park_button, "park"), (self.park_all_button, "park_all"),
+                       (self.park_stop_button, "park_and_stop"), (self.resume_button, "resume"),
+                       (self.check_button, "check"), (self.ab_button, "check"), (self.slot, "resume"),
+                       (self.name, "park")):
+            b.setEnabled(live and getattr(caps, can))
+        for b in (self.history_button, self.rename_button, self.delete_button, self.delete_old_button,
+                  self.folder_button):  # this machine's catalog and folders: listed with or without a server
+            b.setEnabled(caps is None or caps.local_files)
+        if caps is None or not caps.resume_all:
             self.resume_all_button.hide()
+        if s is None:
+            self.hint.setText("Start or attach to a server to park and resume. Parked sessions stay listed.")
             self.slot.forget()
-        elif svc and svc.save_dir:
-            self.hint.setText(f"Sessions of '{svc.profile_name}' are parked in {svc.save_dir}")
         else:
-            self.hint.setText("Attached to a server KV Valet did not start: the first Park asks for its "
-                              "--slot-save-path folder.")
-
-    # -- a host's server (app.ui.servers.remote_view) -----------------------------------
-    def show_remote(self, remote) -> None:
-        """Show a host's server: its sessions, park and resume there (``remote`` decides the controls)."""
-        self.remote = remote
-        self.source_model.server_view = None
-        self.resume_all_button.hide()
-        self.refresh()
-        self._set_connected(False)
-
-    def show_local(self) -> None:
-        """Back to this machine's server (or none)."""
-        self.remote = None
-        self.set_remote_controls(None, "")
-        svc = self.controller.service
-        self.source_model.server_view = svc.on_this_server if svc is not None else None
-        self._set_connected(svc is not None)
-        self.refresh()
-
-    def set_remote_controls(self, running: bool | None, hint: str) -> None:
-        """A host's server shown (``running``: it answers): Park and Resume act on the host; the
-        checks, "Park all", and what touches this machine's catalog and folders are off.
-        ``running`` None: every action back as this machine's server allows."""
-        local = (self.history_button, self.rename_button, self.delete_button, self.delete_old_button,
-                 self.folder_button)
-        for b in local:
-            b.setEnabled(running is None)
-        if running is None:
-            return
-        for b in (self.park_button, self.slot, self.name, self.resume_button):
-            b.setEnabled(running)
-        for b in (self.park_all_button, self.park_stop_button, self.check_button, self.ab_button):
-            b.setEnabled(False)
-        self.resume_all_button.hide()
-        self.hint.setText(hint)
+            self.hint.setText(s.describe())
 
     async def aclose(self) -> None:
         self.slots_timer.stop()

@@ -10,6 +10,10 @@ tooltip. Like Qt's own temporary message, it replaces the normal widgets (those 
 
 ``showMessage``, ``clearMessage`` and ``currentMessage`` keep their Qt meaning, so every caller
 in Python (``window.statusBar().showMessage(text, ms)``) goes through the wrapping path.
+
+:class:`SnapshotLabel` is the status bar's reading of the shown server's snapshot (its one
+sampler's, app.monitor.sampler: the Monitor tab and the server list read the same): its health
+(app.core.states.Health, coloured), the slots in use and the VRAM per GPU.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QFontMetrics, QTextLayout, QTextOption
 from PySide6.QtWidgets import QLabel, QSizePolicy, QStatusBar, QWidget
 
+from app.core.states import Health
+from app.monitor.snapshot import Snapshot, summary
+from app.ui.widgets import theme
+
 MAX_LINES = 4
+
+#: app.ui.widgets.theme roles of a server's health (any other: "crit")
+HEALTH_ROLES = {Health.OK: "ok", Health.LOADING: "warn", Health.NOT_RUNNING: "muted"}
 
 
 def wrap_lines(text: str, font, width: int, max_lines: int = MAX_LINES) -> list[str]:
@@ -146,3 +157,22 @@ class MessageStatusBar(QStatusBar):
 
     def currentMessage(self) -> str:  # noqa: N802
         return self.message_label.message() or super().currentMessage()
+
+
+class SnapshotLabel(QLabel):
+    """The shown server's last snapshot in one line ("health ok · 1 / 2 slots in use · GPU0 9.0/16.0 GiB")."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("snapshot_label")
+        self.setToolTip("The shown server as its sampler saw it last (the Monitor tab has the details).")
+        self.snapshot: Snapshot | None = None
+
+    def show_snapshot(self, snap: Snapshot | None) -> None:
+        """Show ``snap`` (None: no server sampled)."""
+        self.snapshot = snap
+        if snap is None:
+            self.setText("")
+            return
+        colour = theme.hex_of(HEALTH_ROLES.get(snap.health, "crit"))
+        self.setText(f"<span style='color:{colour}'>{summary(snap)}</span>")

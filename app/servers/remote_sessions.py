@@ -1,0 +1,427 @@
+"""A remote host's server, Qt-free (issues #20, #27): its sessions behind the one Sessions protocol.
+
+:class:`RemoteSessions` is the :class:`app.sessions.protocol.Sessions` of a host's server, as
+:class:`app.sessions.service.SessionService` is of a server here: the Sessions tab drives both the
+same way, and their :class:`~app.sessions.protocol.Capabilities` say what a host's cannot do.
+The window's faces (app.ui.dialogs.host, app.ui.servers.remote_view, app.ui.sessions.move) only
+paint what this module decides:
+
+* :func:`check_host` — a host just added: connect (its key checked against known_hosts),
+  log in, run its ``kv-valet --version`` and list its profiles; the outcome in one sentence,
+  a refusal with its remedy (app.remote.host.RemoteError's message).
+* :func:`session_records` / :func:`slot_rows_of` — the host's ``sessions list --json`` and
+  ``status --json`` as the Sessions tab's records and the slot chooser's rows;
+  :func:`snapshot_of` — that status as the Monitor tab's snapshot; :func:`remote_state` /
+  :func:`state_text` — the status bar's "Ready on gpu-box".
+* :meth:`RemoteSessions.park` / :meth:`RemoteSessions.resume` — through the host's own
+  ``kv-valet park|resume --json``, answered as a server here answers (ParkResult, ResumeResult).
+* :func:`restore_and_judge` — after a move, the session restored at the target and judged by a
+  first query: ``SessionService.check`` here, ``kv-valet check --json`` on a host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from pathlib import PurePosixPath
+from typing import Any, Callable
+
+from app.core.states import Health, ServerState, SidecarStatus, health_text
+from app.monitor.slots import SlotRow
+from app.sessions.park import ParkResult
+from app.sessions.protocol import REMOTE
+from app.sessions.resume import ResumeResult
+from app.store.catalog import SessionRecord
+
+log = logging.getLogger(__name__)
+
+#: exit status of ``kv-valet check`` when the resume bought nothing (app.cli.errors.Exit.DISCARDED)
+CHECK_DISCARDED = 3
+#: what the Log tab says for a remote server: its host's kv-valet has no command that prints a log
+NO_REMOTE_LOG = ("The log of a server on {host} is not shown here: its kv-valet has no command that prints it. "
+                 "On {host}: journalctl --user -u kv-valet-{profile} (systemd), or the file `kv-valet status "
+                 "{profile}` names.")
+
+_RECORD_FIELDS = {f.name for f in dataclasses.fields(SessionRecord)}
+_SLOT_FIELDS = [f.name for f in dataclasses.fields(SlotRow)]
+
+
+async def check_host(host) -> tuple[bool, str]:
+    """Connect to ``host`` (app.remote.host.RemoteHost), run its kv-valet and list its
+    profiles: (ok, what to tell the user). A refused key or login is said with its remedy."""
+    from app.remote.host import RemoteError
+
+    try:
+        version = (await host.run_cli_text(["--version"], timeout=60)).strip()
+        profiles = await host.profiles()
+    except RemoteError as e:
+        return False, str(e)
+    names = ", ".join(str(p.get("name", "?")) for p in profiles) or "none yet"
+    return True, (f"{host.name}: host key verified, logged in, {version or 'kv-valet'}; "
+                  f"{len(profiles)} profile(s): {names}")
+
+
+def session_records(entries: list[dict]) -> list[SessionRecord]:
+    """A host's ``kv-valet sessions list --json`` as catalog records (most recent first, as listed)."""
+    out = []
+    for e in entries or ():
+        try:
+            out.append(SessionRecord(**{k: v for k, v in e.items() if k in _RECORD_FIELDS}))
+        except TypeError as err:  # a field this version needs is missing: an older kv-valet there
+            log.warning("a session listed by the host could not be read: %s (%s)", e.get("name"), err)
+    return out
+
+
+def slot_rows_of(status: dict) -> list[SlotRow]:
+    """The slots in a host's ``kv-valet status --json`` as the slot chooser's rows."""
+    rows = []
+    for s in status.get("slots") or ():
+        if isinstance(s, dict):
+            rows.append(SlotRow(**{k: s.get(k) for k in _SLOT_FIELDS}))
+    return rows
+
+
+def status_line(host: str, profile: str, status: dict) -> str:
+    """One line of what a host's server does now: health, slots in use, VRAM per GPU."""
+    health, why = Health.parse(status.get("health"))
+    slots = [s for s in status.get("slots") or () if isinstance(s, dict)]
+    held = sum(1 for s in slots if s.get("busy") or (s.get("tokens_held") or 0) > 0)
+    parts = [f"'{profile}' on {host}: {'Ready' if health is Health.OK else health_text(health, why)}"]
+    if slots:
+        parts.append(f"{held} / {len(slots)} slots in use")
+    gpus = (status.get("gpu") or {}).get("gpus") or ()
+    for g in gpus:
+        used, total = g.get("mem_used"), g.get("mem_total")
+        if used is not None and total:
+            parts.append(f"GPU{g.get('index', '?')} {used / 2**30:.1f}/{total / 2**30:.1f} GiB")
+    if not gpus and (status.get("gpu") or {}).get("message"):
+        parts.append(str(status["gpu"]["message"]))
+    return " · ".join(parts)
+
+
+def remote_state(status: dict | None, row_state) -> ServerState:
+    """The state of a host's server: Ready when its ``status --json`` says health ok, Loading
+    while it loads, else Stopped; ``row_state`` (the server list's) until the host answered."""
+    if not status:
+        return row_state
+    return Health.parse(status.get("health"))[0].state()
+
+
+def state_text(state, host: str) -> str:
+    """The status bar's words for a host's server: "Ready on gpu-box", "Stopped on gpu-box"."""
+    return f"{state} on {host}"
+
+
+def snapshot_of(status: dict, *, host: str, profile: str, taken_at: float):
+    """A host's ``kv-valet status PROFILE --json`` (app.monitor.snapshot.snapshot_to_dict) as the
+    Monitor tab's Snapshot: its slots (fill, tokens, state), its GPUs (VRAM used/total, the
+    server's share), its process and host RAM. Fields an older kv-valet lacks stay empty."""
+    from app.monitor.gpu import GpuSample, GpuSnapshot
+    from app.monitor.process import HostSample, ProcessSample
+    from app.monitor.snapshot import Snapshot
+    from app.monitor.warnings import MonitorWarning
+
+    g = status.get("gpu") or {}
+    gpus = tuple(GpuSample(**_known(GpuSample, d)) for d in g.get("gpus") or () if isinstance(d, dict))
+    gpu = GpuSnapshot(bool(g.get("available")), str(g.get("message") or ""), gpus, g.get("driver_version"))
+    p = status.get("process")
+    proc = ProcessSample(**{**_known(ProcessSample, p), "children_pids": tuple(p.get("children_pids") or ())}) \
+        if isinstance(p, dict) and "pid" in p else None
+    h = status.get("host") if isinstance(status.get("host"), dict) else {}
+    warnings = tuple(MonitorWarning(**_known(MonitorWarning, w)) for w in status.get("warnings") or ()
+                     if isinstance(w, dict))
+    health, why = Health.parse(status.get("health"))
+    return Snapshot(taken_at=taken_at, url=f"{profile} on {host}", health=health, health_detail=why,
+                    slots=tuple(slot_rows_of(status)), slots_error=status.get("slots_error"), gpu=gpu, process=proc,
+                    host=HostSample(h.get("ram_total"), h.get("ram_used"), h.get("ram_available")),
+                    cache_ram_mib=status.get("cache_ram_mib"), warnings=warnings, error=status.get("error"))
+
+
+def _known(cls, d: dict) -> dict:
+    """``d``'s entries that are fields of dataclass ``cls``, the others absent: their defaults (or None)."""
+    missing = dataclasses.MISSING
+    return {f.name: d.get(f.name) for f in dataclasses.fields(cls)
+            if f.name in d or (f.default is missing and f.default_factory is missing)}
+
+
+class RemoteSessions:
+    """A host's server's sessions (app.sessions.protocol.Sessions) through that host's own
+    ``kv-valet`` over SSH: ``sessions list --json`` for the records, ``status --json`` for the
+    slots, ``park|resume --json`` to act. ``host``: app.remote.host.RemoteHost (or a stand-in
+    with ``name``, ``sessions()``, ``status()`` and ``run_cli()``). Call :meth:`load` to list."""
+
+    capabilities = REMOTE
+
+    def __init__(self, host, profile: str, target_id: str | None = None):
+        self.remote = host
+        self.host = host.name
+        self._profile = profile
+        self.target_id = target_id or f"{host.name}:{profile}"
+        self.records: list[SessionRecord] = []
+        self.status: dict = {}
+        self.loaded = False
+        self.error: str | None = None  # the last load failed: why
+        self.recovery_messages: list[str] = []
+        self._changed: list[Callable[[], None]] = []
+        self._queue_cbs: list[Callable[[], None]] = []
+        self.listings = 0  # how many times the host listed the sessions (each load that got an answer)
+        self._doing: list[str] = []  # what the host is asked now, in order (the tab's queue line)
+
+    # -- what is known -------------------------------------------------------------------------
+    @property
+    def profile_name(self) -> str:
+        return self._profile
+
+    @property
+    def profile(self):
+        return None  # the host's profile is the host's: nothing of it is read here
+
+    @property
+    def save_dir(self) -> PurePosixPath | None:
+        dirs = {r.save_dir for r in self.records if r.save_dir}
+        return PurePosixPath(dirs.pop()) if len(dirs) == 1 else None
+
+    @property
+    def health(self) -> Health:
+        return Health.parse(self.status.get("health"))[0] if self.loaded else Health.NOT_RUNNING
+
+    @property
+    def running(self) -> bool:
+        return self.health is Health.OK
+
+    def describe(self) -> str:
+        if self.error:
+            return f"{self.host} did not answer: {self.error}"
+        if not self.loaded:
+            return f"'{self._profile}' on {self.host}: asking the host…"
+        return status_line(self.host, self._profile, self.status)
+
+    def sessions(self) -> list[SessionRecord]:
+        return list(self.records)
+
+    def on_this_server(self, rec: SessionRecord) -> str | None:
+        return None
+
+    def resume_plan(self) -> list:
+        return []
+
+    def queue_labels(self) -> list[str]:
+        return list(self._doing)
+
+    @contextlib.asynccontextmanager
+    async def _asking(self, what: str):
+        """``what`` is listed in :meth:`queue_labels` while the host is asked."""
+        self._doing.append(what)
+        self._emit(self._queue_cbs)
+        try:
+            yield
+        finally:
+            self._doing.remove(what)
+            self._emit(self._queue_cbs)
+
+    # -- observers -----------------------------------------------------------------------------
+    def on_change(self, cb: Callable[[], None]) -> None:
+        self._changed.append(cb)
+
+    def on_queue(self, cb: Callable[[], None]) -> None:
+        self._queue_cbs.append(cb)
+
+    def on_restored(self, cb) -> None:
+        pass  # its restores are the host's: not announced here
+
+    def on_verdict(self, cb) -> None:
+        pass  # its verdicts are judged from its log, on the host
+
+    def _emit(self, cbs: list[Callable[[], None]] | None = None) -> None:
+        for cb in list(self._changed if cbs is None else cbs):
+            try:
+                cb()
+            except Exception:  # report: an observer must not break a load
+                log.exception("remote sessions observer failed")
+
+    async def warm_model_identity(self) -> None:
+        return None
+
+    async def verify_sidecar_hashes(self, records=None) -> bool:
+        return False  # the files are the host's; its kv-valet checks them
+
+    # -- asking the host -----------------------------------------------------------------------
+    async def load(self) -> bool:
+        """The host's sessions of this profile and its server's status, asked at once. False (and
+        ``error`` set, logged) when the host did not answer; the observers hear either way."""
+        from app.remote.host import RemoteError
+
+        try:
+            async with self._asking(f"asking {self.host}"):
+                entries, status = await asyncio.gather(self.remote.sessions(self._profile),
+                                                       self.remote.status(self._profile))
+        except RemoteError as e:
+            log.warning("%s did not answer: %s", self.host, e)
+            self.error = str(e)
+            self._emit()
+            return False
+        self.records, self.status, self.loaded, self.error = session_records(entries), status, True, None
+        self.listings += 1
+        self._emit()
+        return True
+
+    async def slot_rows(self) -> list[SlotRow]:
+        """The slots of the host's server as its last ``status --json`` said (no SSH call: the host
+        is asked by :meth:`load` and by whoever samples it, :meth:`set_status`)."""
+        return slot_rows_of(self.status)
+
+    def set_status(self, status: dict) -> None:
+        """The host's server's ``status --json`` asked by someone else (its sampler): the observers
+        hear it when it changed."""
+        if status != self.status or not self.loaded:
+            self.status, self.loaded = status, True
+            self._emit()
+
+    async def park(self, slot_id: int | None = None, name: str | None = None) -> ParkResult:
+        """Park through the host's ``kv-valet park --json`` (None: the host's default slot)."""
+        from app.remote.host import RemoteError
+        from app.sessions.service import ServiceError
+
+        argv = ["park", self._profile, "--json"] + (["--slot", str(slot_id)] if slot_id is not None else []) + \
+            (["--name", name] if name else [])
+        try:
+            async with self._asking(f"park on {self.host}"):
+                d = await _json_of(self.remote, argv)
+        except RemoteError as e:
+            raise ServiceError(str(e)) from None
+        parked = [x for x in d.get("sessions") or () if isinstance(x, dict)]
+        if not parked:
+            raise ServiceError(f"no slot of '{self._profile}' on {self.host} holds tokens: nothing to park")
+        result = park_result(parked[0], self._profile)
+        await self.load()
+        return result
+
+    async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False) -> ResumeResult:
+        """Resume through the host's ``kv-valet resume --json``; what it asks to confirm is asked
+        here (ResumeNeedsConfirmation), and ``force`` answers it (``--yes``)."""
+        from app.remote.host import RemoteError
+        from app.sessions.resume import ResumeFailed, ResumeNeedsConfirmation
+
+        argv = ["resume", self._profile, name, "--json"] + (["--yes"] if force else []) + \
+            (["--slot", str(slot_id)] if slot_id is not None else [])
+        try:
+            async with self._asking(f"resume on {self.host}"):
+                d = await _json_of(self.remote, argv)
+        except RemoteError as e:
+            out = e.output if isinstance(e.output, dict) else {}
+            if "needs confirmation" in str(out.get("error") or ""):
+                raise ResumeNeedsConfirmation([str(x) for x in out.get("details") or ()]) from None
+            raise ResumeFailed(str(e)) from None
+        result = resume_result(d, self._profile)
+        await self.load()
+        return result
+
+    async def park_all(self, prefix: str | None = None, *, remember: bool = False) -> list[ParkResult]:
+        """Park every slot that holds tokens through the host's ``kv-valet park --all --json``: one
+        result per slot, a slot that failed with its error (``remember``: a plan is this machine's)."""
+        from app.remote.host import RemoteError
+        from app.sessions.service import ServiceError
+
+        argv = ["park", self._profile, "--all", "--json"] + (["--name", prefix] if prefix else [])
+        try:
+            async with self._asking(f"park all on {self.host}"):
+                d = await _json_of(self.remote, argv)
+        except RemoteError as e:
+            if not (isinstance(e.output, dict) and e.output.get("sessions")):
+                raise ServiceError(str(e)) from None
+            d = e.output  # some slots parked, some not: each says which
+        results = [park_result(x, self._profile) if x.get("ok", True) else
+                   ParkResult(None, None, [str(w) for w in x.get("warnings") or ()], x.get("slot"),
+                              str(x.get("error") or "failed"))
+                   for x in d.get("sessions") or () if isinstance(x, dict)]
+        await self.load()
+        return results
+
+    async def park_all_and_stop(self, prefix: str | None = None):
+        raise self._not_here("park all and stop", "kv-valet park --all --and-stop")
+
+    async def resume_all(self) -> list:
+        return []  # no resume plan is kept here for a host's server
+
+    async def check(self, name: str, slot_id: int | None = None, *, force: bool = False):
+        raise self._not_here("a check", f"kv-valet check {self._profile} {name}")
+
+    async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False):
+        raise self._not_here("an A/B check", f"kv-valet check {self._profile} {name} --ab")
+
+    def _not_here(self, what: str, command: str) -> Exception:
+        from app.sessions.service import ServiceError
+
+        return ServiceError(f"{what} of a session on {self.host} runs there ({command}): its report stays there")
+
+    async def reload(self) -> None:
+        await self.load()
+
+
+def park_result(d: dict, profile: str) -> ParkResult:
+    """One entry of a host's ``park --json`` (app.cli.sessions.park_json) as a ParkResult."""
+    side = d.get("sidecar") if isinstance(d.get("sidecar"), dict) else {}
+    status = side.get("status")
+    rec = SessionRecord(name=str(d.get("session") or ""), profile=str(d.get("profile") or profile),
+                        slot_id=int(d.get("slot") or 0), n_tokens=int(d.get("tokens") or 0),
+                        state_size=int(d.get("state_size", d.get("size")) or 0),
+                        sidecar_size=int(d.get("sidecar_size") or 0), save_ms=float(d.get("save_ms") or 0.0),
+                        sidecar_status=SidecarStatus(status) if status in set(SidecarStatus) else
+                        SidecarStatus.NOT_NEEDED, sidecar_reason=str(side.get("reason") or ""),
+                        sidecar_count=int(side.get("checkpoints") or 0))
+    return ParkResult(rec, None, [str(w) for w in d.get("warnings") or ()], d.get("slot"),
+                      unchanged=bool(d.get("unchanged")))
+
+
+def resume_result(d: dict, profile: str) -> ResumeResult:
+    """A host's ``resume --json`` as a ResumeResult."""
+    rec = SessionRecord(name=str(d.get("session") or ""), profile=str(d.get("profile") or profile),
+                        state_size=int(d.get("state_size") or 0), sidecar_size=int(d.get("sidecar_size") or 0))
+    return ResumeResult(rec, int(d.get("slot") or 0), int(d.get("tokens") or 0), float(d.get("restore_ms") or 0.0),
+                        [str(w) for w in d.get("warnings") or ()], hazard=d.get("hazard"))
+
+
+async def _json_of(host, argv: list[str]) -> dict:
+    """What the host's ``kv-valet … --json`` answered; its refusal (``"ok": false``) as RemoteError."""
+    from app.remote.host import RemoteError
+
+    d = await host.run_cli(argv, timeout=600, ok_exits=(0, 1))
+    if not isinstance(d, dict):
+        raise RemoteError(f"`kv-valet {argv[0]} --json` on {host.name} answered no JSON object",
+                          kind="output", host=host.name)
+    if not d.get("ok", False):
+        reasons = [str(x) for x in d.get("details") or ()]
+        failed = [str(s.get("error")) for s in d.get("sessions") or () if s.get("error")]
+        raise RemoteError(" ".join([str(d.get("error") or "; ".join(failed) or "failed"), *reasons]),
+                          kind="command", host=host.name, exit_status=d.get("exit", 1), output=d)
+    return d
+
+
+async def restore_and_judge(endpoint, name: str, slot: int | None = None, *, server_service=None,
+                            target_id: str | None = None) -> dict[str, Any]:
+    """Restore ``name`` at ``endpoint`` (app.move.move: a profile here, or a host's) and judge a
+    first query: ``{"slot_id", "n_restored", "verdict": {"kind", "reason"}}``. Here, through the
+    running server's session service (``server_service.sessions(target_id)``)."""
+    from app.move.move import LocalEndpoint
+
+    if isinstance(endpoint, LocalEndpoint):
+        from app.sessions.check import report_dict
+
+        svc = await server_service.sessions(target_id)
+        d = report_dict(await svc.check(name, slot, force=True))
+    else:
+        argv = ["check", endpoint.profile, name, "--yes", "--json"] + (["--slot", str(slot)] if slot is not None
+                                                                       else [])
+        d = await endpoint.host.run_cli(argv, timeout=600, ok_exits=(0, CHECK_DISCARDED))
+    return {"slot_id": d.get("slot_id"), "n_restored": d.get("n_restored"), "verdict": d.get("verdict") or {}}
+
+
+def verdict_text(restored: dict[str, Any]) -> str:
+    """The restore's outcome in one sentence."""
+    v = restored.get("verdict") or {}
+    n = restored.get("n_restored")
+    return (f"Restored into slot {restored.get('slot_id')} ({n:,} tokens); first query: {v.get('kind', '?')}"
+            + (f" — {v['reason']}" if v.get("reason") else "") + ".") if n is not None else \
+        f"Restore: {v.get('kind', '?')} {v.get('reason', '')}".strip()
