@@ -60,13 +60,15 @@ async def shoot(window, out: Path, suffix: str = "") -> None:
 
     async def started() -> None:
         connected = asyncio.get_running_loop().create_future()
-        panel.sig_service.connect(lambda s: connected.done() or s is None or connected.set_result(s))
+        panel.controller.service_changed.connect(lambda s: connected.done() or s is None or connected.set_result(s))
         window.profiles.start_button.click()
         await asyncio.wait_for(connected, 300)
 
     async def done(label: str) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        panel.sig_done.connect(lambda lab, ok, text: fut.done() or not lab.startswith(label) or fut.set_result(ok))
+        from app.ui.sessions.controller import Operation
+
+        op, fut = Operation(label), asyncio.get_running_loop().create_future()
+        panel.controller.said.connect(lambda said_op, ok, text: fut.done() or said_op is not op or fut.set_result(ok))
         await asyncio.wait_for(fut, 120)
 
     await started()
@@ -90,12 +92,12 @@ async def shoot(window, out: Path, suffix: str = "") -> None:
     await started()
     panel.select("long chat")
     panel.slot.setCurrentIndex(panel.slot.findData(1))
-    panel.confirm = lambda title, text: True
+    panel.controller.questions.confirm = lambda title, text: True
     waiting = done("Resume")
     panel.resume_button.click()
     await waiting
     verdict = asyncio.get_running_loop().create_future()
-    panel.sig_verdict.connect(lambda *a: verdict.done() or verdict.set_result(a))
+    panel.controller.judged.connect(lambda *a: verdict.done() or verdict.set_result(a))
     async with LlamaClient(url) as c:
         await c.completion(TEXT + " And then?", slot_id=1, n_predict=4)
     await asyncio.wait_for(verdict, 120)
@@ -194,8 +196,7 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.store.profiles import ProfileStore
-    from app.ui.main_window import MainWindow
-    from app.ui.wiring import attach_panels
+    from app.ui.panels import build_window
 
     app = QApplication([])
     if args.dark:
@@ -206,9 +207,8 @@ def main() -> int:
     store.ensure_default()
     if args.port:
         store.save(store.load("default").replace(port=args.port), previous_name="default", overwrite=True)
-    window = MainWindow(store)
+    window = build_window(store)
     window.confirm_quit = False
-    attach_panels(window)
     window.resize(1400, 860)
     window.show()
     window.profiles.set_profiles([store.load("default")], select="default")

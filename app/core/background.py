@@ -4,7 +4,7 @@
 be collected mid-run) and an exception nobody reads (it vanishes, or surfaces as
 "Task exception was never retrieved" long after). :func:`track` keeps the task until it
 ends and logs a failure with the context it was given. Panels use
-:class:`app.ui.widgets.tasks.RunsTasks`, which also tells the user; this is for the rest.
+:class:`app.ui.widgets.tasks.Tasks` (a :class:`TaskGroup` that also tells the user); this is for the rest.
 An owner that keeps its tasks (to cancel them at its close, or to wait for them) holds them in
 a :class:`TaskGroup`, which starts them through :func:`track`.
 """

@@ -72,10 +72,9 @@ def run_gui(start: str | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from app.ui.main_window import MainWindow
+    from app.ui.panels import build_window
 
     tune_runtime()
-    from app.ui.wiring import attach_panels
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("KV Valet")
@@ -86,11 +85,10 @@ def run_gui(start: str | None = None) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     from app.store.profiles import ProfileStore
-    from app.ui.dialogs.first_run import FirstRunGuide, first_run_pending
+    from app.ui.dialogs.first_run import greet
 
     fresh_install = not ProfileStore().names()  # before the window creates the default profile
-    window = MainWindow()
-    attach_panels(window)
+    window = build_window()
     # The app ends when the window says it closed (sig_closed), not when the last window
     # hides: with "keep running in the tray" the window hides and KV Valet goes on.
     app.setQuitOnLastWindowClosed(False)
@@ -99,14 +97,10 @@ def run_gui(start: str | None = None) -> int:
     if not smoke:
         from PySide6.QtCore import QTimer
 
-        QTimer.singleShot(0, window.check_leftover_servers)
-        from app.ui.dialogs.build import offer_built_server
+        from app.ui.dialogs.leftovers import check_leftover_servers
 
-        # a checkpoint-persisting server built meanwhile (kv-valet build-server): asked once
-        QTimer.singleShot(0, lambda: offer_built_server(window))
-        if fresh_install and first_run_pending(window):
-            window.first_run = FirstRunGuide(window)  # kept: it is not modal
-            window.first_run.show()
+        QTimer.singleShot(0, lambda: check_leftover_servers(window))
+        greet(window, fresh_install)  # the first-run guide; the built-server question after it
 
     if os.environ.get("KV_VALET_EXIT_AFTER_SHOW") == "1":
         # For packaging checks (the standalone build's smoke test): the window came up, say so, quit.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget,
@@ -16,13 +17,14 @@ from app.servers.service import (CACHE_EVENTS_VERBOSITY, DiscoveryError, binary_
                                      profile_target_id)
 from app.server.outcome import Outcome
 from app.store.profiles import ProfileStore
+from app.ui.dialogs.preferences import WindowPreferences
 from app.ui.widgets import theme
-from app.ui.servers.log_panel import LogPanel
-from app.ui.servers.profile_panel import ProfilePanel
 from app.ui.servers.controller import ServerController
-from app.ui.servers.list_panel import ServerListPanel
 from app.ui.quitting import QuitsInOrder
 from app.ui.widgets.status_bar import MessageStatusBar
+
+if TYPE_CHECKING:
+    from app.ui.panels import Panels
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +40,26 @@ SERVER_LIFETIME = (
 class MainWindow(QuitsInOrder, QMainWindow):
     sig_closed = Signal()
 
-    def __init__(self, store: ProfileStore | None = None):
+    def __init__(self, store: ProfileStore, controller: ServerController, panels: "Panels"):
+        """Built by app.ui.panels.build_window: the server controller and the panels come in made."""
         super().__init__()
         self.setWindowTitle("KV Valet")
         self.resize(1280, 820)
-        self.store = store or ProfileStore()
-        self.controller = ServerController(self)
-        self.profiles = ProfilePanel()
-        self.log_panel = LogPanel()
+        self.store = store
+        self.controller = controller
+        controller.setParent(self)
+        self.profiles = panels.profiles
+        self.log_panel = panels.log
         self.tabs = QTabWidget()
         self.tabs.addTab(self.log_panel, "Log")
-        self.server_list = ServerListPanel(self.controller)  # every server; the selected one fills the tabs
+        self.server_list = panels.server_list  # every server; the selected one fills the tabs
         self.extra_panels: list[QWidget] = [self.server_list]
+        self.sessions_panel, self.monitor_panel = panels.sessions, panels.monitor
+        self.health_panel, self.conversations_panel = panels.health, panels.conversations
+        for panel, title in ((panels.sessions, "Sessions"), (panels.monitor, "Monitor"),
+                             (panels.health, "Cache health"), (panels.conversations, "Conversations")):
+            if panel is not None:
+                self.add_panel(panel, title)
         right = QSplitter(Qt.Vertical)
         right.addWidget(self.server_list)
         right.addWidget(self.tabs)
@@ -97,7 +107,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.controller.sig_crashed.connect(self._on_crashed)
         self.controller.sig_progress.connect(self._on_progress)
         self.controller.sig_plan.connect(self._on_plan)
-        self.controller.sig_notice.connect(lambda text, _ok: self._message(text))  # "Parking every slot…"
+        self.controller.sig_notice.connect(lambda text, _ok: self.show_message(text))  # "Parking every slot…"
         self.last_message = ""
         self.quit_box: QMessageBox | None = None
         self.tray = None  # app.ui.tray.Tray, set by the wiring
@@ -106,11 +116,12 @@ class MainWindow(QuitsInOrder, QMainWindow):
         # the preferences (app.settings); the dialog and `kv-valet settings` change them
         self.prefs, problem = settings.load_or_defaults()
         self.keep_in_tray = self.prefs.keep_in_tray  # closing the window hides it while the tray shows KV Valet
+        self.preferences = WindowPreferences(self)  # the dialog, and what its settings change in the window
         self._build_menu()
         self._restore_layout()
         self.reload_profiles()
         if problem:
-            self._message(problem[:1].upper() + problem[1:])
+            self.show_message(problem[:1].upper() + problem[1:])
         try:
             binary = find_server_binary("").path
             caps, _version = binary_info(binary)  # cached per binary path + mtime
@@ -132,40 +143,35 @@ class MainWindow(QuitsInOrder, QMainWindow):
         menu.addSeparator()
         self.preferences_action = menu.addAction("Preferences…")
         self.preferences_action.setShortcut("Ctrl+,")
-        self.preferences_action.triggered.connect(self._on_preferences)
+        self.preferences_action.triggered.connect(lambda: self.preferences.open())
         quit_action = menu.addAction("Quit")
         quit_action.triggered.connect(self.close)
-        # Keyboard shortcuts for what people do every day; each presses the button a click would.
-        session = self.menuBar().addMenu("S&ession")
-        for label, keys, button in (("Start the server", "F5", lambda: self.profiles.start_button),
-                                    ("Stop the server", "Shift+F5", lambda: self.profiles.stop_button),
-                                    ("Park the chosen slot", "Ctrl+P", lambda: self._panel_button("park_button")),
-                                    ("Resume the selected session", "Ctrl+R",
-                                     lambda: self._panel_button("resume_button"))):
+        # Keyboard shortcuts for what people do every day; each does what its button does.
+        self.session_menu = session = self.menuBar().addMenu("S&ession")
+        for label, keys, act in (("Start the server", "F5", lambda: self._click(self.profiles.start_button)),
+                                 ("Stop the server", "Shift+F5", lambda: self._click(self.profiles.stop_button)),
+                                 ("Park the chosen slot", "Ctrl+P", lambda: self._on_sessions(
+                                     lambda p: p.can_park(), "park_chosen")),
+                                 ("Resume the selected session", "Ctrl+R", lambda: self._on_sessions(
+                                     lambda p: p.can_resume(), "resume_selected"))):
             action = session.addAction(label)
             action.setShortcut(keys)
-            action.triggered.connect(lambda _=False, b=button: self._press(b()))
+            action.triggered.connect(lambda _=False, act=act: act())
         help_menu = self.menuBar().addMenu("&Help")
         lifetime = help_menu.addAction("When does the server stop?")
         lifetime.triggered.connect(lambda: QMessageBox.information(self, "Server lifetime", SERVER_LIFETIME))
 
-    def _panel_button(self, name: str):
-        panel = getattr(self, "sessions_panel", None)
-        return getattr(panel, name, None) if panel is not None else None
-
-    def _press(self, button) -> None:
-        if button is not None and button.isEnabled():
-            tab = self._tab_of(button)  # show where the result appears (the Sessions tab for Park)
-            if tab is not None:
-                self.tabs.setCurrentWidget(tab)
+    @staticmethod
+    def _click(button) -> None:
+        if button.isEnabled():
             button.click()
 
-    def _tab_of(self, widget):
-        for i in range(self.tabs.count()):
-            tab = self.tabs.widget(i)
-            if tab.isAncestorOf(widget):
-                return tab
-        return None
+    def _on_sessions(self, can, action: str) -> None:
+        """Park or resume from the menu: on the Sessions tab (where the result shows), when it can."""
+        panel = self.sessions_panel
+        if panel is not None and can(panel):
+            self.tabs.setCurrentWidget(panel)
+            getattr(panel, action)()
 
     # -- the window as the user left it ---------------------------------------
     def _layout_settings(self):
@@ -187,54 +193,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         if old is not None:
             s.remove("keep_in_tray")
             if str(old).lower() == "true" and not self.prefs.keep_in_tray:
-                self.set_keep_in_tray(True)
-
-    # -- preferences ------------------------------------------------------------
-    def _on_preferences(self) -> None:
-        from app.ui.dialogs.preferences import PreferencesDialog
-
-        if getattr(self, "preferences_dialog", None) is None:
-            self.preferences_dialog = PreferencesDialog(self.prefs, self)
-            self.preferences_dialog.sig_saved.connect(self._on_preferences_saved)
-            self.preferences_dialog.finished.connect(lambda _r: setattr(self, "preferences_dialog", None))
-        self.preferences_dialog.open()
-
-    def _on_preferences_saved(self, prefs) -> None:
-        from app.settings import data_folder_status
-
-        moved = prefs.data_path() != self.prefs.data_path()
-        self.apply_settings(prefs)
-        self._message("Preferences saved." + (f" The {data_folder_status(prefs)}." if moved else ""))
-
-    def apply_settings(self, prefs) -> None:
-        """The preferences that apply at once: tray, notifications, the Monitor's polling rates, every
-        running conversation proxy's park budget and idle-slot saving. (The data folder applies from the next start; the log limits from the next launch; the
-        auto-resume choice at the next connection.)"""
-        self.prefs = prefs
-        self.keep_in_tray = prefs.keep_in_tray
-        action = getattr(self, "tray_action", None)
-        if action is not None and action.isChecked() != prefs.keep_in_tray:
-            action.blockSignals(True)
-            action.setChecked(prefs.keep_in_tray)
-            action.blockSignals(False)
-        if self.tray is not None:
-            self.tray.notifications_on = prefs.notifications
-        monitor = getattr(self, "monitor_panel", None)
-        if monitor is not None:
-            monitor.set_rates(prefs.monitor_interval_s, prefs.monitor_busy_interval_s)
-        for handle in list(self.controller.service.servers.values()):  # every running conversation proxy
-            if getattr(handle, "proxy", None) is not None:
-                handle.proxy.apply_settings(prefs)
-
-    def set_keep_in_tray(self, on: bool) -> None:
-        """Session > Keep running in the tray when closed: saved with the other preferences."""
-        from app import settings
-
-        try:
-            self.apply_settings(settings.update(keep_in_tray=bool(on)))
-        except (settings.SettingsError, OSError) as e:
-            self.keep_in_tray = bool(on)  # for this run at least
-            self._message(f"The preference could not be saved: {e}")
+                self.preferences.set_keep_in_tray(True)
 
     def save_layout(self) -> None:
         s = self._layout_settings()
@@ -247,7 +206,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
 
         url = self.controller.url
         if not url or self.controller.state != ServerState.READY:
-            self._message("Start or attach to a server first.")
+            self.show_message("Start or attach to a server first.")
             return
         # the server's one client (its key, its keep-alive connections); kept: it runs on
         self.loadcheck_dialog = LoadCheckDialog(url, None, self, client=self.controller.client)
@@ -258,26 +217,6 @@ class MainWindow(QuitsInOrder, QMainWindow):
         if ok and url.strip():
             track(self.controller.attach_async(url.strip()), f"attaching to {url.strip()}")
 
-    def check_leftover_servers(self, ask: bool = True) -> list:
-        """Servers launched by an earlier KV Valet that is gone (pid + start time match)."""
-        found = self.controller.service.leftovers(self.store.names())
-        for rec in found:
-            name = rec.profile
-            if not ask:
-                continue
-            box = QMessageBox(QMessageBox.Question, "Server still running",
-                              f"The server of profile '{name}' (pid {rec.pid}, {rec.url}) is still running: it "
-                              "outlived an earlier KV Valet. Its live slots are intact.", parent=self)
-            attach = box.addButton("Attach", QMessageBox.AcceptRole)
-            stop = box.addButton("Stop it", QMessageBox.DestructiveRole)
-            box.addButton("Leave it", QMessageBox.RejectRole)
-            box.exec()
-            if box.clickedButton() is attach:
-                track(self.controller.attach_async(rec.url, leftover=rec), f"attaching to {rec.url}")
-            elif box.clickedButton() is stop:
-                track(self.controller.service.stop_leftover(rec), f"stopping the leftover server pid {rec.pid}")
-        return found
-
     def add_panel(self, widget: QWidget, title: str) -> None:
         self.extra_panels.append(widget)
         self.tabs.addTab(widget, title)
@@ -287,10 +226,10 @@ class MainWindow(QuitsInOrder, QMainWindow):
         try:
             self.store.ensure_default()
         except ProfileError as e:
-            self._message(f"The default profile could not be read: {e}")
+            self.show_message(f"The default profile could not be read: {e}")
         profiles, errors = self.store.load_all()
         for e in errors:
-            self._message(f"A profile file could not be read: {e}")
+            self.show_message(f"A profile file could not be read: {e}")
         self.profiles.set_profiles(profiles, select)
 
     def _on_save_profile(self, profile: LaunchProfile, previous: str) -> None:
@@ -315,7 +254,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         # the profile rules once more, as the launch goes: an error is said, not hidden in the form
         errors = [f for f in diagnose(profile) if f.severity is Severity.ERROR]
         if errors:
-            self._message("Starting despite: " + "; ".join(f.message for f in errors))
+            self.show_message("Starting despite: " + "; ".join(f.message for f in errors))
         self.log_panel.set_buffer(self.controller.log_buffer)
         self.controller.start(profile)
 
@@ -355,7 +294,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         sup = self.controller.supervisor
         self.log_panel.set_log_file(sup.log_file_path if sup is not None else None)
         for note in getattr(plan, "notes", ()):
-            self._message(f"Starting the server: {note}")
+            self.show_message(f"Starting the server: {note}")
 
     def _on_selected(self, target_id: str) -> None:
         """Another server shown (the server list, a profile, a start): its log, its profile on the left."""
@@ -366,12 +305,12 @@ class MainWindow(QuitsInOrder, QMainWindow):
             self.profiles.list.setCurrentItem(items[0])
 
     def _on_refused(self, message: str) -> None:
-        self._message(message)
+        self.show_message(message)
         self.profiles.errors.setText(message)
 
     def _on_crashed(self, outcome: Outcome) -> None:
         text = f"The server stopped unexpectedly: {outcome.summary()}"
-        self._message(text)
+        self.show_message(text)
         self.profiles.errors.setText(text)
 
     def _on_progress(self, what: str, pct: int) -> None:
@@ -379,7 +318,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.progress.setFormat(f"{what}: %p%")
         self.progress.setValue(pct)
 
-    def _message(self, text: str) -> None:
+    def show_message(self, text: str) -> None:
         self.last_message = text
         self.statusBar().showMessage(text, 15000)
         log.warning(text)

@@ -100,7 +100,7 @@ class QuitsInOrder:
         by a second signal), then the panels close."""
         for report in await self.controller.park_then_stop_all(trigger):  # every server launched here
             if report.interrupted or report.error:
-                self._message(f"Parking before quitting was cut short by {report.interrupted}"
+                self.show_message(f"Parking before quitting was cut short by {report.interrupted}"
                               if report.interrupted else f"Could not park before quitting: {report.error}")
         await self.shutdown()
 

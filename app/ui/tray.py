@@ -1,16 +1,19 @@
 """The system tray: the server's state, Park all, Resume all, Open, Quit, and notifications.
 
-Each menu entry presses the same button the window has (nothing is decided
-here). Closing the window can leave KV Valet in the tray (a setting, off by
-default), so a server and its chats keep going while the window is away; a
-park or resume that finishes then, or a resume judged DISCARDED, is told in a
-desktop notification.
+Each menu entry calls the Sessions tab's public action, and the tray follows the Sessions
+controller's typed signals (nothing is decided here, no label is read). Closing the window can
+leave KV Valet in the tray (a setting, off by default), so a server and its chats keep going
+while the window is away; a park or resume that finishes then, or a resume judged DISCARDED, is
+told in a desktop notification.
 """
 
 from __future__ import annotations
 
 from PySide6.QtGui import QAction, QIcon
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+
+from app.core.verdict import VerdictKind
+from app.ui.sessions.operations import PARKS_AND_RESUMES
 
 
 class Tray(QSystemTrayIcon):
@@ -31,39 +34,44 @@ class Tray(QSystemTrayIcon):
         self.notifications: list[tuple[str, str]] = []  # (title, text) shown, newest last
         self.notifications_on = True  # the preference "Desktop notifications"
 
-        sessions = window.sessions_panel
-        self.park_all_action.triggered.connect(lambda: self._press(sessions.park_all_button))
-        self.resume_all_action.triggered.connect(lambda: self._press(sessions.resume_all_button))
+        self.sessions = sessions = window.sessions_panel
+        ctl = sessions.controller
+        self.park_all_action.triggered.connect(self._park_all)
+        self.resume_all_action.triggered.connect(self._resume_all)
         self.open_action.triggered.connect(self.open_window)
         self.quit_action.triggered.connect(self.quit)
         self.activated.connect(lambda reason: self.open_window() if reason == QSystemTrayIcon.Trigger else None)
         window.controller.sig_state.connect(self._on_state)
-        sessions.sig_done.connect(self._on_done)
-        sessions.sig_verdict.connect(self._on_verdict)
-        sessions.sig_service.connect(lambda _svc: self._on_state(window.controller.state, ""))
+        ctl.said.connect(self._on_said)
+        ctl.judged.connect(self._on_judged)
+        ctl.connected.connect(lambda _on: self._on_state(window.controller.state, ""))
+        ctl.service_changed.connect(lambda _svc: self._on_state(window.controller.state, ""))
         self._on_state(window.controller.state, "")
 
-    def _press(self, button) -> None:
-        if button.isEnabled() and (button.isVisibleTo(button.parentWidget()) or button.text() != "Resume all"):
-            button.click()
+    def _park_all(self) -> None:
+        if self.sessions.can_park_all():
+            self.sessions.park_all()
         else:
-            self.notify("KV Valet", f"{button.text()}: nothing to do now")
+            self.notify("KV Valet", "Park all: nothing to do now")
+
+    def _resume_all(self) -> None:
+        if self.sessions.controller.plan:
+            self.sessions.resume_all()
+        else:
+            self.notify("KV Valet", "Resume all: nothing to do now")
 
     def _on_state(self, state, detail) -> None:
         self.state_action.setText(f"Server {state}")
         self.setToolTip(f"KV Valet — server {state}")
-        sessions = self.window.sessions_panel
-        self.park_all_action.setEnabled(sessions.park_all_button.isEnabled())
-        self.resume_all_action.setEnabled(sessions.service is not None)
+        self.park_all_action.setEnabled(self.sessions.can_park_all())
+        self.resume_all_action.setEnabled(self.sessions.controller.service is not None)
 
-    def _on_done(self, label: str, ok: bool, text: str) -> None:
-        if not label or self.window.isVisible():
-            return  # the window shows it
-        if label.startswith(("Park", "Resume")):
-            self.notify("KV Valet: " + label, text, ok)
+    def _on_said(self, op, ok: bool, text: str) -> None:
+        if op in PARKS_AND_RESUMES and not self.window.isVisible():  # else the window shows it
+            self.notify("KV Valet: " + op.value, text, ok)
 
-    def _on_verdict(self, slot: int, session: str, verdict) -> None:
-        if str(verdict.kind) == "DISCARDED":
+    def _on_judged(self, slot: int, session: str, verdict) -> None:
+        if verdict.kind is VerdictKind.DISCARDED:
             self.notify(f"KV Valet: '{session}' re-prefilled", verdict.reason, ok=False)
 
     def notify(self, title: str, text: str, ok: bool = True) -> None:
@@ -91,5 +99,5 @@ def tray_setting_action(window) -> QAction:
     action.setChecked(bool(window.keep_in_tray))
     action.setToolTip("Closing the window hides it; the server and its chats keep going. Quit from the tray.")
 
-    action.toggled.connect(window.set_keep_in_tray)
+    action.toggled.connect(window.preferences.set_keep_in_tray)
     return action

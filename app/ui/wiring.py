@@ -1,28 +1,16 @@
-"""Attach the panels (sessions, monitor) to the main window and connect them."""
+"""Connect the window's panels to each other (they are built by app.ui.panels.build_window)."""
 
 from __future__ import annotations
 
 from app.core.background import TaskGroup
-from app.ui.conversations.panel import ConversationsPanel
-from app.ui.monitor.health_panel import HealthPanel
-from app.ui.monitor.panel import MonitorPanel
-from app.ui.sessions.panel import SessionsPanel
 
 
-def attach_panels(window) -> None:
-    prefs = window.prefs
-    sessions = _attached(SessionsPanel(store=window.store, catalog=window.controller.service.catalog),
-                         window.controller)
-    monitor = _attached(MonitorPanel(interval=prefs.monitor_interval_s, busy_interval=prefs.monitor_busy_interval_s),
-                        window.controller)
-    health = HealthPanel(store=window.store)
-    health.attach(window.controller, sessions, window)
-    window.add_panel(sessions, "Sessions")
-    window.add_panel(monitor, "Monitor")
-    window.add_panel(health, "Cache health")
-    conversations = _attached(ConversationsPanel(), window.controller)
-    window.add_panel(conversations, "Conversations")
-    window.conversations_panel = conversations
+def wire(window) -> None:
+    """The Sessions tab feeds the Monitor and the Cache health tab; the tray, the moves, a host's
+    view and the shutdown guard subscribe to the Sessions controller's typed signals."""
+    sessions, monitor, health = window.sessions_panel, window.monitor_panel, window.health_panel
+    ctl = sessions.controller
+    health.attach(window.controller, ctl, window)
 
     # A finding of the runtime detectors: a badge on the Monitor tab and a count on the tab.
     def on_findings(count: int, worst) -> None:
@@ -32,9 +20,9 @@ def attach_panels(window) -> None:
     health.sig_findings.connect(on_findings)
 
     def on_sessions_changed() -> None:
-        window.show_time_saved(sessions.catalog.total_time_saved())
+        window.show_time_saved(ctl.catalog.total_time_saved())
 
-    sessions.sig_changed.connect(on_sessions_changed)
+    ctl.changed.connect(on_sessions_changed)
     on_sessions_changed()
     monitor.health_badge.clicked.connect(lambda: window.tabs.setCurrentWidget(health))
 
@@ -46,18 +34,17 @@ def attach_panels(window) -> None:
         monitor.request_tick()
 
     def on_snapshot(snap) -> None:
-        if sessions.service is not None and snap.url.rstrip("/") == sessions.service.target.url.rstrip("/"):
+        if ctl.service is not None and ctl.sessions is ctl.service and \
+                snap.url.rstrip("/") == ctl.service.target.url.rstrip("/"):
             sessions.set_slot_rows(snap.slots)
 
-    sessions.sig_service.connect(on_service)
-    sessions.sig_restored.connect(lambda _slot, _entry: monitor.request_tick())
-    sessions.sig_verdict.connect(lambda _slot, _session, _verdict: monitor.request_tick())
+    ctl.service_changed.connect(on_service)
+    ctl.restored.connect(lambda _slot, _entry: monitor.request_tick())
+    ctl.judged.connect(lambda _slot, _session, _verdict: monitor.request_tick())
     # a park or the server's start line can tell the build's sidecar behaviour later on
-    sessions.sig_changed.connect(lambda: monitor.set_sidecar_behaviour(
-        sessions.service.target.behaviour if sessions.service is not None else None))
+    ctl.changed.connect(lambda: monitor.set_sidecar_behaviour(
+        ctl.service.target.behaviour if ctl.service is not None else None))
     monitor.sig_snapshot.connect(on_snapshot)
-    window.sessions_panel = sessions
-    window.monitor_panel = monitor
     from app.ui.sessions.move import SessionMoves  # Move to… / Copy to… on a session row: the other servers
 
     window.session_moves = SessionMoves(sessions, window.server_list)
@@ -65,10 +52,9 @@ def attach_panels(window) -> None:
     from app.ui.servers.remote_view import RemoteView  # a host's row: its sessions, park and resume there
 
     window.remote_view = RemoteView(window)
-    window.server_list.sig_message.connect(lambda text, _ok: window._message(text))
-    window.health_panel = health
+    window.server_list.sig_message.connect(lambda text, _ok: window.show_message(text))
 
-    _guard_shutdown(window, sessions)
+    _guard_shutdown(window, ctl)
 
     # The tray: the state, Park all, Resume all, Open, Quit (where the desktop has one).
     from PySide6.QtWidgets import QSystemTrayIcon
@@ -78,12 +64,10 @@ def attach_panels(window) -> None:
     window.tray = Tray(window)
     if QSystemTrayIcon.isSystemTrayAvailable():
         window.tray.show()
-    session_menu = next((a.menu() for a in window.menuBar().actions() if a.menu() and "ession" in a.text()), None)
-    if session_menu is not None:
-        session_menu.addSeparator()
-        window.tray_action = tray_setting_action(window)
-        session_menu.addAction(window.tray_action)
-    window.apply_settings(window.prefs)
+    window.session_menu.addSeparator()
+    window.tray_action = tray_setting_action(window)
+    window.session_menu.addAction(window.tray_action)
+    window.preferences.apply(window.prefs)
 
 
 def _show_snapshots(window) -> None:
@@ -100,11 +84,6 @@ def _show_snapshots(window) -> None:
     controller.sig_selected.connect(lambda tid: label.show_snapshot(samplers.last(tid)))
     controller.sig_state.connect(lambda state, _detail: state in (ServerState.STOPPED, ServerState.CRASHED)
                                  and label.show_snapshot(None))
-
-
-def _attached(panel, controller):
-    panel.attach(controller)
-    return panel
 
 
 def _guard_shutdown(window, sessions) -> None:

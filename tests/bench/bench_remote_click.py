@@ -108,8 +108,7 @@ def main() -> None:
         from PySide6.QtWidgets import QApplication
 
         from app.servers.server_list import RemoteServerSource
-        from app.ui.main_window import MainWindow
-        from app.ui.wiring import attach_panels
+        from app.ui.panels import build_window
         from tests.ssh.conftest import running_sshd
 
         base = Path(d) / "sshd"
@@ -120,9 +119,8 @@ def main() -> None:
         # ``with loop``: closing it joins its executor's QThreads (left running, Qt aborts the process at exit)
         with loop, running_sshd(base) as sshd:
             seed(sshd, args.sessions)
-            window = MainWindow()
+            window = build_window()
             window.confirm_quit = False
-            attach_panels(window)
             window.show()
             source = RemoteServerSource(sshd.remote_host())
 

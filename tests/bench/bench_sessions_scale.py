@@ -175,6 +175,7 @@ def bench_gui(args) -> list[tuple[str, float]]:
     from app import paths
     from app.store.catalog import Catalog
     from app.store.profiles import ProfileStore
+    from app.ui.panels import sessions_panel
     from app.ui.sessions.panel import SessionsPanel
 
     app = QApplication.instance() or QApplication([])
@@ -185,7 +186,7 @@ def bench_gui(args) -> list[tuple[str, float]]:
         if first_refresh_cold:
             _forget_sidecar_checks()
         t0 = time.perf_counter()
-        panel = SessionsPanel(catalog=Catalog(paths.catalog_path()), store=store)
+        panel = sessions_panel(catalog=Catalog(paths.catalog_path()), store=store)
         t1 = time.perf_counter()
         panel.resize(1200, 700)
         panel.show()
@@ -195,7 +196,7 @@ def bench_gui(args) -> list[tuple[str, float]]:
 
     def close(panel: SessionsPanel) -> None:
         panel.hide()
-        panel.catalog.close()
+        panel.controller.catalog.close()
         panel.deleteLater()
         app.processEvents()
 
@@ -223,7 +224,7 @@ def bench_gui(args) -> list[tuple[str, float]]:
     def touch_one() -> None:  # another session was judged: one row changes
         counter[0] += 1
         rec = panel.model.records[5]
-        panel.catalog.update_verdict(rec.id, ("HIT", "PARTIAL")[counter[0] % 2], f"bench {counter[0]}")
+        panel.controller.catalog.update_verdict(rec.id, ("HIT", "PARTIAL")[counter[0] % 2], f"bench {counter[0]}")
 
     rows.append(("Sessions tab: refresh + paint, one session changed",
                  _median_ms(refresh_and_paint, args.repeat, before=touch_one)))

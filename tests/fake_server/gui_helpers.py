@@ -5,19 +5,18 @@ from __future__ import annotations
 from app.core.profile import LaunchProfile
 from app.store.profiles import ProfileStore
 from app.ui.main_window import MainWindow
-from app.ui.wiring import attach_panels
-from tests.fake_server.profiles import fake_profile
+from app.ui.panels import build_window
+from tests.fake_server.profiles import fake_profile  # noqa: F401  (the GUI tests take it from here too)
 
 
 def make_window(qtbot, tmp_path, *, show: bool = True, **profile_fields) -> tuple[MainWindow, LaunchProfile]:
     """A MainWindow with its panels wired as in the app, answering "Yes" to its questions,
     with the fake-server profile "fake" selected."""
     profile = fake_profile(tmp_path, **profile_fields)
-    w = MainWindow(ProfileStore())
+    w = build_window(ProfileStore())
     w.confirm_quit = False
-    attach_panels(w)
-    w.sessions_panel.confirm = lambda title, text: True
-    w.health_panel.confirm = lambda title, text: True
+    w.sessions_panel.controller.questions.confirm = lambda title, text: True
+    w.health_panel.questions.confirm = lambda title, text: True
     qtbot.addWidget(w)
     if show:
         w.show()

@@ -68,13 +68,13 @@ async def test_leftover_server_is_found_by_pid_and_start_time(profile, tmp_path)
 @pytest.mark.gui
 def test_window_attaches_and_never_stops_a_foreign_server(qtbot, qloop, profile):
     from app.store.profiles import ProfileStore
-    from app.ui.main_window import MainWindow
+    from app.ui.panels import build_window
     from tests.conftest import run, signal_future
 
     sup = make_supervisor(plan_launch(profile))
     run(qloop, sup.start(), 30)
     try:
-        w = MainWindow(ProfileStore())
+        w = build_window(ProfileStore(), tabs=False)
         qtbot.addWidget(w)
         ready = signal_future(w.controller.sig_state, lambda s, d: s == "Ready")
         run(qloop, w.controller.attach_async(profile.url), 30)
@@ -90,7 +90,8 @@ def test_window_attaches_and_never_stops_a_foreign_server(qtbot, qloop, profile)
 @pytest.mark.gui
 def test_window_finds_a_server_left_by_an_earlier_app(qtbot, qloop, profile):
     from app.store.profiles import ProfileStore
-    from app.ui.main_window import MainWindow
+    from app.ui.dialogs.leftovers import check_leftover_servers
+    from app.ui.panels import build_window
     from tests.conftest import run
 
     store = ProfileStore()
@@ -98,9 +99,9 @@ def test_window_finds_a_server_left_by_an_earlier_app(qtbot, qloop, profile):
     sup = make_supervisor(plan_launch(profile))  # "the earlier app" launched it
     run(qloop, sup.start(), 30)
     try:
-        w = MainWindow(store)
+        w = build_window(store, tabs=False)
         qtbot.addWidget(w)
-        found = w.check_leftover_servers(ask=False)
+        found = check_leftover_servers(w, ask=False)
         assert [(r.pid, r.url, r.profile) for r in found] == [(sup.pid, profile.url, "fake")]
         run(qloop, w.controller.attach_async(found[0].url, leftover=found[0]), 30)
         assert w.controller.pid == sup.pid  # ours: it may be stopped from here

@@ -9,6 +9,8 @@ from PySide6.QtCore import Qt
 
 from app.store.profiles import ProfileStore
 from app.ui.main_window import MainWindow
+from app.ui.panels import build_window
+from app.ui.sessions.controller import Operation
 from tests.conftest import run, signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_sessions import PROMPT, choose_slot, complete
@@ -22,12 +24,12 @@ def test_shortcuts_start_park_and_stop(qtbot, qloop, tmp_path, monkeypatch):
     qtbot.waitExposed(w)
 
     async def scenario():
-        connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+        connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
         qtbot.keyClick(w, Qt.Key_F5)  # Start
         await asyncio.wait_for(connected, 30)
         await complete(profile, PROMPT, 0)
         choose_slot(w.sessions_panel, 0)
-        done = signal_future(w.sessions_panel.sig_done, lambda label, ok, text: label.startswith("Park"))
+        done = signal_future(w.sessions_panel.controller.said, lambda op, ok, text: op is Operation.PARK)
         qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier)  # Park the chosen slot
         label, ok, text = await asyncio.wait_for(done, 30)
         assert ok and "Parked slot 0" in text
@@ -44,7 +46,7 @@ def test_the_window_comes_back_with_its_size_and_splitter(qtbot, qloop, monkeypa
     """Closing saves the geometry and the splitter; the next window applies them. (Qt fits a
     restored geometry to the screen, and the offscreen test screen is smaller than the window's
     minimum, so what is compared is what was saved and what the next window was given.)"""
-    w = MainWindow(ProfileStore())
+    w = build_window(ProfileStore(), tabs=False)
     qtbot.addWidget(w)
     w.show()
     qtbot.waitExposed(w)
@@ -53,6 +55,6 @@ def test_the_window_comes_back_with_its_size_and_splitter(qtbot, qloop, monkeypa
     given = {}
     monkeypatch.setattr(MainWindow, "restoreGeometry", lambda self, g: given.setdefault("geometry", g))
     monkeypatch.setattr(type(w.splitter), "restoreState", lambda self, st: given.setdefault("splitter", st))
-    again = MainWindow(ProfileStore())
+    again = build_window(ProfileStore(), tabs=False)
     qtbot.addWidget(again)
     assert given == {"geometry": geometry, "splitter": splitter}

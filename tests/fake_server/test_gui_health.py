@@ -17,6 +17,7 @@ from app import paths
 from app.server.client import LlamaClient
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
+from app.ui.sessions.controller import Operation
 from tests.conftest import run, signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_sessions import PROMPT, choose_slot, click, click_row, open_tab
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.gui
 
 
 async def start(w, profile):
-    connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+    connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
     assert await w.controller.start_async(profile)
     return await asyncio.wait_for(connected, 30)
 
@@ -46,14 +47,14 @@ def test_seed_002_crash_shows_cause_and_remedy_and_the_fix_resumes_the_chat(qtbo
         await complete(profile.url, PROMPT, 0)
         choose_slot(panel, 0)
         qtbot.keyClicks(panel.name, "chat")
-        assert (await click(qtbot, panel, panel.park_button, "Park"))[1]
+        assert (await click(qtbot, panel, panel.park_button, Operation.PARK))[1]
         await w.controller.stop_async()
 
         monkeypatch.setenv("FAKE_ABORT_ON_IDLE_SAVE", "1")  # the next server has its KV "on RPC"
         await start(w, profile)
         click_row(qtbot, panel, "chat")
         choose_slot(panel, 0)
-        assert (await click(qtbot, panel, panel.resume_button, "Resume"))[1]
+        assert (await click(qtbot, panel, panel.resume_button, Operation.RESUME))[1]
         finding = signal_future(health.sig_findings)
         crashed = signal_future(w.controller.sig_crashed)
         with pytest.raises(Exception):  # another client's request on slot 1: the idle-slot save of slot 0 aborts
@@ -81,7 +82,7 @@ def test_seed_002_crash_shows_cause_and_remedy_and_the_fix_resumes_the_chat(qtbo
         flag = next(a for a in argv if a in ("-cram", "--cache-ram"))
         assert w.controller.profile.name == fixed.name and argv[argv.index(flag) + 1] == "0"
         assert "'chat' → slot 0: resumed" in text
-        svc = panel.service
+        svc = panel.controller.service
         assert svc.target.restored[0].session == "chat"
         # the same request no longer crashes the server: no idle-slot save without a prompt cache
         await complete(fixed.url, "a second chat", 1)

@@ -32,13 +32,12 @@ def profile(tmp_path):
                          ctx_size=2048, parallel=2, cache_ram=1024)
 
 
-@pytest.fixture
-def window(qloop, qapp):
-    from app.ui.main_window import MainWindow
+def _window(qloop, tabs: bool):
+    from app.ui.panels import build_window
 
     # Not qtbot.addWidget: pytest-qt would close the window before this
     # teardown, and closing with a live server starts the quit path.
-    w = MainWindow()
+    w = build_window(tabs=tabs)
     w.confirm_quit = False
     try:
         yield w
@@ -49,14 +48,24 @@ def window(qloop, qapp):
         w.deleteLater()
 
 
+@pytest.fixture
+def window(qloop, qapp):
+    """The window without its server tabs: a test adds the Monitor it builds."""
+    yield from _window(qloop, tabs=False)
+
+
+@pytest.fixture
+def wired_window(qloop, qapp):
+    """The window as the app builds it (app.ui.panels.build_window)."""
+    yield from _window(qloop, tabs=True)
+
+
 def cells(model, row):
     return [model.index(row, c).data() for c in range(model.columnCount())]
 
 
-def test_wiring_adds_a_monitor_tab_that_follows_the_controller(window, qloop, profile):
-    from app.ui.wiring import attach_panels
-
-    attach_panels(window)
+def test_wiring_adds_a_monitor_tab_that_follows_the_controller(wired_window, qloop, profile):
+    window = wired_window
     panels = [p for p in window.extra_panels if isinstance(p, MonitorPanel)]
     assert len(panels) == 1
     panel = panels[0]
@@ -177,13 +186,13 @@ def test_no_slots_server_shows_the_reason(window, qloop, profile):
     assert panel.slots_error_label.text() == snap.slots_error and not panel.slots_error_label.isHidden()
 
 
-def test_one_sampler_and_one_nvml_handle_per_server_for_every_tab_and_the_status_bar(window, qloop, profile,
+def test_one_sampler_and_one_nvml_handle_per_server_for_every_tab_and_the_status_bar(wired_window, qloop, profile,
                                                                                       monkeypatch):
     """The Monitor tab, the server list and the status bar read the same sampler of a server:
     counted, one sampler and one NVML handle, whether the Monitor is seen or not."""
     from app.servers.server_list import SlotUse
-    from app.ui.wiring import attach_panels
 
+    window = wired_window
     made = []
     init = GpuMonitor.__init__
 
@@ -192,7 +201,6 @@ def test_one_sampler_and_one_nvml_handle_per_server_for_every_tab_and_the_status
         init(self, *a, **kw)
 
     monkeypatch.setattr(GpuMonitor, "__init__", counted)
-    attach_panels(window)
     panel = window.monitor_panel
     panel.interval = 0.2
     window.tabs.setCurrentWidget(panel)

@@ -51,18 +51,18 @@ def test_a_cancel_that_lands_after_the_target_listed_the_session_says_both_copie
         await start_by_click(qtbot, w, "other")
         await listed(w, lambda m: len(m.rows) == 2)
         await fill(a, 0, PROMPT)
-        shown = signal_future(w.sessions_panel.sig_service, lambda s: s is not None and s.profile_name == "fake")
+        shown = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None and s.profile_name == "fake")
         click_row(qtbot, w, "profile:fake")
         await asyncio.wait_for(shown, 10)
         await park_by_click(qtbot, w.sessions_panel, 0, "chat")
         with Catalog(paths.catalog_path()) as cat:
             rec = cat.get("fake", "chat")
-        target = HeldCommit(w.sessions_panel.catalog, "other")
+        target = HeldCommit(w.sessions_panel.controller.catalog, "other")
         monkeypatch.setattr(moves, "endpoint", lambda row: target)
         row = w.server_list.servers.row("profile:other")
 
         done = signal_future(moves.sig_done)
-        moves.panel.spawn(moves.move_or_copy(rec, row, copy=False), "the move under test")
+        moves.panel.controller.spawn(moves.move_or_copy(rec, row, copy=False), "the move under test")
         await asyncio.wait_for(target.committing.wait(), 30)
         cancel = moves.progress.findChild(QPushButton)
         assert cancel.text() == "Cancel"

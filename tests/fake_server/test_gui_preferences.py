@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import paths
 from app.store.catalog import Catalog
+from app.ui.sessions.controller import Operation
 from tests.conftest import ROOT, run, signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_sessions import PROMPT, click, complete, open_tab, started
@@ -23,9 +24,8 @@ pytestmark = pytest.mark.gui
 
 def open_preferences(qtbot, w):
     w.preferences_action.trigger()  # Server > Preferences… (Ctrl+,)
-    qtbot.waitUntil(lambda: getattr(w, "preferences_dialog", None) is not None
-                    and w.preferences_dialog.isVisible(), timeout=5000)
-    return w.preferences_dialog
+    qtbot.waitUntil(lambda: w.preferences.dialog is not None and w.preferences.dialog.isVisible(), timeout=5000)
+    return w.preferences.dialog
 
 
 def type_into(qtbot, box, text: str) -> None:
@@ -44,7 +44,7 @@ def test_preferences_typed_and_saved_apply_at_once_and_land_on_disk(qtbot, qloop
     w, profile = make_window(qtbot, tmp_path)
 
     async def scenario():
-        connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+        connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
         sampling = signal_future(w.monitor_panel.sig_sampling, lambda on: on)
         assert await w.controller.start_async(profile)
         await asyncio.wait_for(asyncio.gather(connected, sampling), 30)
@@ -142,7 +142,7 @@ def test_resume_them_at_once_resumes_what_park_all_and_stop_left(qtbot, qloop, t
         await started(w, panel, profile)
         await complete(profile, PROMPT, 0)
         stopped = signal_future(w.controller.sig_state, lambda s, d: s == "Stopped")
-        label, ok, _text = await click(qtbot, panel, panel.park_stop_button, "Park all & stop")
+        label, ok, _text = await click(qtbot, panel, panel.park_stop_button, Operation.PARK_ALL_AND_STOP)
         assert ok
         await asyncio.wait_for(stopped, 20)
 
@@ -152,7 +152,7 @@ def test_resume_them_at_once_resumes_what_park_all_and_stop_left(qtbot, qloop, t
         qtbot.mouseClick(dlg.save_button, Qt.LeftButton)
         qtbot.waitUntil(lambda: not dlg.isVisible(), timeout=5000)
 
-        resumed = signal_future(panel.sig_done, lambda label, ok, text: label.startswith("Resume all"))
+        resumed = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.RESUME_ALL)
         await started(w, panel, profile)
         label, ok, text = await asyncio.wait_for(resumed, 30)
         assert ok and "→ slot 0: ok" in text

@@ -11,6 +11,7 @@ import pytest
 from app.servers import remote_sessions as rv_jobs
 from app.servers.server_list import RemoteServerSource
 from app.ui.servers import remote_view
+from app.ui.sessions.operations import Operation
 from tests.conftest import signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_server_list import click_row, open_tab
@@ -79,7 +80,7 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
         assert "health ok · 1 / 2 slots in use · GPU0 9.0/16.0 GiB" in w.snapshot_label.text()
         # the Sessions tab shows the host's server through its one entry point: park and resume there
         sessions = w.sessions_panel
-        assert sessions.sessions.host == "gpu-box" and sessions.sessions.profile_name == "big"
+        assert sessions.controller.sessions.host == "gpu-box" and sessions.controller.sessions.profile_name == "big"
         assert sessions.park_button.isEnabled() and sessions.resume_button.isEnabled()
         assert not sessions.check_button.isEnabled() and not sessions.ab_button.isEnabled()  # its capabilities
         assert not sessions.delete_button.isEnabled() and sessions.resume_all_button.isHidden()
@@ -102,7 +103,7 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
         await asyncio.wait({task}, timeout=10)
         assert task.done() and view._poll_task is None
         assert "Server Stopped" in w.state_label.text() and "not sampling" in monitor.status_label.text().lower()
-        assert w.sessions_panel.sessions is None and w.sessions_panel.delete_button.isEnabled()
+        assert w.sessions_panel.controller.sessions is None and w.sessions_panel.delete_button.isEnabled()
         calls = host.calls
         assert host.most == 1 and calls >= 4
         await w.shutdown()
@@ -165,17 +166,17 @@ def test_park_and_resume_on_a_remote_row_go_through_the_tabs_one_code_path(qtbot
 
         sessions.slot.setCurrentIndex(sessions.slot.findData(0))
         sessions.name.setText("again")
-        parked = signal_future(sessions.sig_done, lambda label, ok, text: label.startswith("Park"))
+        parked = signal_future(sessions.controller.said, lambda op, ok, text: op is Operation.PARK)
         qtbot.mouseClick(sessions.park_button, Qt.LeftButton)
-        label, ok, text = await asyncio.wait_for(parked, 10)
+        _op, ok, text = await asyncio.wait_for(parked, 10)
         assert ok and text.startswith("Parked slot 0 as 'again': 1,234 tokens"), text
         assert host.commands[-1] == ["park", "big", "--json", "--slot", "0", "--name", "again"]
         assert [r.name for r in sessions.source_model.records] == ["again", "chat"]  # listed again
 
         assert sessions.select("chat")
-        resumed = signal_future(sessions.sig_done, lambda label, ok, text: label.startswith("Resume"))
+        resumed = signal_future(sessions.controller.said, lambda op, ok, text: op is Operation.RESUME)
         qtbot.mouseClick(sessions.resume_button, Qt.LeftButton)
-        label, ok, text = await asyncio.wait_for(resumed, 10)
+        _op, ok, text = await asyncio.wait_for(resumed, 10)
         assert ok and text.startswith("Resumed 'chat' into slot 1: 900 tokens"), text
         assert host.commands[-1][:4] == ["resume", "big", "chat", "--json"]
         await w.shutdown()

@@ -20,6 +20,7 @@ from app.servers.server_list import COL_NAME, COL_SLOTS, COL_STATE
 from app.server.client import LlamaClient
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
+from app.ui.sessions.controller import Operation
 from tests.conftest import free_port, signal_future
 from tests.fake_server.gui_helpers import make_window
 
@@ -46,7 +47,7 @@ def click_row(qtbot, w, target_id: str) -> None:
 
 async def start_by_click(qtbot, w, name: str) -> None:
     click_profile(qtbot, w, name)
-    connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None and s.profile_name == name)
+    connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None and s.profile_name == name)
     assert w.profiles.start_button.isEnabled()  # no "stop the other first"
     qtbot.mouseClick(w.profiles.start_button, Qt.LeftButton)
     await asyncio.wait_for(connected, 30)
@@ -74,7 +75,7 @@ async def fill(profile, slot: int, prompt: str) -> None:
 async def park_by_click(qtbot, panel, slot: int, name: str) -> str:
     panel.slot.setCurrentIndex(panel.slot.findData(slot))
     panel.name.setText(name)
-    done = signal_future(panel.sig_done, lambda label, ok, text: label.startswith("Park"))
+    done = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.PARK)
     qtbot.mouseClick(panel.park_button, Qt.LeftButton)
     _label, ok, text = await asyncio.wait_for(done, 30)
     assert ok, text
@@ -115,7 +116,7 @@ def test_two_servers_listed_selected_and_parked_without_cross_talk(qtbot, qloop,
 
         # select "fake": every tab shows it
         monitor_on_a = signal_future(w.monitor_panel.sig_snapshot, lambda snap: snap.url.rstrip("/") == a.url)
-        shown_a = signal_future(sessions.sig_service, lambda s: s is not None and s.profile_name == "fake")
+        shown_a = signal_future(sessions.controller.service_changed, lambda s: s is not None and s.profile_name == "fake")
         click_row(qtbot, w, "profile:fake")
         await asyncio.wait_for(shown_a, 10)
         assert w.profiles.list.currentItem().text() == "fake"  # the profile on the left follows
@@ -135,7 +136,7 @@ def test_two_servers_listed_selected_and_parked_without_cross_talk(qtbot, qloop,
         assert [r.name for r in sessions.model.records] == ["on fake"]
 
         # select "other": its (empty) sessions, its slots; park there
-        shown_b = signal_future(sessions.sig_service, lambda s: s is not None and s.profile_name == "other")
+        shown_b = signal_future(sessions.controller.service_changed, lambda s: s is not None and s.profile_name == "other")
         click_row(qtbot, w, "profile:other")
         await asyncio.wait_for(shown_b, 10)
         assert sessions.model.records == []  # the Sessions tab lists this server's sessions only
@@ -186,7 +187,7 @@ def test_a_remote_hosts_servers_list_after_this_machines_and_select_like_them(qt
         await asyncio.wait_for(refreshed, 10)
         assert [w.server_list.model.text(0, c) for c in range(3)] == ["big", "Ready", "gpu-box"]
         click_row(qtbot, w, "gpu-box:big")
-        assert w.sessions_panel.service is None and not w.profiles.stop_button.isEnabled()
+        assert w.sessions_panel.controller.service is None and not w.profiles.stop_button.isEnabled()
         await w.shutdown()
         assert host.closed  # the host's connection goes with the window
 

@@ -39,7 +39,7 @@ class SessionManagerStub:
 
 
 async def started_with_a_chat(w, profile):
-    connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+    connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
     assert await w.controller.start_async(profile)
     await asyncio.wait_for(connected, 30)
     await complete(profile, PROMPT, 0)

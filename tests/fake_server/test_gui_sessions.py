@@ -20,10 +20,10 @@ from app.core.profile import LaunchProfile
 from app.server.client import LlamaClient
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
-from app.ui.main_window import MainWindow
+from app.ui.panels import build_window
 from app.ui.monitor.panel import SlotsTableModel
 from app.ui.sessions.panel import SessionsPanel
-from app.ui.wiring import attach_panels
+from app.ui.sessions.controller import Operation
 from tests.conftest import run, signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_supervisor_fake import FAKE, free_port
@@ -49,7 +49,7 @@ def open_tab(qtbot, w, panel):
 
 
 async def started(w, panel, profile):
-    connected = signal_future(panel.sig_service, lambda s: s is not None)
+    connected = signal_future(panel.controller.service_changed, lambda s: s is not None)
     assert await w.controller.start_async(profile)
     await asyncio.wait_for(connected, 30)
 
@@ -59,10 +59,9 @@ async def complete(profile, prompt, slot, api_key=None):
         return await c.completion(prompt, slot_id=slot, n_predict=2)
 
 
-async def click(qtbot, panel, button, label_start: str, timeout: float = 30):
-    """Click ``button`` and wait for the panel to report the operation's end."""
-    done = signal_future(panel.sig_done, lambda label, ok, text: label.startswith(label_start)
-                         and not text.endswith("can take a while)"))
+async def click(qtbot, panel, button, op: Operation, timeout: float = 30):
+    """Click ``button`` and wait for the Sessions controller to say the operation's outcome."""
+    done = signal_future(panel.controller.said, lambda said_op, ok, text: said_op is op)
     qtbot.mouseClick(button, Qt.LeftButton)
     return await asyncio.wait_for(done, timeout)
 
@@ -104,7 +103,7 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
 
         choose_slot(panel, 0)
         qtbot.keyClicks(panel.name, "long chat")
-        label, ok, text = await click(qtbot, panel, panel.park_button, "Park")
+        label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK)
         assert ok and "Parked slot 0 as 'long chat'" in text
         with Catalog(paths.catalog_path()) as cat:
             rec = cat.get("fake", "long chat")
@@ -114,7 +113,7 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
 
         click_row(qtbot, panel, "long chat")
         choose_slot(panel, 1)
-        label, ok, text = await click(qtbot, panel, panel.resume_button, "Resume")
+        label, ok, text = await click(qtbot, panel, panel.resume_button, Operation.RESUME)
         assert ok and f"into slot 1: {rec.n_tokens:,} tokens" in text
         restored_in_monitor = signal_future(w.monitor_panel.sig_snapshot, lambda snap: any(
             r.id == 1 and r.tokens_known_from_restore for r in snap.slots))
@@ -128,7 +127,7 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
             assert cat.get("fake", "long chat").last_verdict == "UNKNOWN"
 
         # another client's next query on slot 1 is judged from the log
-        verdict = signal_future(panel.sig_verdict)
+        verdict = signal_future(panel.controller.judged)
         await complete(profile, PROMPT + " and one more question", 1)
         slot, session, v = await asyncio.wait_for(verdict, 20)
         assert (slot, session, v.kind) == (1, "long chat", "HIT")
@@ -148,7 +147,7 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
 
         open_tab(qtbot, w, panel)
         click_row(qtbot, panel, "long chat")
-        label, ok, text = await click(qtbot, panel, panel.delete_button, "Delete")
+        label, ok, text = await click(qtbot, panel, panel.delete_button, Operation.DELETE)
         assert ok and panel.model.records == [] and not rec.state_path.exists()
         assert not rec.state_path.with_name(rec.state_file + ".ckpt").exists()
         await w.shutdown()
@@ -162,7 +161,7 @@ def test_park_of_an_empty_slot_is_shown_not_raised(setup, qloop, qtbot):
     async def scenario():
         await started(w, panel, profile)
         choose_slot(panel, 0)
-        label, ok, text = await click(qtbot, panel, panel.park_button, "Park")
+        label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK)
         assert not ok and "slot 0 is empty" in text
         with Catalog(paths.catalog_path()) as cat:
             assert cat.list() == []
@@ -177,7 +176,7 @@ def test_check_and_ab_by_clicks(setup, qloop, qtbot):
     async def scenario():
         await started(w, panel, profile)
         await complete(profile, PROMPT, 0)
-        label, ok, _ = await click(qtbot, panel, panel.park_all_button, "Park all")
+        label, ok, _ = await click(qtbot, panel, panel.park_all_button, Operation.PARK_ALL)
         assert ok
         rec = panel.model.records[0]
         sidecar = rec.state_path.with_name(rec.state_file + ".ckpt")
@@ -185,15 +184,15 @@ def test_check_and_ab_by_clicks(setup, qloop, qtbot):
 
         click_row(qtbot, panel, rec.name)
         choose_slot(panel, 1)
-        label, ok, text = await click(qtbot, panel, panel.check_button, "Check resume", 60)
+        label, ok, text = await click(qtbot, panel, panel.check_button, Operation.CHECK, 60)
         assert ok and "HIT" in text and panel.report_dialog.isVisible()
-        label, ok, text = await click(qtbot, panel, panel.ab_button, "A/B check", 60)
+        label, ok, text = await click(qtbot, panel, panel.ab_button, Operation.AB_CHECK, 60)
         assert ok, text
         ab = panel.report_dialog.report
         assert [ab.row(a).verdict.kind for a in ("with sidecar", "sidecar hidden")] == ["HIT", "DISCARDED"]
         # the window runs the server: every probe ran in a fresh server process, as the seed's A/B
         assert ab.protocol == "across restarts" and all(r.fresh_process for r in ab.rows)
-        assert panel.service is not None
+        assert panel.controller.service is not None
         # the build's sidecar behaviour, from the server's start line, named in the Monitor
         assert "PKCL v2" in w.monitor_panel.sidecar_label.text()
         tip = panel.source_model.data(panel.source_model.index(0, 5), Qt.ToolTipRole)
@@ -217,7 +216,7 @@ def test_park_all_and_stop_then_resume_all_by_clicks(setup, qloop, qtbot):
         await complete(profile, PROMPT, 0)
         await complete(profile, "a short second chat " * 20, 1)
         stopped = signal_future(w.controller.sig_state, lambda s, d: s == "Stopped")
-        label, ok, text = await click(qtbot, panel, panel.park_stop_button, "Park all & stop")
+        label, ok, text = await click(qtbot, panel, panel.park_stop_button, Operation.PARK_ALL_AND_STOP)
         assert ok and "slot 0:" in text and "slot 1:" in text
         await asyncio.wait_for(stopped, 20)
         assert "Server Stopped" in w.state_label.text()
@@ -226,7 +225,7 @@ def test_park_all_and_stop_then_resume_all_by_clicks(setup, qloop, qtbot):
 
         await started(w, panel, profile)  # the next start of the profile offers "Resume all"
         assert panel.resume_all_button.isVisibleTo(panel) and panel.resume_all_button.text() == "Resume all (2)"
-        label, ok, text = await click(qtbot, panel, panel.resume_all_button, "Resume all")
+        label, ok, text = await click(qtbot, panel, panel.resume_all_button, Operation.RESUME_ALL)
         assert ok and "→ slot 0: ok" in text and "→ slot 1: ok" in text
         assert not panel.resume_all_button.isVisibleTo(panel)
         await w.shutdown()
@@ -242,7 +241,7 @@ def test_park_all_and_stop_with_a_failing_slot_reports_it_and_keeps_the_server(s
     async def scenario():
         await started(w, panel, profile)
         await complete(profile, PROMPT, 0)
-        label, ok, text = await click(qtbot, panel, panel.park_stop_button, "Park all & stop")
+        label, ok, text = await click(qtbot, panel, panel.park_stop_button, Operation.PARK_ALL_AND_STOP)
         assert not ok
         assert "slot 0: failed: the server refused to save slot 0: Unable to save slot" in text
         assert "The server keeps running" in text
@@ -264,9 +263,8 @@ def test_sessions_tab_uses_the_profiles_key_file(qtbot, qloop, tmp_path, monkeyp
                             parallel=2, api_key_file=str(key_file))
     store = ProfileStore()
     store.save(profile)
-    w = MainWindow(store)
+    w = build_window(store)
     w.confirm_quit = False
-    attach_panels(w)
     panel = w.sessions_panel
     qtbot.addWidget(w)
     w.show()
@@ -276,7 +274,7 @@ def test_sessions_tab_uses_the_profiles_key_file(qtbot, qloop, tmp_path, monkeyp
         await started(w, panel, profile)
         await complete(profile, PROMPT, 0, api_key="s3cret-key")
         choose_slot(panel, 0)
-        label, ok, text = await click(qtbot, panel, panel.park_button, "Park")
+        label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK)
         assert ok, text
         await w.shutdown()
 
@@ -290,9 +288,9 @@ def test_long_messages_do_not_widen_the_window(setup, qloop, qtbot):
     qtbot.waitExposed(w)
     width = w.width()
     long_path = "/home/user/.local/share/kv-valet/sessions/" + "a-very-long-session-name-" * 12 + ".bin"
-    panel._say(f"Parked slot 0 as 'x' in {long_path}", ok=True)
+    panel.say(f"Parked slot 0 as 'x' in {long_path}", ok=True)
     w._show_state("Crashed", f"exit 134 (SIGABRT): GGML_ASSERT failed at {long_path}")
-    w._message(f"The server stopped unexpectedly: {long_path}")
+    w.show_message(f"The server stopped unexpectedly: {long_path}")
     settle_layouts()
     assert w.width() == width
 
@@ -351,14 +349,14 @@ def test_window_and_cli_end_in_the_same_catalog_and_files(setup, qloop, qtbot):
         await slot_chooser_shows(panel, 0, "tokens")
         choose_slot(panel, 0)
         qtbot.keyClicks(panel.name, "same")
-        assert (await click(qtbot, panel, panel.park_button, "Park"))[1]
+        assert (await click(qtbot, panel, panel.park_button, Operation.PARK))[1]
         click_row(qtbot, panel, "same")
         choose_slot(panel, 1)
-        assert (await click(qtbot, panel, panel.resume_button, "Resume"))[1]
+        assert (await click(qtbot, panel, panel.resume_button, Operation.RESUME))[1]
         by_window = state()
 
         click_row(qtbot, panel, "same")
-        assert (await click(qtbot, panel, panel.delete_button, "Delete"))[1]
+        assert (await click(qtbot, panel, panel.delete_button, Operation.DELETE))[1]
         async with LlamaClient(profile.url) as c:
             await c.erase_slot(1)
         assert state() == ([], [])

@@ -19,10 +19,11 @@ from app import paths
 from app.core.profile import LaunchProfile
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
-from app.ui.main_window import MainWindow
-from app.ui.sessions.panel import SessionsPanel
+from app.ui.panels import build_window
+from app.ui.panels import sessions_panel
 from app.ui.sessions.model import COL_TOKENS, COL_VERDICT
-from app.ui.wiring import attach_panels
+from app.ui.sessions.panel import SessionsPanel
+from app.ui.sessions.controller import Operation
 from tests.conftest import run, signal_future
 from tests.fake_server.test_gui_sessions import click, open_tab, started
 from tests.fake_server.test_supervisor_fake import FAKE, free_port
@@ -36,7 +37,7 @@ def panel(qtbot, qloop):
     """A Sessions tab with no server, over 30 sessions of three profiles parked 0..29 days ago."""
     with Catalog(paths.catalog_path()) as cat:
         park_many(cat, 30, now=time.time())
-    p = SessionsPanel(catalog=Catalog(paths.catalog_path()), store=ProfileStore())
+    p = sessions_panel(catalog=Catalog(paths.catalog_path()), store=ProfileStore())
     qtbot.addWidget(p)
     p.resize(1100, 700)
     p.show()
@@ -58,7 +59,7 @@ def click_header(qtbot, panel, column: int) -> None:
 
 
 def click_row(qtbot, panel, name: str) -> None:
-    index = panel.index_of(name)
+    index = panel.list.index_of(name)
     assert index.isValid(), f"{name} is not shown"
     panel.table.scrollTo(index)
     rect = panel.table.visualRect(index)
@@ -113,8 +114,8 @@ def test_clicking_a_header_sorts_numerically_and_actions_follow_the_row(panel, q
     async def scenario():
         # the view's row 1 is "chat 001" only by chance of the order: pick one the sort moved
         click_row(qtbot, panel, "chat 027")
-        panel.confirm = lambda title, text: "'chat 027'" in text  # the user answers "Yes" to deleting chat 027
-        label, ok, text = await click(qtbot, panel, panel.delete_button, "Delete")
+        panel.controller.questions.confirm = lambda title, text: "'chat 027'" in text  # the user answers "Yes" to deleting chat 027
+        label, ok, text = await click(qtbot, panel, panel.delete_button, Operation.DELETE)
         assert ok and text.startswith("Deleted 'chat 027'")
         assert not any(p.exists() for p in files_of("chat 027"))
         assert all(p.exists() for p in files_of("chat 026")[:1] + files_of("chat 028")[:1])
@@ -122,14 +123,14 @@ def test_clicking_a_header_sorts_numerically_and_actions_follow_the_row(panel, q
         tokens = [int(t.replace(",", "")) for t in shown(panel, COL_TOKENS)]
         assert tokens == sorted(tokens)  # still sorted after the refresh
         # a double-click acts on the row clicked, too
-        index = panel.index_of("chat 013")
+        index = panel.list.index_of("chat 013")
         rect = panel.table.visualRect(index)
-        done = signal_future(panel.sig_done, lambda label, ok, text: label.startswith("Resume"))
+        done = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.RESUME)
         # a double-click is a click and then a second press: QTest's mouseDClick sends the second part only
         qtbot.mouseClick(panel.table.viewport(), Qt.LeftButton, pos=rect.center())
         qtbot.mouseDClick(panel.table.viewport(), Qt.LeftButton, pos=rect.center())
         label, ok, text = await asyncio.wait_for(done, 10)
-        assert label == "Resume 'chat 013'" and "start or attach to a server first" in text
+        assert label is Operation.RESUME and "start or attach to a server first" in text
 
     run(qloop, scenario(), 30)
 
@@ -138,20 +139,20 @@ def test_delete_older_than_asks_the_days_confirms_then_deletes(panel, qtbot, qlo
     async def scenario():
         before_text = panel.usage_label.text()
         qtbot.mouseClick(panel.delete_old_button, Qt.LeftButton)
-        dlg = await until(lambda: panel.days_dialog)
+        dlg = await until(lambda: panel.housekeeping.days_dialog)
         assert dlg.isVisible() and not panel.delete_old_button.isEnabled()  # one clean-up at a time
         spin = dlg.findChild(QSpinBox)
         qtbot.keyClick(spin, Qt.Key_A, Qt.ControlModifier)
         qtbot.keyClicks(spin, "19")
         qtbot.mouseClick(dlg.findChild(QDialogButtonBox).button(QDialogButtonBox.Ok), Qt.LeftButton)
 
-        box = await until(lambda: panel.question_box)
+        box = await until(lambda: panel.controller.questions.box)
         with Catalog(paths.catalog_path()) as cat:
             old = [r for r in cat.list() if r.updated_at < time.time() - 19 * 86400]
         assert sorted(r.name for r in old) == [f"chat {i:03d}" for i in range(19, 30)]
         expected_size = sum(r.state_size + r.sidecar_size for r in old) / 1024
         assert box.text().startswith(f"Delete 11 sessions ({expected_size:.1f} KiB) parked before ")
-        done = signal_future(panel.sig_done, lambda label, ok, text: label == "Delete older")
+        done = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.DELETE_OLDER)
         qtbot.mouseClick(box.button(QMessageBox.Yes), Qt.LeftButton)
         label, ok, text = await asyncio.wait_for(done, 20)
 
@@ -170,16 +171,16 @@ def test_delete_older_than_asks_the_days_confirms_then_deletes(panel, qtbot, qlo
 
 def test_delete_older_than_cancelled_deletes_nothing(panel, qtbot, qloop):
     asked = []
-    panel.ask_days = lambda: 5  # the user answers 5 days...
-    panel.confirm = lambda title, text: asked.append(text) or False  # ...then "Cancel"
+    panel.housekeeping.ask_days = lambda: 5  # the user answers 5 days...
+    panel.controller.questions.confirm = lambda title, text: asked.append(text) or False  # ...then "Cancel"
 
     async def scenario():
-        label, ok, text = await click(qtbot, panel, panel.delete_old_button, "Delete older")
+        label, ok, text = await click(qtbot, panel, panel.delete_old_button, Operation.DELETE_OLDER)
         assert text == "Delete older: cancelled."
         assert asked and asked[0].startswith("Delete 25 sessions (")
         assert len(shown(panel)) == 30 and all(files_of(f"chat {i:03d}")[0].exists() for i in range(30))
-        panel.ask_days = lambda: 365
-        label, ok, text = await click(qtbot, panel, panel.delete_old_button, "Delete older")
+        panel.housekeeping.ask_days = lambda: 365
+        label, ok, text = await click(qtbot, panel, panel.delete_old_button, Operation.DELETE_OLDER)
         assert "nothing to delete" in text and len(asked) == 1  # nothing to confirm
 
     run(qloop, scenario(), 30)
@@ -196,12 +197,11 @@ def test_connected_delete_older_than_keeps_other_profiles(qtbot, qloop, tmp_path
                             parallel=2)
     store = ProfileStore()
     store.save(profile)
-    w = MainWindow(store)
+    w = build_window(store)
     w.confirm_quit = False
-    attach_panels(w)
     panel: SessionsPanel = w.sessions_panel
-    panel.ask_days = lambda: 3
-    panel.confirm = lambda title, text: True
+    panel.housekeeping.ask_days = lambda: 3
+    panel.controller.questions.confirm = lambda title, text: True
     qtbot.addWidget(w)
     w.show()
     open_tab(qtbot, w, panel)
@@ -211,7 +211,7 @@ def test_connected_delete_older_than_keeps_other_profiles(qtbot, qloop, tmp_path
         await started(w, panel, profile)
         await until(lambda: len(shown(panel)) == 6)
         assert panel.usage_label.text().startswith("profile fake: 6 sessions")
-        label, ok, text = await click(qtbot, panel, panel.delete_old_button, "Delete older")
+        label, ok, text = await click(qtbot, panel, panel.delete_old_button, Operation.DELETE_OLDER)
         assert ok and text.startswith("Deleted 4 sessions")  # "fake" has sessions 0, 2, ..., 10 days old
         assert sorted(shown(panel)) == ["chat 000", "chat 002"]
         with Catalog(paths.catalog_path()) as cat:

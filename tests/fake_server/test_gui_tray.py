@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QSystemTrayIcon
 
 from app import paths
 from app.store.catalog import Catalog
+from app.ui.sessions.controller import Operation
 from tests.conftest import run, signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_sessions import PROMPT, complete
@@ -22,7 +23,7 @@ def test_tray_park_all_keep_in_tray_and_quit(qtbot, qloop, tmp_path, monkeypatch
     tray = w.tray
 
     async def scenario():
-        connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+        connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
         assert await w.controller.start_async(profile)
         await asyncio.wait_for(connected, 30)
         assert tray.state_action.text() == "Server Ready" and tray.park_all_action.isEnabled()
@@ -36,7 +37,7 @@ def test_tray_park_all_keep_in_tray_and_quit(qtbot, qloop, tmp_path, monkeypatch
         assert not w.isVisible() and w.controller.state == "Ready"
 
         # Park all from the tray while the window is hidden: done in the background, told in a notification
-        done = signal_future(w.sessions_panel.sig_done, lambda label, ok, text: label == "Park all")
+        done = signal_future(w.sessions_panel.controller.said, lambda op, ok, text: op is Operation.PARK_ALL)
         tray.park_all_action.trigger()
         label, ok, text = await asyncio.wait_for(done, 30)
         assert ok and tray.notifications[-1][0] == "KV Valet: Park all"

@@ -8,7 +8,7 @@ import pytest
 
 from app.core.profile import LaunchProfile
 from app.store.profiles import ProfileStore
-from app.ui.main_window import MainWindow
+from app.ui.panels import build_window
 from tests.conftest import run, signal_future
 from tests.fake_server.test_supervisor_fake import FAKE, free_port
 
@@ -22,7 +22,7 @@ def window(qtbot, qloop, tmp_path):
     profile = LaunchProfile(name="fake", model=str(model), server_binary=FAKE, port=free_port())
     store = ProfileStore()
     store.save(profile)
-    w = MainWindow(store)
+    w = build_window(store, tabs=False)
     qtbot.addWidget(w)
     w.profiles.set_profiles([profile], select="fake")
     return w, profile

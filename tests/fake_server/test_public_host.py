@@ -62,11 +62,11 @@ def test_the_window_asks_before_a_public_start_and_cancel_starts_nothing(qtbot, 
     from PySide6.QtWidgets import QMessageBox
 
     from app.ui.servers import profile_panel
-    from app.ui.main_window import MainWindow
+    from app.ui.panels import build_window
 
     store = ProfileStore()
     store.save(public_profile.replace(host="127.0.0.1"))
-    w = MainWindow(store)
+    w = build_window(store, tabs=False)
     qtbot.addWidget(w)
     panel = w.profiles
     panel.set_profiles(store.load_all()[0], select="pub")

@@ -23,6 +23,7 @@ from app.core.states import PowerEvent, ServerState
 from app.servers.service import ServerService
 from app.store.catalog import Catalog
 from app.ui.app import run_until_closed
+from app.ui.sessions.controller import Operation
 from tests.conftest import run, signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_sessions import PROMPT, complete
@@ -61,7 +62,7 @@ def parked() -> list[int]:
 
 
 async def _started(w, profile) -> None:
-    connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+    connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
     assert await w.controller.start_async(profile)
     await asyncio.wait_for(connected, 30)
     await complete(profile, PROMPT, 0)
@@ -132,7 +133,7 @@ def test_the_park_all_and_stop_button_goes_through_the_one_call(calls, qtbot, ql
     run(qloop, _started(w, profile), 60)
     panel = w.sessions_panel
     w.tabs.setCurrentWidget(panel)
-    _label, ok, text = run(qloop, click(qtbot, panel, panel.park_stop_button, "Park all & stop"), 60)
+    _label, ok, text = run(qloop, click(qtbot, panel, panel.park_stop_button, Operation.PARK_ALL_AND_STOP), 60)
     assert ok, text
     assert calls == [(StopTrigger.USER, TIMEOUT_S)]
     assert parked() == [0] and w.controller.state == ServerState.STOPPED

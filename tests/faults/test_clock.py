@@ -35,7 +35,7 @@ def _park(cat: Catalog, name: str, at: float, n_tokens: int) -> None:
 
 
 def test_clock_jumping_back_keeps_ages_and_older_than_sane(qtbot, qloop, monkeypatch):
-    from app.ui.sessions.panel import SessionsPanel
+    from app.ui.panels import sessions_panel
     from app.ui.sessions.model import COL_AGE, COL_NAME
 
     real_now = time.time()
@@ -52,7 +52,7 @@ def test_clock_jumping_back_keeps_ages_and_older_than_sane(qtbot, qloop, monkeyp
     # the window: no negative age, no "in 2 d"; the future session reads "just now"
     from app.store.profiles import ProfileStore
 
-    panel = SessionsPanel(catalog=Catalog(paths.catalog_path()), store=ProfileStore())
+    panel = sessions_panel(catalog=Catalog(paths.catalog_path()), store=ProfileStore())
     qtbot.addWidget(panel)
     panel.show()
     qtbot.waitExposed(panel)

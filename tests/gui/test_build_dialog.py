@@ -93,9 +93,9 @@ def test_a_failed_build_shows_its_step_and_the_output_tail(qtbot, qloop, fake):
 
 
 def test_the_form_offers_stock_built_and_other(qtbot, qloop, fake, tmp_path):
-    from app.ui.main_window import MainWindow
+    from app.ui.panels import build_window
 
-    w = MainWindow(ProfileStore())
+    w = build_window(ProfileStore(), tabs=False)
     qtbot.addWidget(w)
     w.confirm_quit = False
     field = w.profiles.w["server_binary"]
@@ -142,10 +142,10 @@ def test_at_a_start_the_question_does_not_block_and_is_asked_once(qtbot, qloop, 
 
     from app.tools.server_build import build_server
     from app.ui.dialogs.build import SWITCH_ANSWER_KEY
-    from app.ui.main_window import MainWindow
+    from app.ui.panels import build_window
 
     run(qloop, build_server(fake), 120)  # built meanwhile, e.g. by kv-valet build-server
-    w = MainWindow(ProfileStore())
+    w = build_window(ProfileStore(), tabs=False)
     qtbot.addWidget(w)
     w.confirm_quit = False
     assert offer_built_server(w) is None  # a question box is open; nothing waits on it

@@ -198,14 +198,14 @@ def test_the_slot_timeline_shows_every_conversation_on_a_slot_in_time_order(qtbo
 
 def test_forget_asks_then_removes_the_conversation(qtbot, qloop, panel):
     asked = []
-    panel.confirm = lambda title, text: asked.append(text) or False
+    panel.questions.confirm = lambda title, text: asked.append(text) or False
     click_row(qtbot, panel.table, 1)
     qtbot.mouseClick(panel.forget_button, Qt.LeftButton)
-    run(qloop, until(lambda: asked and not panel._tasks))
+    run(qloop, until(lambda: asked and not len(panel.tasks)))
     assert B in asked[0] and "proxy-b0b0" in asked[0]
     assert shown(panel.table, COL_ID) == [A, B, C]  # Cancel: nothing forgotten
 
-    panel.confirm = lambda title, text: True
+    panel.questions.confirm = lambda title, text: True
     qtbot.mouseClick(panel.forget_button, Qt.LeftButton)
     run(qloop, until(lambda: shown(panel.table, COL_ID) == [A, C]))
     assert f"Forgot conversation {B}" in panel.message.text()

@@ -21,7 +21,7 @@ from app.store.profiles import ProfileStore
 from app.ui.widgets import theme
 from app.ui.widgets.delegates import FillBarDelegate, VerdictDelegate
 from app.ui.monitor.panel import MonitorPanel, SlotsTableModel
-from app.ui.sessions.panel import SessionsPanel
+from app.ui.panels import sessions_panel
 from app.ui.sessions.model import COL_NAME, COL_TOKENS, COL_VERDICT, SessionsModel
 from tests.conftest import run
 from tests.unit.test_sessions_scale import park_many
@@ -36,7 +36,7 @@ def sessions(qtbot, qloop):
     """A Sessions tab with no server over 8 sessions (chat 000 parked last, 600 + 37 * i tokens)."""
     with Catalog(paths.catalog_path()) as cat:
         park_many(cat, 8, now=time.time())
-    p = SessionsPanel(catalog=Catalog(paths.catalog_path()), store=ProfileStore())
+    p = sessions_panel(catalog=Catalog(paths.catalog_path()), store=ProfileStore())
     qtbot.addWidget(p)
     p.resize(1100, 600)
     p.show()

@@ -6,7 +6,7 @@ import pytest
 
 from app.core.profile import LaunchProfile
 from app.store.profiles import ProfileStore
-from app.ui.main_window import MainWindow
+from app.ui.panels import build_window
 
 pytestmark = pytest.mark.gui
 
@@ -17,7 +17,7 @@ def window(qtbot, qloop, tmp_path):
     model.write_bytes(b"GGUF")
     store = ProfileStore()
     store.save(LaunchProfile(name="mine", model=str(model), port=8099))
-    w = MainWindow(store)
+    w = build_window(store, tabs=False)
     qtbot.addWidget(w)
     w.profiles.set_profiles(store.load_all()[0], select="mine")
     return w

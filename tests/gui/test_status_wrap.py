@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.ui.main_window import MainWindow
+from app.ui.panels import build_window
 from app.ui.widgets.status_bar import MAX_LINES
 
 pytestmark = pytest.mark.gui
@@ -21,7 +21,7 @@ def long_message(i: int) -> str:
 
 @pytest.fixture
 def window(qtbot):
-    w = MainWindow()
+    w = build_window(tabs=False)
     qtbot.addWidget(w)
     w.resize(1128, 700)
     w.show()
@@ -37,7 +37,7 @@ def test_six_long_messages_leave_the_window_width_alone(window, qtbot):
     width, sb = window.width(), window.statusBar()
     for i in range(6):
         text = long_message(i)
-        window._message(text)  # the path every status message of the app takes
+        window.show_message(text)  # the path every status message of the app takes
         settle(qtbot)
         assert window.width() == width
         label = sb.message_label
@@ -56,7 +56,7 @@ def test_six_long_messages_leave_the_window_width_alone(window, qtbot):
 def test_a_message_that_fits_is_shown_whole_then_the_status_comes_back(window, qtbot):
     sb = window.statusBar()
     text = "Preferences saved. " + "The data folder moves at the next start. " * 4
-    window._message(text)
+    window.show_message(text)
     settle(qtbot)
     assert sb.message_label.text().replace("\n", " ") == text.rstrip()
     assert not window.state_label.isVisible()  # as Qt's own message: it takes the normal widgets' place

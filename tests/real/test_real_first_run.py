@@ -12,8 +12,7 @@ from app.core.profile import BUILT_MARKER
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui.dialogs.first_run import STEPS, FirstRunGuide, first_run_pending
-from app.ui.main_window import MainWindow
-from app.ui.wiring import attach_panels
+from app.ui.panels import build_window
 from tests.conftest import run, signal_future
 from tests.fake_server.gui_helpers import walk_guide
 from tests.real.helpers import link_real_build
@@ -24,9 +23,8 @@ pytestmark = [pytest.mark.real_server, pytest.mark.gui]
 
 def open_guide(qtbot, store):
     """The window on ``store`` with its first-run guide open."""
-    w = MainWindow(store)
+    w = build_window(store)
     w.confirm_quit = False
-    attach_panels(w)
     qtbot.addWidget(w)
     w.show()
     guide = FirstRunGuide(w)
@@ -68,7 +66,7 @@ def test_the_first_run_guide_walks_to_a_verdict(qtbot, qloop, real_profile):
 
 @pytest.mark.gui
 def test_skip_closes_the_guide_for_good(qtbot, qloop):
-    w = MainWindow(ProfileStore())
+    w = build_window(ProfileStore(), tabs=False)
     qtbot.addWidget(w)
     guide = FirstRunGuide(w)
     qtbot.addWidget(guide)
@@ -104,13 +102,13 @@ def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_prof
     assert str(root / real_entry.name / "llama-server") in second[0]  # the restart ran the built server
     assert second[5].startswith("Verdict: HIT"), second[5]
     assert "× faster" in second[5] and guide.prefill_ms["DISCARDED"] > guide.prefill_ms["HIT"]
-    svc = w.sessions_panel.service
+    svc = w.sessions_panel.controller.service
     assert str(svc.target.behaviour) == "v2"
 
     async def stock_session_on_the_built_server():
         result = await svc.resume("first chat", 1, force=True)  # parked by the stock build: resumable
         assert result.n_restored > 0
-        verdict = signal_future(w.sessions_panel.sig_verdict, lambda slot, _name, _v: slot == 1)
+        verdict = signal_future(w.sessions_panel.controller.judged, lambda slot, _name, _v: slot == 1)
         text = await svc.target.client.detokenize(read_tokens("first chat"))
         await svc.target.client.completion(text + " Thanks.", slot_id=1, n_predict=1)
         _slot, _name, v = await asyncio.wait_for(verdict, 60)

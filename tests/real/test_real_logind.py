@@ -27,7 +27,8 @@ from app.server.client import LlamaClient
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui.main_window import MainWindow
-from app.ui.wiring import attach_panels
+from app.ui.panels import build_window
+from app.ui.sessions.controller import Operation
 from tests.conftest import run, signal_future
 from tests.real.helpers import TEXT
 
@@ -85,9 +86,8 @@ def window_on_the_bus(qtbot, profile, address: str, monkeypatch) -> MainWindow:
     monkeypatch.setenv("KV_VALET_LOGIND_BUS", address)
     store = ProfileStore()
     store.save(profile)
-    w = MainWindow(store)
+    w = build_window(store)
     w.confirm_quit = False
-    attach_panels(w)
     qtbot.addWidget(w)
     w.show()
     w.profiles.set_profiles([profile], select=profile.name)
@@ -103,7 +103,7 @@ def test_prepare_for_shutdown_parks_the_filled_slot_then_releases_the_lock(qtbot
     assert w.shutdown_guard.connected
 
     async def scenario():
-        connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+        connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
         qtbot.mouseClick(w.profiles.start_button, Qt.LeftButton)
         await asyncio.wait_for(connected, 120)
         assert await asyncio.to_thread(logind.wait, "INHIBIT") == "INHIBIT shutdown:sleep delay KV Valet"
@@ -154,12 +154,12 @@ def test_prepare_for_sleep_parks_and_the_wake_offers_back_only_what_was_lost(qtb
         bus.call(emit)
 
     async def woke():
-        done = signal_future(panel.sig_done, lambda label, ok, text: label == "Back from sleep")
+        done = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.WAKE)
         announce(False)
         return await asyncio.wait_for(done, 30)
 
     async def scenario():
-        connected = signal_future(panel.sig_service, lambda s: s is not None)
+        connected = signal_future(panel.controller.service_changed, lambda s: s is not None)
         qtbot.mouseClick(w.profiles.start_button, Qt.LeftButton)
         await asyncio.wait_for(connected, 120)
         await asyncio.to_thread(logind.wait, "INHIBIT")
@@ -187,11 +187,11 @@ def test_prepare_for_sleep_parks_and_the_wake_offers_back_only_what_was_lost(qtb
         assert not ok and "slot 1" in text and "slot 0" not in text, text
         assert [e.slot for e in load_resume_plan("real")] == [1]
         assert panel.resume_all_button.isVisibleTo(panel) and panel.resume_all_button.text() == "Resume all (1)"
-        done = signal_future(panel.sig_done, lambda label, ok, text: label == "Resume all")
+        done = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.RESUME_ALL)
         qtbot.mouseClick(panel.resume_all_button, Qt.LeftButton)
         label, ok, text = await asyncio.wait_for(done, 60)
         assert ok and "→ slot 1: ok" in text, text
-        rows = {r.id: r for r in await panel.service.slot_rows()}
+        rows = {r.id: r for r in await panel.controller.service.slot_rows()}
         assert rows[1].tokens_held and rows[1].tokens_held > 600
         await w.shutdown()
 

@@ -92,7 +92,7 @@ def test_a_profiles_key_is_in_no_argv_file_report_log_panel_window_text_or_crash
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QLineEdit
 
-    from app.ui.main_window import MainWindow
+    from app.ui.panels import build_window
     from tests.conftest import run, signal_future
     from tests.real.helpers import TEXT
 
@@ -100,7 +100,7 @@ def test_a_profiles_key_is_in_no_argv_file_report_log_panel_window_text_or_crash
     profile = real_profile.replace(name="keyed", api_key=KEY)
     store = ProfileStore()
     store.save(profile)
-    w = MainWindow(store)
+    w = build_window(store, tabs=False)
     w.confirm_quit = False
     qtbot.addWidget(w)
     w.profiles.set_profiles([profile], select="keyed")

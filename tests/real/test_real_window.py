@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from app.store.profiles import ProfileStore
-from app.ui.main_window import MainWindow
+from app.ui.panels import build_window
+from app.ui.sessions.controller import Operation
 from tests.conftest import run, signal_future
 
 pytestmark = [pytest.mark.real_server, pytest.mark.gui]
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.real_server, pytest.mark.gui]
 def test_start_reaches_ready_and_a_kill_shows_its_cause(qtbot, qloop, real_profile):
     store = ProfileStore()
     store.save(real_profile)
-    w = MainWindow(store)
+    w = build_window(store, tabs=False)
     w.confirm_quit = False
     qtbot.addWidget(w)
     w.profiles.set_profiles([real_profile], select="real")
@@ -65,24 +66,22 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
     from app.server.client import LlamaClient
     from app.store.catalog import Catalog
     from app.ui.monitor.panel import SlotsTableModel
-    from app.ui.wiring import attach_panels
     from tests.fake_server.test_gui_sessions import choose_slot, click, click_row, open_tab, slot_chooser_shows
     from tests.real.helpers import TEXT
 
     store = ProfileStore()
     store.save(real_profile)
-    w = MainWindow(store)
+    w = build_window(store)
     w.confirm_quit = False
-    attach_panels(w)
     panel = w.sessions_panel
-    panel.confirm = lambda title, text: True
+    panel.controller.questions.confirm = lambda title, text: True
     qtbot.addWidget(w)
     w.show()
     w.profiles.set_profiles([real_profile], select="real")
     open_tab(qtbot, w, panel)
 
     async def start():
-        connected = signal_future(panel.sig_service, lambda s: s is not None)
+        connected = signal_future(panel.controller.service_changed, lambda s: s is not None)
         qtbot.mouseClick(w.profiles.start_button, Qt.LeftButton)
         await asyncio.wait_for(connected, 120)
 
@@ -93,7 +92,7 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
         await slot_chooser_shows(panel, 0, "tokens")
         choose_slot(panel, 0)
         qtbot.keyClicks(panel.name, "real chat")
-        label, ok, text = await click(qtbot, panel, panel.park_button, "Park", 60)
+        label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK, 60)
         assert ok and "Parked slot 0 as 'real chat'" in text and "sidecar" in text.lower()
         with Catalog(paths.catalog_path()) as cat:
             rec = cat.get("real", "real chat")
@@ -106,7 +105,7 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
 
         click_row(qtbot, panel, "real chat")
         choose_slot(panel, 0)
-        label, ok, text = await click(qtbot, panel, panel.resume_button, "Resume", 60)
+        label, ok, text = await click(qtbot, panel, panel.resume_button, Operation.RESUME, 60)
         assert ok and f"into slot 0: {rec.n_tokens:,} tokens" in text and "re-prefill" in text
         restored = signal_future(w.monitor_panel.sig_snapshot, lambda snap: any(
             r.id == 0 and r.tokens_known_from_restore for r in snap.slots))
@@ -115,7 +114,7 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
         m = w.monitor_panel.slots_model
         assert m.data(m.index(0, SlotsTableModel.COL_TOKENS)) == f"{rec.n_tokens:,} (restored)"
 
-        verdict = signal_future(panel.sig_verdict)
+        verdict = signal_future(panel.controller.judged)
         async with LlamaClient(real_profile.url) as c:
             await c.completion(TEXT + " And then?", slot_id=0, n_predict=2)
         slot, session, v = await asyncio.wait_for(verdict, 60)
@@ -140,22 +139,20 @@ def test_park_all_and_quit_from_the_quit_dialog(qtbot, qloop, real_profile):
     from app.sessions.resume_plan import load_resume_plan
     from app.server.client import LlamaClient
     from app.store.catalog import Catalog
-    from app.ui.wiring import attach_panels
     from tests.real.helpers import TEXT
 
     from PySide6.QtWidgets import QApplication
 
     store = ProfileStore()
     store.save(real_profile)
-    w = MainWindow(store)
-    attach_panels(w)
+    w = build_window(store)
     qtbot.addWidget(w)
     w.show()
     w.profiles.set_profiles([real_profile], select="real")
     QApplication.instance().setQuitOnLastWindowClosed(False)  # the test's loop outlives the window
 
     async def scenario():
-        connected = signal_future(w.sessions_panel.sig_service, lambda s: s is not None)
+        connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
         qtbot.mouseClick(w.profiles.start_button, Qt.LeftButton)
         await asyncio.wait_for(connected, 120)
         server_pid = w.controller.supervisor.pid
@@ -181,9 +178,8 @@ def test_park_all_and_quit_from_the_quit_dialog(qtbot, qloop, real_profile):
     # The next start, with Preferences → "Resume them at once": the chat goes back unasked.
     from tests.fake_server.test_gui_preferences import open_preferences
 
-    w2 = MainWindow(store)
+    w2 = build_window(store)
     w2.confirm_quit = False
-    attach_panels(w2)
     qtbot.addWidget(w2)
     w2.show()
     w2.profiles.set_profiles([real_profile], select="real")
@@ -194,11 +190,11 @@ def test_park_all_and_quit_from_the_quit_dialog(qtbot, qloop, real_profile):
     panel = w2.sessions_panel
 
     async def next_start():
-        resumed = signal_future(panel.sig_done, lambda label, ok, text: label == "Resume all")
+        resumed = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.RESUME_ALL)
         qtbot.mouseClick(w2.profiles.start_button, Qt.LeftButton)
         label, ok, text = await asyncio.wait_for(resumed, 120)
         assert ok and f"{rec.name} → slot 0: ok" in text, text
-        rows = {r.id: r for r in await panel.service.slot_rows()}
+        rows = {r.id: r for r in await panel.controller.service.slot_rows()}
         await w2.shutdown()
         return rows[0].tokens_held
 

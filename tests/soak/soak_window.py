@@ -188,7 +188,10 @@ def _future(signal, predicate):
 
 
 async def _press(panel, button, label: str, timeout: float = 120) -> str:
-    done = _future(panel.sig_done, lambda lab, ok, text: lab.startswith(label) and not text.endswith("can take a while)"))
+    from app.ui.sessions.controller import Operation
+
+    op = Operation(label)
+    done = _future(panel.controller.said, lambda said_op, ok, text: said_op is op)
     _click(button)
     _lab, ok, text = await asyncio.wait_for(done, timeout)
     if not ok:
@@ -207,7 +210,7 @@ def _click_row(panel, name: str) -> None:
     from PySide6.QtCore import Qt
     from PySide6.QtTest import QTest
 
-    index = panel.index_of(name)
+    index = panel.list.index_of(name)
     if not index.isValid():
         raise AssertionError(f"{name} is not listed")
     panel.table.scrollTo(index)
@@ -219,7 +222,7 @@ def _click_row(panel, name: str) -> None:
 async def _start(w, profiles: list, profile_name: str, timeout: float = 180):
     """Choose the profile in the profile list and press Start; the Sessions tab's service."""
     w.profiles.set_profiles(profiles, select=profile_name)
-    connected = _future(w.sessions_panel.sig_service, lambda s: s is not None)
+    connected = _future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
     _click(w.profiles.start_button)
     (svc,) = await asyncio.wait_for(connected, timeout)
     return svc
@@ -383,14 +386,12 @@ def profiles(folder: Path, binary: str, model: str):
 
 def make_window():
     from app.store.profiles import ProfileStore
-    from app.ui.main_window import MainWindow
-    from app.ui.wiring import attach_panels
+    from app.ui.panels import build_window
 
-    w = MainWindow(ProfileStore())
+    w = build_window(ProfileStore())
     w.confirm_quit = False
-    attach_panels(w)
-    w.sessions_panel.confirm = lambda title, text: True
-    w.health_panel.confirm = lambda title, text: True
+    w.sessions_panel.controller.questions.confirm = lambda title, text: True
+    w.health_panel.questions.confirm = lambda title, text: True
     w.resize(1200, 800)
     w.show()
     return w

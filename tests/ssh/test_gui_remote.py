@@ -30,6 +30,7 @@ from app.core.states import ServerState
 from app.servers.server_list import COL_NAME
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
+from app.ui.sessions.controller import Operation
 from tests.conftest import free_port, signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_server_list import click_row, listed, open_tab, start_by_click
@@ -120,7 +121,8 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             loaded = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "box:there")
             click_row(qtbot, w, "box:there")
             await asyncio.wait_for(loaded, 60)
-            assert [r.name for r in sessions.source_model.records] == ["chat"] and sessions.sessions.host == "box"
+            assert [r.name for r in sessions.source_model.records] == ["chat"]
+            assert sessions.controller.sessions.host == "box"
             assert not sessions.check_button.isEnabled() and not sessions.rename_button.isEnabled()  # the host's
             assert sessions.park_button.isEnabled() and "'there' on box: Ready" in sessions.hint.text()
             assert "not shown here" in w.log_panel.view.toPlainText()
@@ -138,7 +140,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             # Park on that tab parks on the host
             sessions.slot.setCurrentIndex(sessions.slot.findData(0))
             sessions.name.setText("again")
-            parked = signal_future(sessions.sig_done, lambda label, ok, text: label.startswith("Park"))
+            parked = signal_future(sessions.controller.said, lambda op, ok, text: op is Operation.PARK)
             relisted = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "box:there")
             qtbot.mouseClick(sessions.park_button, Qt.LeftButton)
             _label, ok, text = await asyncio.wait_for(parked, 120)
@@ -174,10 +176,11 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
         assert stopped is not None and stopped["active"] is False
 
         # back to this machine's row: its own sessions, its own health
-        shown = signal_future(sessions.sig_service, lambda s: s is not None and s.profile_name == "here")
+        shown = signal_future(sessions.controller.service_changed, lambda s: s is not None and s.profile_name == "here")
         click_row(qtbot, w, "profile:here")
         await asyncio.wait_for(shown, 30)
-        assert sessions.sessions is sessions.service and [r.name for r in sessions.source_model.records] == ["chat"]
+        assert sessions.controller.sessions is sessions.controller.service
+        assert [r.name for r in sessions.source_model.records] == ["chat"]
         assert w.health_panel.shown == "profile:here"
         await w.shutdown()
 

@@ -336,6 +336,52 @@ def test_no_ui_module_over_400_lines():
     assert not stale, f"no longer over {UI_MAX_LINES} lines: remove {', '.join(stale)} from UI_LONG_FOR_NOW"
 
 
+# A class is as long as its own body plus the bodies of the classes it is built from that app/ui
+# defines (its mixins and bases, at any depth): spreading one class over mixins does not make it smaller.
+
+def ui_classes(root: Path) -> dict[str, tuple[str, int, list[str]]]:
+    """name -> (module, lines of the class statement, names of its bases) for each top-level class."""
+    out = {}
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                out[node.name] = (str(p.relative_to(root)), node.end_lineno - node.lineno + 1, bases)
+    return out
+
+
+def class_lines(classes: dict[str, tuple[str, int, list[str]]], name: str) -> int:
+    """The lines of ``name`` with those of every base defined among ``classes`` (each counted once)."""
+    seen: set[str] = set()
+    todo = [name]
+    total = 0
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in classes:
+            continue
+        seen.add(n)
+        total += classes[n][1]
+        todo += classes[n][2]
+    return total
+
+
+def test_no_ui_class_over_400_lines_with_its_mixins():
+    classes = ui_classes(APP / "ui")
+    offenders = {f"{classes[n][0]}:{n}": k for n in classes if (k := class_lines(classes, n)) > UI_MAX_LINES}
+    assert not offenders, (f"app/ui classes over {UI_MAX_LINES} lines with their app/ui bases (make helper objects "
+                           "of their parts): " + ", ".join(f"{m} ({k} lines)" for m, k in offenders.items()))
+
+
+def test_class_size_counts_the_mixins(tmp_path):
+    (tmp_path / "a.py").write_text("class Mixin:\n    x = 1\n    y = 2\n\n\nclass Other:\n    z = 3\n")
+    (tmp_path / "b.py").write_text("from a import Mixin\n\n\nclass Panel(Mixin, QWidget):\n    w = 1\n\n\n"
+                                   "class Sub(Panel, Other):\n    pass\n")
+    classes = ui_classes(tmp_path)
+    assert class_lines(classes, "Panel") == 2 + 3
+    assert class_lines(classes, "Sub") == 2 + 2 + 3 + 2
+    assert class_lines(classes, "Other") == 2
+
+
 def test_line_count_is_physical_lines(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n\n# c\n")
     (tmp_path / "b.py").write_text("x = 1\ny = 2")

@@ -17,7 +17,7 @@ import weakref
 
 from PySide6.QtCore import QRegularExpression, Qt
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
-                               QMessageBox, QPushButton, QSplitter, QTableView, QVBoxLayout, QWidget)
+                               QPushButton, QSplitter, QTableView, QVBoxLayout, QWidget)
 
 from app.core.conversation import Conversation, RequestRecord
 from app.store.conversations import ConversationStore
@@ -26,9 +26,9 @@ from app.ui.conversations.model import (COL_USED, COL_VERDICT, RCOL_CONV, RCOL_T
                                         VERDICT_ROLE, ConversationsModel, RequestsModel, ShownConversations,
                                         ShownRequests)
 from app.ui.widgets.delegates import VerdictDelegate
-from app.ui.widgets.questions import AsksQuestions
+from app.ui.widgets.questions import Questions
 from app.ui.sessions.model import filter_pattern
-from app.ui.widgets.tasks import RunsTasks
+from app.ui.widgets.tasks import Tasks
 from app.ui.widgets.common import set_text, wrapping_label
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def on_explained(panel, proxy) -> None:
         panel._show_requests()
 
 
-class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
+class ConversationsPanel(QWidget):
     def __init__(self, parent=None, *, store: ConversationStore | None = None, confirm=None):
         super().__init__(parent)
         self._owns_store = store is None
@@ -71,8 +71,9 @@ class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
         self._proxy_profile: str | None = None  # the bound proxy's profile (its server may go before it does)
         self.controller = None
         # confirm(title, text) -> bool or awaitable bool; a test may replace the dialog.
-        self.confirm = confirm or self._ask
-        self.question_box: QMessageBox | None = None
+        # a test may answer in place of the box: questions.confirm(title, text) -> bool
+        self.questions = Questions(self, confirm)
+        self.tasks = Tasks("ConversationsPanel", self._task_failed)
         self._closed = False
         self._slots_seen: set[int] = set()
         self._build()
@@ -118,7 +119,7 @@ class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
         self.forget_button.setToolTip("Forget the selected conversation: its next request starts a new one. "
                                       "With the proxy running, its park is deleted too.")
         self.forget_button.setEnabled(False)
-        self.forget_button.clicked.connect(lambda: self.spawn(self.forget_selected(), "forgetting a conversation"))
+        self.forget_button.clicked.connect(lambda: self.tasks.spawn(self.forget_selected(), "forgetting a conversation"))
         self.requests_label = QLabel("")
         self.message = wrapping_label()
         self.message.setTextInteractionFlags(Qt.TextSelectableByMouse)
@@ -308,7 +309,7 @@ class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
         park = ""
         if conv.parked_as:
             park = f" Its park '{conv.parked_as}' is deleted too."
-        if not await self._confirmed("Forget conversation",
+        if not await self.questions.confirmed("Forget conversation",
                                      f"Forget conversation {conv.id} ({conv.requests:,} requests)? Its next "
                                      f"request starts a new conversation.{park}"):
             return False
@@ -345,7 +346,7 @@ class ConversationsPanel(AsksQuestions, RunsTasks, QWidget):
         self._closed = True
         if self.controller is not None:
             self.controller.sig_proxy.disconnect(self._on_proxy)
-        await self.end_tasks()
+        await self.tasks.end()
         self.proxy = None  # the server service stops it with its server
         if self._owns_store:
             self.store.close()

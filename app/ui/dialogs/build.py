@@ -25,7 +25,7 @@ from app.tools.server_build import (BuildError, BuildProgress, BuildRequest, Bui
                                    default_switch_wanted, detect_options, estimate_text, use_built_server)
 from app.core.profile import BUILT_MARKER
 from app.serverbuild.cache import BuildOptions, find_built
-from app.ui.widgets.tasks import RunsTasks
+from app.ui.widgets.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +42,14 @@ STEP_WORDS = {"download": "Downloading the sources", "extract": "Unpacking the s
 SWITCH_ANSWER_KEY = "built_server_default_answer"
 
 
-class BuildDialog(RunsTasks, QDialog):
+class BuildDialog(QDialog):
     sig_progress = Signal(object)  # BuildProgress
     sig_finished = Signal(bool, str, object)  # ok, what happened, BuildResult or None
 
     def __init__(self, parent=None, *, request: BuildRequest | None = None,
                  detected: tuple[BuildOptions, str] | None = None):
         QDialog.__init__(self, parent)
+        self.tasks = Tasks("BuildDialog", self._task_failed)
         self.setWindowTitle("Build a checkpoint-persisting server")
         self.setModal(False)
         self.request = request or BuildRequest()
@@ -133,7 +134,7 @@ class BuildDialog(RunsTasks, QDialog):
         self.result = None
         self._set_running(True)
         self._say("Starting…")
-        self.task = self.spawn(self._run(replace(self.request, options=options)))
+        self.task = self.tasks.spawn(self._run(replace(self.request, options=options)))
         return self.task
 
     def cancel(self) -> None:
@@ -201,7 +202,7 @@ class BuildDialog(RunsTasks, QDialog):
         super().reject()
 
     async def aclose(self) -> None:
-        await self.end_tasks()
+        await self.tasks.end()
 
 
 # -- the window's side -------------------------------------------------------------------
@@ -303,6 +304,9 @@ class ServerBinaryField(QWidget):
         self.choice.addItem(STOCK_LABEL, "")
         self.choice.addItem(BUILT_LABEL, BUILT_MARKER)
         self.choice.addItem(OTHER_LABEL, None)
+        # as narrow as the form's column is: the long choice is elided there, whole in the list
+        self.choice.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.choice.setMinimumContentsLength(12)
         self.path = QLineEdit()
         self.path.setPlaceholderText("/path/to/llama-server")
         self.browse = QPushButton("…")

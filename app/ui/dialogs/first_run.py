@@ -24,6 +24,7 @@ from app.core.background import track
 from app.core.profile import BUILT_MARKER
 from app.core.states import ServerState
 from app.core.timings import Timings
+from app.ui.sessions.controller import Operation
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,27 @@ class FirstRunGuide(QDialog):
 
     # -- the steps: the window's own buttons ----------------------------------------
     async def _connected(self):
-        panel = self.window.sessions_panel
-        if panel.service is not None:
-            return panel.service
+        ctl = self.window.sessions_panel.controller
+        if ctl.service is not None:
+            return ctl.service
+        return await self._next_service()
+
+    async def _next_service(self, click=None):
+        """The next session service the Sessions tab connects (after ``click``, if given)."""
+        ctl = self.window.sessions_panel.controller
         fut = asyncio.get_running_loop().create_future()
-        panel.sig_service.connect(lambda s: fut.done() or s is None or fut.set_result(s))
-        return await asyncio.wait_for(fut, 600)
+
+        def connected(svc) -> None:
+            if svc is not None and not fut.done():
+                fut.set_result(svc)
+
+        ctl.service_changed.connect(connected)
+        try:
+            if click is not None:
+                click()
+            return await asyncio.wait_for(fut, 600)
+        finally:
+            ctl.service_changed.disconnect(connected)
 
     async def _start(self) -> str:
         w = self.window
@@ -147,41 +163,55 @@ class FirstRunGuide(QDialog):
         t = Timings.of(await svc.target.client.completion(SAMPLE, slot_id=0, n_predict=8))
         return f"Slot 0 holds the chat: {t.prompt_n or 0:,} tokens prefilled in {t.prompt_ms or 0.0:,.0f} ms."
 
-    async def _press(self, button, label: str) -> str:
+    async def _outcome(self, succeeded, op, act):
+        """Do ``act`` on the Sessions tab; the result its controller's ``succeeded`` signal carries,
+        or the error its ``failed(op, why)`` says."""
         panel = self.window.sessions_panel
+        ctl = panel.controller
         fut = asyncio.get_running_loop().create_future()
-        panel.sig_done.connect(lambda lab, ok, text: fut.done() or not lab.startswith(label)
-                               or fut.set_result((ok, text)))
-        self.window.tabs.setCurrentWidget(panel)
-        button.click()
-        ok, text = await asyncio.wait_for(fut, 300)
-        if not ok:
-            raise RuntimeError(text)
-        return text
+
+        def done(result) -> None:
+            if not fut.done():
+                fut.set_result(result)
+
+        def failed(what, why: str) -> None:
+            if what is op and not fut.done():
+                fut.set_exception(RuntimeError(why))
+
+        succeeded.connect(done)
+        ctl.failed.connect(failed)
+        try:
+            self.window.tabs.setCurrentWidget(panel)
+            act()
+            return await asyncio.wait_for(fut, 300)
+        finally:
+            succeeded.disconnect(done)
+            ctl.failed.disconnect(failed)
 
     async def _park(self) -> str:
         panel = self.window.sessions_panel
         panel.slot.setCurrentIndex(max(0, panel.slot.findData(0)))
         panel.name.setText(self.session_name)
-        return await self._press(panel.park_button, "Park")
+        r = await self._outcome(panel.controller.parked, Operation.PARK, panel.park_chosen)
+        return (f"Parked slot {r.slot_id} as '{r.record.name}': {r.record.n_tokens:,} tokens in "
+                f"{r.record.save_ms:,.0f} ms.")
 
     async def _restart(self) -> str:
-        w = self.window
-        fut = asyncio.get_running_loop().create_future()
-        w.sessions_panel.sig_service.connect(lambda s: fut.done() or s is None or fut.set_result(s))
-        w.profiles.restart_button.click()
-        await asyncio.wait_for(fut, 600)
+        await self._next_service(self.window.profiles.restart_button.click)
         return "The server restarted: its memory is empty, the parked chat is on disk."
 
     async def _resume(self) -> str:
         panel = self.window.sessions_panel
         panel.select(self.session_name)
         panel.slot.setCurrentIndex(max(0, panel.slot.findData(0)))
-        before, panel.confirm = panel.confirm, _always_yes  # the next step explains the re-prefill warning
+        questions = panel.controller.questions
+        before, questions.confirm = questions.confirm, _always_yes  # the next step explains the re-prefill warning
         try:
-            return await self._press(panel.resume_button, "Resume")
+            r = await self._outcome(panel.controller.resumed, Operation.RESUME, panel.resume_selected)
         finally:
-            panel.confirm = before
+            questions.confirm = before
+        return (f"Resumed '{r.record.name}' into slot {r.slot_id}: {r.n_restored:,} tokens in {r.restore_ms:,.0f} ms. "
+                "The verdict comes with the next query on that slot.")
 
     async def _ask(self) -> str:
         svc = await self._connected()
@@ -257,11 +287,8 @@ class FirstRunGuide(QDialog):
     async def _restart_built(self) -> str:
         w = self.window
         w.reload_profiles(select="default")
-        fut = asyncio.get_running_loop().create_future()
-        w.sessions_panel.sig_service.connect(lambda s: fut.done() or s is None or fut.set_result(s))
         button = w.profiles.restart_button if w.controller.state == ServerState.READY else w.profiles.start_button
-        button.click()
-        await asyncio.wait_for(fut, 600)
+        await self._next_service(button.click)
         binary = getattr(getattr(w.controller, "plan", None), "binary", "")
         return f"The checkpoint-persisting server is ready at {w.controller.url}" + (f" ({binary})." if binary
                                                                                      else ".")
@@ -279,3 +306,20 @@ def _always_yes(title: str, text: str) -> bool:
 
 def first_run_pending(window) -> bool:
     return str(window._layout_settings().value("first_run_done", "false")).lower() != "true"
+
+
+def greet(window, fresh_install: bool) -> None:
+    """What a start of the window opens: on a fresh install the guide (not modal, kept as
+    ``window.first_run``); and, once, the question whether the default profile should run a
+    checkpoint-persisting server built meanwhile (app.ui.dialogs.build.offer_built_server), never
+    on top of the guide (which offers the build itself): after the guide is closed."""
+    from PySide6.QtCore import QTimer
+
+    from app.ui.dialogs.build import offer_built_server
+
+    if fresh_install and first_run_pending(window):
+        window.first_run = FirstRunGuide(window)
+        window.first_run.finished.connect(lambda _r: offer_built_server(window))
+        window.first_run.show()
+    else:
+        QTimer.singleShot(0, lambda: offer_built_server(window))

@@ -15,10 +15,10 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFormLayout, QLabel, Q
                                QVBoxLayout)
 
 from app.ui.widgets import theme
-from app.ui.widgets.tasks import RunsTasks
+from app.ui.widgets.tasks import Tasks
 
 
-class HostDialog(RunsTasks, QDialog):
+class HostDialog(QDialog):
     sig_added = Signal(str)  # the host's name, saved and answering
     sig_checked = Signal(bool, str)  # ok, what the check said
 
@@ -26,6 +26,7 @@ class HostDialog(RunsTasks, QDialog):
         """``make_host(cfg) -> RemoteHost``: how a host is reached (a test passes its known_hosts)."""
         super().__init__(parent)
         self.setWindowTitle("Add a host")
+        self.tasks = Tasks("HostDialog", self._task_failed)
         self.make_host = make_host or _default_host
         self.host = None  # the checked host's connection, handed to the server list
         self.name = QLineEdit(placeholderText="gpu-box")
@@ -54,7 +55,7 @@ class HostDialog(RunsTasks, QDialog):
         self.add_button = self.buttons.addButton("Add and check", QDialogButtonBox.AcceptRole)
         self.add_button.setDefault(True)
         self.buttons.rejected.connect(self.reject)
-        self.add_button.clicked.connect(lambda: self.spawn(self.add(), "adding a host"))
+        self.add_button.clicked.connect(lambda: self.tasks.spawn(self.add(), "adding a host"))
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         lay.addWidget(self.result)

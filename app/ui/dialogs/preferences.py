@@ -174,3 +174,54 @@ def _wrap(layout) -> QWidget:
     layout.setContentsMargins(0, 0, 0, 0)
     w.setLayout(layout)
     return w
+
+
+class WindowPreferences:
+    """What the preferences change in the window (``window.preferences``): Server > Preferences…
+    opens the dialog (kept as ``dialog`` while open), and a save applies what applies at once."""
+
+    def __init__(self, window):
+        self.window = window
+        self.dialog: PreferencesDialog | None = None
+
+    def open(self) -> None:
+        if self.dialog is None:
+            self.dialog = PreferencesDialog(self.window.prefs, self.window)
+            self.dialog.sig_saved.connect(self._saved)
+            self.dialog.finished.connect(lambda _r: setattr(self, "dialog", None))
+        self.dialog.open()
+
+    def _saved(self, prefs: Settings) -> None:
+        moved = prefs.data_path() != self.window.prefs.data_path()
+        self.apply(prefs)
+        self.window.show_message("Preferences saved." + (f" The {settings.data_folder_status(prefs)}." if moved
+                                                          else ""))
+
+    def apply(self, prefs: Settings) -> None:
+        """The preferences that apply at once: tray, notifications, the Monitor's polling rates, every
+        running conversation proxy's park budget and idle-slot saving. (The data folder applies from
+        the next start; the log limits from the next launch; the auto-resume choice at the next
+        connection.)"""
+        w = self.window
+        w.prefs = prefs
+        w.keep_in_tray = prefs.keep_in_tray
+        action = getattr(w, "tray_action", None)
+        if action is not None and action.isChecked() != prefs.keep_in_tray:
+            action.blockSignals(True)
+            action.setChecked(prefs.keep_in_tray)
+            action.blockSignals(False)
+        if w.tray is not None:
+            w.tray.notifications_on = prefs.notifications
+        if w.monitor_panel is not None:
+            w.monitor_panel.set_rates(prefs.monitor_interval_s, prefs.monitor_busy_interval_s)
+        for handle in list(w.controller.service.servers.values()):  # every running conversation proxy
+            if getattr(handle, "proxy", None) is not None:
+                handle.proxy.apply_settings(prefs)
+
+    def set_keep_in_tray(self, on: bool) -> None:
+        """Session > Keep running in the tray when closed: saved with the other preferences."""
+        try:
+            self.apply(settings.update(keep_in_tray=bool(on)))
+        except (settings.SettingsError, OSError) as e:
+            self.window.keep_in_tray = bool(on)  # for this run at least
+            self.window.show_message(f"The preference could not be saved: {e}")

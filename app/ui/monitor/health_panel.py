@@ -21,8 +21,8 @@ from app.tools.cache_health import CacheHealth
 from app.monitor.rpc import RpcWatcher
 from app.core.states import ServerState
 from app.ui.widgets import theme
-from app.ui.widgets.questions import AsksQuestions
-from app.ui.widgets.tasks import RunsTasks
+from app.ui.widgets.questions import Questions
+from app.ui.widgets.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ COLUMNS = ["Time", "Slot", "Severity", "Finding", "Known from"]
 SEVERITY_ROLES = {Severity.ERROR: "crit", Severity.WARNING: "warn", Severity.INFO: "muted"}
 
 
-class HealthPanel(AsksQuestions, RunsTasks, QWidget):
+class HealthPanel(QWidget):
     sig_findings = Signal(int, object)  # number of findings, worst Severity (None: none)
     sig_remedy_done = Signal(bool, str)  # ok, what happened
 
@@ -45,8 +45,9 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         self.window_ref = None  # the MainWindow: to show the new profile
         self._restored_at_crash: dict = {}
         self._last_service = None
-        self.confirm = confirm or self._ask
-        self.question_box = None
+        # a test may answer in place of the box: questions.confirm(title, text) -> bool
+        self.questions = Questions(self, confirm)
+        self.tasks = Tasks("HealthPanel", self._task_failed)
         self._closed = False
         self.rpc: RpcWatcher | None = None  # the RPC workers of the running profile (--rpc)
         self._rpc_reported: set[str] = set()  # rule:endpoint already in the table for this run
@@ -111,7 +112,7 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         controller.sig_state.connect(self._on_state)
         controller.sig_selected.connect(self._on_selected)
         if sessions is not None:
-            sessions.sig_service.connect(self._on_service)
+            sessions.service_changed.connect(self._on_service)
 
     def _health_for(self, target_id: str | None) -> CacheHealth:
         """Each server's detectors over its own log (a server list shows several)."""
@@ -142,7 +143,7 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
     # -- RPC workers (app.monitor.rpc) ------------------------------------------------
     def _watch_rpc(self, sup) -> None:
         if self.rpc is not None:
-            self.spawn(self.rpc.stop())
+            self.tasks.spawn(self.rpc.stop())
         profile = self.controller.profile if self.controller is not None else None
         self.rpc, self._rpc_reported = None, set()
         if profile is None or not profile.rpc or sup is None:
@@ -181,7 +182,7 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
             self.figures_timer.stop()
             self._show_figures()
             if self.rpc is not None:
-                self.spawn(self.rpc.stop())  # the last statuses stay shown
+                self.tasks.spawn(self.rpc.stop())  # the last statuses stay shown
 
     def _on_crashed(self, outcome) -> None:
         svc = self._last_service
@@ -229,7 +230,7 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
             b = QPushButton(f"Apply: {remedy.label}")
             b.setToolTip("Apply this change to a copy of the profile and restart the server with it. Slots that "
                          "hold tokens are parked first and resumed after the restart.")
-            b.clicked.connect(lambda _=False, r=remedy, fi=f: self.spawn(self.apply(fi, r)))
+            b.clicked.connect(lambda _=False, r=remedy, fi=f: self.tasks.spawn(self.apply(fi, r)))
             self.remedy_row.addWidget(b)
             self.remedy_buttons.append(b)
         self.remedy_row.addStretch(0)
@@ -281,7 +282,7 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
                     "this change and restarts the server with it. "
                     + ("Every slot that holds tokens is parked first and resumed after the restart."
                        if running else "The sessions that had been resumed into the crashed server are resumed."))
-        if not await self._confirmed("Apply the remedy", question):
+        if not await self.questions.confirmed("Apply the remedy", question):
             self._say("Remedy not applied.")
             return None
         self._say(f"Applying: {remedy.label}…")
@@ -302,14 +303,14 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
             if svc is not None and not connected.done():
                 connected.set_result(svc)
 
-        self.sessions.sig_service.connect(on_service)
+        self.sessions.service_changed.connect(on_service)
         try:
             await self.controller.stop_async()
             if not await self.controller.start_async(profile):
                 return None
             return await asyncio.wait_for(connected, 60)
         finally:
-            self.sessions.sig_service.disconnect(on_service)
+            self.sessions.service_changed.disconnect(on_service)
 
 
     async def aclose(self) -> None:
@@ -317,4 +318,4 @@ class HealthPanel(AsksQuestions, RunsTasks, QWidget):
         self.figures_timer.stop()
         if self.rpc is not None:
             await self.rpc.stop()
-        await self.end_tasks()
+        await self.tasks.end()

@@ -75,7 +75,6 @@ class MonitorPanel(PausesWhenHidden, QWidget):
         self._controller: Any = None
         self._lock: asyncio.Lock | None = None
         self._tasks = TaskGroup("the Monitor")
-        self._watched_window: QWidget | None = None
         self.last_snapshot: Snapshot | None = None
         self._shown_warnings: tuple = ()
         self._closed = False
@@ -282,7 +281,7 @@ class MonitorPanel(PausesWhenHidden, QWidget):
                 self._samplers.subscribe(self._on_published)
             self._samplers.set_rates(self.interval, self.busy_interval)
             self._sampling_key, self.sampler = key, sampler
-            self._update_pause()  # resumed while the tab is seen
+            self.update_pause()  # resumed while the tab is seen
         self.sig_sampling.emit(True)
 
     def _on_published(self, key: str, snap: Snapshot) -> None:

@@ -21,7 +21,7 @@ from app.servers.server_list import (COL_NAME, LocalServerSource, RemoteServerSo
                                   shown_rows)
 from app.servers.events import StateChanged
 from app.ui.servers.list_model import TARGET_ROLE, ServerListModel
-from app.ui.widgets.tasks import RunsTasks
+from app.ui.widgets.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ REFRESH_MS = 2000
 HINT = "Select a server: the tabs below show it. Start another profile and it runs beside the others."
 
 
-class ServerListPanel(RunsTasks, QWidget):
+class ServerListPanel(QWidget):
     sig_chosen = Signal(str)  # the user selected a row: its target id
     sig_refreshed = Signal()  # the rows were listed again (a refresh's figures, or a state)
     sig_message = Signal(str, bool)  # for the status bar: text, ok (a host's start or stop, a failure)
@@ -38,6 +38,7 @@ class ServerListPanel(RunsTasks, QWidget):
         super().__init__(parent)
         self.controller = controller
         self.servers = ServerList([LocalServerSource(controller.service)])
+        self.tasks = Tasks("ServerListPanel", self._task_failed)
         self._closed = False
         self._refreshing = False
         self._selecting = False
@@ -119,7 +120,7 @@ class ServerListPanel(RunsTasks, QWidget):
         from app.ui.dialogs.host import HostDialog
 
         self.host_dialog = dlg = HostDialog(self)
-        dlg.sig_added.connect(lambda _name: self.spawn(self._list_host(dlg.host), "listing a new host's servers"))
+        dlg.sig_added.connect(lambda _name: self.tasks.spawn(self._list_host(dlg.host), "listing a new host's servers"))
         dlg.finished.connect(lambda _r: setattr(self, "host_dialog", None))
         dlg.open()
         return dlg
@@ -162,7 +163,7 @@ class ServerListPanel(RunsTasks, QWidget):
 
     def refresh_soon(self) -> None:
         if not self._closed and not self._refreshing:
-            self.spawn(self.refresh(), "the server list: sampling every server's figures")
+            self.tasks.spawn(self.refresh(), "the server list: sampling every server's figures")
 
     async def refresh(self) -> None:
         """Sample every source's figures and list them."""
@@ -221,7 +222,7 @@ class ServerListPanel(RunsTasks, QWidget):
             action = "stop" if row.state is not ServerState.STOPPED else "start"
             unit = menu.addAction(f"{action.capitalize()} on {row.host}")
             unit.setToolTip(f"Through its systemd user unit kv-valet-{row.profile} (kv-valet service {action} there)")
-            unit.triggered.connect(lambda: self.spawn(self.remote_unit(row, action), f"{action} {row.target_id}"))
+            unit.triggered.connect(lambda: self.tasks.spawn(self.remote_unit(row, action), f"{action} {row.target_id}"))
         if h is not None and h.stoppable and row.state in (ServerState.STARTING, ServerState.LOADING, ServerState.READY):
             stop = menu.addAction("Stop")
             stop.triggered.connect(lambda: track(self.controller.service.stop(row.target_id), f"stopping {row.name}"))
@@ -262,5 +263,5 @@ class ServerListPanel(RunsTasks, QWidget):
         self.timer.stop()
         self.controller.sig_selected.disconnect(self._on_selected)
         self.controller.sig_event.disconnect(self._on_event)
-        await self.end_tasks()
+        await self.tasks.end()
         await self.servers.aclose()

@@ -96,6 +96,9 @@ class ProfilePanel(QWidget):
         self.w: dict[str, QWidget] = {}
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.AllNonFixedFieldsGrow)
+        # a field too wide beside its label goes under it: the form fits its column, never a
+        # horizontal scroll bar (the server binary's status and its Build button are the widest)
+        form.setRowWrapPolicy(QFormLayout.WrapLongRows)
         for name, (label, tip) in FIELDS.items():
             widget = self._make_widget(name)
             widget.setToolTip(tip)

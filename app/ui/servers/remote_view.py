@@ -2,7 +2,7 @@
 
 Selecting a host's server (a row whose target id is ``HOST:PROFILE``) shows in the Sessions tab
 that server's :class:`app.servers.remote_sessions.RemoteSessions`, through the tab's one entry
-point (``set_sessions``) as a server here is shown: its parked sessions, its slots, Park and Resume
+point (its controller's ``set_sessions``) as a server here is shown: its parked sessions, its slots, Park and Resume
 through the host's own ``kv-valet``, the controls its capabilities allow. The Log tab says where that
 server's log is. The Monitor tab shows the host's slots and GPUs from the one sampler of that server
 (:class:`app.monitor.sampler.Sampler` over its ``kv-valet status PROFILE --json``, one call at a
@@ -58,7 +58,7 @@ class RemoteView(QObject):
             if self.shown is not None:
                 self.shown = None
                 self._stop_sampling()
-                self.panel.set_sessions(self.panel.service)
+                self.panel.controller.set_sessions(self.panel.controller.service)
                 state = self.window.controller.state
                 self.window._show_state(state, "")
                 if state is not ServerState.READY:  # else its sampler starts again and shows it
@@ -70,9 +70,9 @@ class RemoteView(QObject):
         self.shown = remote = RemoteSessions(source.host, row.profile, row.target_id)
         self._listed, self._clicked = 0, time.perf_counter()
         remote.on_change(lambda r=remote: self._on_changed(r))
-        self.panel.set_sessions(remote)
+        self.panel.controller.set_sessions(remote)
         self.window.log_panel.view.setPlainText(rs.NO_REMOTE_LOG.format(host=row.host, profile=row.profile))
-        self.panel.spawn(self._load(remote), f"listing the sessions of {target_id}")
+        self.panel.controller.spawn(self._load(remote), f"listing the sessions of {target_id}")
         self._stop_sampling()
         self.show_state()
         self.monitor.clear_shown(f"Asking {row.host} for the status of '{row.profile}'…")
@@ -80,7 +80,7 @@ class RemoteView(QObject):
 
     async def _load(self, remote: RemoteSessions) -> None:
         if not await remote.load() and self.shown is remote:
-            self.window._message(remote.describe())
+            self.window.show_message(remote.describe())
 
     def _on_changed(self, remote: RemoteSessions) -> None:
         """The shown host's sessions or status changed: the status bar, and sig_loaded once per listing."""
@@ -130,7 +130,7 @@ class RemoteView(QObject):
             return rs.snapshot_of(status, host=remote.host, profile=remote.profile_name, taken_at=time.time())
 
         def shown(snap: Snapshot) -> None:
-            if remote is not self.shown or self.panel._closed:
+            if remote is not self.shown or self.panel.controller.closed:
                 return
             if snap.error:
                 self.monitor.clear_shown(snap.error)
@@ -142,7 +142,7 @@ class RemoteView(QObject):
         self.sampler = Sampler(take, on_snapshot=shown, interval=MONITOR_EVERY_S, busy_interval=MONITOR_EVERY_S,
                                tick_timeout=120.0, url=f"{remote.profile_name} on {remote.host}")
         self.sampler.pause()  # until the Monitor is seen
-        self._poll_task = self.panel.spawn(self.sampler.run(), f"the Monitor of {remote.target_id}")
+        self._poll_task = self.panel.controller.spawn(self.sampler.run(), f"the Monitor of {remote.target_id}")
         self._update_pause()
 
     def _update_pause(self) -> None:

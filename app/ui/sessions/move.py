@@ -23,6 +23,7 @@ from app.servers.server_list import THIS_MACHINE, ServerRow, move_cancelled, mov
 from app.store.catalog import SessionRecord
 from app.ui.dialogs.move import MoveDialog, ServerDropTarget, SessionDragger, session_mime
 from app.ui.sessions.dialogs import answer
+from app.ui.sessions.controller import Operation
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class SessionMoves(QObject):
 
     def _source_host(self) -> str:
         """Where the sessions the tab shows are: this machine, or the host of the server shown."""
-        shown = self.panel.sessions
+        shown = self.panel.controller.sessions
         return shown.host if shown is not None and shown.host is not None else THIS_MACHINE
 
     def targets(self, rec: SessionRecord) -> list[ServerRow]:
@@ -73,13 +74,13 @@ class SessionMoves(QObject):
                     and r.profile == session.get("profile")), None)
         row = self.servers.row(target_id)
         if rec is None or row is None or session.get("host") != self._source_host():
-            self.panel._say("That session is no longer listed here: drop it again from the Sessions tab.", ok=False)
+            self.panel.say("That session is no longer listed here: drop it again from the Sessions tab.", ok=False)
             return
         if row.target_id not in {r.target_id for r in self.targets(rec)}:
-            self.panel._say(f"'{rec.name}' cannot go to '{row.name}': it is there already, or that server "
-                            "does not run from a profile.", ok=False)
+            self.panel.say(f"'{rec.name}' cannot go to '{row.name}': it is there already, or that server "
+                           "does not run from a profile.", ok=False)
             return
-        self.panel.spawn(self.ask_and_move(rec, row), f"moving '{rec.name}' to {target_id}")
+        self.panel.controller.spawn(self.ask_and_move(rec, row), f"moving '{rec.name}' to {target_id}")
 
     async def ask_and_move(self, rec: SessionRecord, row: ServerRow) -> tuple[bool, str] | None:
         self.move_dialog = dlg = MoveDialog(self.panel, rec.name, row)
@@ -101,7 +102,7 @@ class SessionMoves(QObject):
             for row in targets:
                 label = row.name if row.host == THIS_MACHINE else f"{row.name} on {row.host}"
                 action = sub.addAction(f"{label} ({row.state})")
-                action.triggered.connect(lambda _=False, row=row, copy=copy: self.panel.spawn(
+                action.triggered.connect(lambda _=False, row=row, copy=copy: self.panel.controller.spawn(
                     self.move_or_copy(rec, row, copy=copy), f"{'copying' if copy else 'moving'} '{rec.name}'"))
             if not targets:
                 sub.addAction("no other server runs from a profile").setEnabled(False)
@@ -132,7 +133,7 @@ class SessionMoves(QObject):
         from app.move.move import LocalEndpoint, MoveError
 
         if row.host == THIS_MACHINE:
-            return LocalEndpoint(self.panel.catalog, row.profile)
+            return LocalEndpoint(self.panel.controller.catalog, row.profile)
         source = next((s for s in self.servers.sources if s.name == row.host), None)
         make = getattr(source, "move_endpoint", None)
         if make is None:
@@ -196,11 +197,11 @@ class SessionMoves(QObject):
             self.progress = None
         if result is not None and restore and not cancel["asked"]:
             text += " " + await self._restore(target, result.record.name, row)
-        self.panel._say(text, ok=ok, label="Move")
+        self.panel.say(text, ok=ok, op=Operation.MOVE)
         self.panel.refresh()
-        if self.panel.sessions is not None:
-            await self.panel.sessions.reload()  # the list without the session moved away (a host's too)
-        self.panel.sig_changed.emit()
+        if self.panel.controller.sessions is not None:
+            await self.panel.controller.sessions.reload()  # the list without the session moved away (a host's too)
+        self.panel.controller.notify_changed()
         self.sig_done.emit(ok, text)
         return ok, text
 
@@ -208,7 +209,7 @@ class SessionMoves(QObject):
         """Restore ``name`` at ``target`` and judge a first query: the verdict, or why not."""
         from app.servers.remote_sessions import restore_and_judge, verdict_text
 
-        self.panel.busy.show()
+        self.panel.set_busy(True)
         try:
             restored = await restore_and_judge(target, name, server_service=self.list_panel.controller.service,
                                                target_id=row.target_id)
@@ -216,6 +217,6 @@ class SessionMoves(QObject):
             log.warning("restore of %r at %s after the move failed", name, row.target_id, exc_info=True)
             return f"The restore there failed: {e}"
         finally:
-            self.panel.busy.hide()
+            self.panel.set_busy(False)
         self.last_restore = restored
         return verdict_text(restored)

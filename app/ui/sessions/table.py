@@ -1,30 +1,32 @@
 """The Sessions tab's list: the table of parked sessions, its filter box and counts.
 
-A :class:`~app.ui.sessions.panel.SessionsPanel` mixes :class:`SessionsTable`
-in. ``source_model`` (:class:`~app.ui.sessions.model.SessionsModel`) lists
-every session; ``model`` (:class:`~app.ui.sessions.model.ShownSessions`, a
-:class:`QSortFilterProxyModel`) is what ``table`` shows: filtered by the filter
-box, sorted by a click on a header. :meth:`selected`, :meth:`index_of` and
-:meth:`select` map between the two.
+A :class:`SessionsTable` is a widget of its own: the
+:class:`~app.ui.sessions.panel.SessionsPanel` places it and gives it the records to show
+(:meth:`show_records`). ``source_model`` (:class:`~app.ui.sessions.model.SessionsModel`)
+lists every session; ``model`` (:class:`~app.ui.sessions.model.ShownSessions`, a
+:class:`QSortFilterProxyModel`) is what ``view`` shows: filtered by the filter box, sorted by
+a click on a header. :meth:`selected`, :meth:`index_of` and :meth:`select` map between the two.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QModelIndex, QRegularExpression, Qt
-from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QLineEdit, QStyle, QTableView
+from PySide6.QtCore import QModelIndex, QRegularExpression, Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QStyle, QTableView,
+                               QVBoxLayout, QWidget)
 
 from app.core.states import SidecarStatus
-from app.sessions.records import describe_usage, disk_usage, list_sessions
 from app.store.catalog import SessionRecord
-from app.ui.widgets.delegates import VerdictDelegate
 from app.ui.sessions.model import COL_VERDICT, VERDICT_ROLE, SessionsModel, ShownSessions, filter_pattern
 from app.ui.widgets.common import wrapping_label
+from app.ui.widgets.delegates import VerdictDelegate
 
 
-class SessionsTable:
-    """The table of sessions, its filter box, its counts and the selection (a mixin of the panel)."""
+class SessionsTable(QWidget):
+    """The filter box, the table of sessions, the disk usage under it."""
+    activated = Signal()  # a row double-clicked (the panel resumes it)
 
-    def _build_table(self) -> None:
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
         self.source_model = SessionsModel(self)
         style = self.style()
         icons = {SidecarStatus.PRESENT_VALID: QStyle.SP_DialogApplyButton,
@@ -32,27 +34,24 @@ class SessionsTable:
                  SidecarStatus.INVALID: QStyle.SP_MessageBoxCritical,
                  SidecarStatus.NOT_NEEDED: QStyle.SP_MessageBoxInformation}
         self.source_model.icon_for = {k: style.standardIcon(v) for k, v in icons.items()}
-        # The table shows the sessions through a proxy that filters and sorts: ``self.model``
-        # is what the table shows (its rows are the view's rows), ``self.source_model`` every
-        # session listed; selected()/select() map between them.
         self.model = ShownSessions(self.source_model, self)
-        self.table = QTableView()
-        self.table.setModel(self.model)
-        self.table.setItemDelegateForColumn(COL_VERDICT, VerdictDelegate(self.table, VERDICT_ROLE))
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
-        self.table.verticalHeader().hide()
-        self.table.verticalHeader().setSectionResizeMode(QHeaderView.Fixed)  # no row measures every cell
-        self.table.setWordWrap(False)
-        header = self.table.horizontalHeader()
+        self.view = view = QTableView()
+        view.setModel(self.model)
+        view.setItemDelegateForColumn(COL_VERDICT, VerdictDelegate(view, VERDICT_ROLE))
+        view.setSelectionBehavior(QAbstractItemView.SelectRows)
+        view.setSelectionMode(QAbstractItemView.SingleSelection)
+        view.verticalHeader().hide()
+        view.verticalHeader().setSectionResizeMode(QHeaderView.Fixed)  # no row measures every cell
+        view.setWordWrap(False)
+        header = view.horizontalHeader()
         # Fit the columns to what is on screen, not to every one of a thousand rows each time they change.
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
         header.setResizeContentsPrecision(0)
         header.setStretchLastSection(True)
         header.setSortIndicatorClearable(True)  # a third click goes back to "most recently parked first"
         header.setSortIndicator(-1, Qt.AscendingOrder)
-        self.table.setSortingEnabled(True)  # a click on a header sorts by that column
-        self.table.doubleClicked.connect(lambda _i: self._on_resume())
+        view.setSortingEnabled(True)  # a click on a header sorts by that column
+        view.doubleClicked.connect(lambda _i: self.activated.emit())
 
         self.filter = QLineEdit(placeholderText="Filter by name, model file, profile or verdict")
         self.filter.setClearButtonEnabled(True)
@@ -64,57 +63,42 @@ class SessionsTable:
         self.usage_label.setText("No parked sessions.")
         self.usage_label.setToolTip("Disk space of the parked sessions: their state files and checkpoint sidecars.")
 
-    def refresh(self) -> None:
-        """Show the catalog's sessions as they are now; the table changes only where they changed."""
-        if self._closed:
-            return
+        filter_row = QHBoxLayout()
+        filter_row.addWidget(self.filter, 1)
+        filter_row.addWidget(self.shown_label)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(filter_row)
+        lay.addWidget(view, 1)
+        lay.addWidget(self.usage_label)
+
+    def show_records(self, records, usage: str) -> bool:
+        """Show ``records`` (the table changes only where they changed) and the disk usage line;
+        False when nothing changed. The selection stays on the same session."""
         selected = self.selected()
-        # each sidecar is looked at again on disk: a removed or replaced one shows as such
-        records = self.sessions.sessions() if self.sessions else list_sessions(self.catalog)
-        self._verify_hashes_later(records)
         if not self.source_model.set_records(records):
-            return
-        self._show_usage()
-        self._show_counts()
+            return False
+        self.usage_label.setText(usage)
+        self.show_counts()
         if selected is not None and self.selected() is None:  # the model was reset: select it again
             self.select(selected.name, selected.profile, session_id=selected.id)
+        return True
 
-    def _show_usage(self) -> None:
-        usage = disk_usage(self.catalog, records=self.source_model.records)
-        self.usage_label.setText("; ".join(describe_usage(p, u) for p, u in usage.items()) or "No parked sessions.")
-
-    def _show_counts(self) -> None:
+    def show_counts(self) -> None:
         shown, total = self.model.rowCount(), self.source_model.rowCount()
         self.shown_label.setText(f"{shown:,} of {total:,} shown" if self.filter.text().strip() else "")
 
     def _on_filter(self, text: str) -> None:
         self.model.setFilterRegularExpression(QRegularExpression(filter_pattern(text),
                                                                  QRegularExpression.CaseInsensitiveOption))
-        self._show_counts()
+        self.show_counts()
 
-    def _verify_hashes_later(self, records) -> None:
-        """PKCL v2 sidecars: hash their state files off the GUI thread, once per change."""
-        from app.sessions.sidecar_check import needs_hash
-
-        if self.sessions is None or not self.sessions.capabilities.local_files or self._hashing:
-            return
-        todo = [r for r in records if (r.id, r.state_size, r.updated_at) not in self._hash_tried and needs_hash(r)]
-        if not todo:
-            return
-        self._hash_tried.update((r.id, r.state_size, r.updated_at) for r in todo)
-        self._hashing = True
-
-        async def run():
-            try:
-                await self.sessions.verify_sidecar_hashes(todo)
-            finally:
-                self._hashing = False
-
-        self.spawn(run())
+    def filtered(self) -> bool:
+        return bool(self.filter.text().strip())
 
     def selected(self) -> SessionRecord | None:
         """The session of the selected row (a view row, mapped to the listed records)."""
-        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        rows = self.view.selectionModel().selectedRows() if self.view.selectionModel() else []
         if not rows:
             return None
         return self.model.record(rows[0].row())
@@ -131,6 +115,6 @@ class SessionsTable:
         index = self.index_of(name, profile, session_id=session_id)
         if not index.isValid():
             return False
-        self.table.selectRow(index.row())
-        self.table.scrollTo(index)
+        self.view.selectRow(index.row())
+        self.view.scrollTo(index)
         return True

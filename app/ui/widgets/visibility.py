@@ -24,7 +24,8 @@ class PausesWhenHidden:
         win = self.window()
         return not (win is not None and win.windowState() & Qt.WindowMinimized)
 
-    def _update_pause(self) -> None:
+    def update_pause(self) -> None:
+        """Pause or resume the sampler as the panel is seen now (the panel calls it when it sets one)."""
         s = self.sampler
         if s is None:
             return
@@ -46,18 +47,18 @@ class PausesWhenHidden:
     def showEvent(self, event: Any) -> None:  # noqa: N802
         super().showEvent(event)
         self._watch_window()
-        self._update_pause()
+        self.update_pause()
 
     def hideEvent(self, event: Any) -> None:  # noqa: N802
         super().hideEvent(event)
-        self._update_pause()
+        self.update_pause()
 
     def changeEvent(self, event: Any) -> None:  # noqa: N802
         super().changeEvent(event)
         if event.type() == QEvent.WindowStateChange:
-            self._update_pause()
+            self.update_pause()
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802
         if obj is self._watched_window and event.type() in (QEvent.WindowStateChange, QEvent.Show, QEvent.Hide):
-            self._update_pause()
+            self.update_pause()
         return False
