@@ -460,7 +460,12 @@ class ProxyService:
         # a request after a restore is judged against what the restore brought, as the resume watcher
         # judges the same query for the Sessions tab: one event, one verdict (a failed restore brought nothing)
         restored = bool(lease.restored_from) and not lease.restore_failed
-        reusable = (lease.slot_context.restored_tokens if restored else 0) or p.expected_reuse
+        # A park that holds less than the conversation had (a server restart lost the turns after it)
+        # is judged against what the conversation held: the request re-processed those turns
+        # (SERVER_RESTARTED), however well the park itself was reused.
+        brought = lease.slot_context.restored_tokens if restored else 0
+        stale = restored and brought < p.expected_reuse - tolerance(p.expected_reuse)
+        reusable = (p.expected_reuse if stale else brought) or p.expected_reuse
         verdict = judge(Reuse(reusable, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, restored=restored,
                               new=p.new)).kind
         ctx_slot = explain_mod.SlotContext(
