@@ -45,3 +45,16 @@ def test_no_option_puts_an_api_key_on_the_command_line():
     for cmd in (["status", "http://x"], ["park", "p", "--slot", "0"], ["resume", "p", "s"], ["check", "p", "s"]):
         r = _run(cmd + ["--api-key", "sekret"])
         assert r.returncode == 2 and "--api-key would show the key to every user" in r.stderr
+
+
+def test_start_opens_the_window_only_so_it_is_refused_with_a_command(capsys):
+    """``kv-valet --start PROFILE`` opens the window; given with a command it would be ignored
+    silently, so it is refused with the usage error and nothing runs."""
+    import pytest
+
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--start", "default", "profiles", "list"])
+    assert e.value.code == 2
+    assert "--start opens the window: give it without a command" in capsys.readouterr().err
