@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from app.core.sidecar_behaviour import SHORT, Behaviour
+from app.core.restore_needs import CHECKPOINTED_KINDS
 from app.core.units import fmt_bytes
 
-CHECKPOINTED_KINDS = ("sliding-window", "recurrent-hybrid")
 KNOWN_STATE_VERSIONS = (2, 3, 4)
 #: The PKCL sidecar version each build's loader reads (app.core.sidecar_behaviour).
 READS_PKCL = {Behaviour.FORK: 1, Behaviour.PORT: 1, Behaviour.V2: 2}

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from app.core.argv import absorb_extra_args
 from app.core.findings import Finding, Remedy, Severity
+from app.core.restore_needs import effective_kind
 from app.core.helptext import BinaryCaps
 from app.core.profile import LaunchProfile, exposure_warning, is_loopback, parse_rpc_workers
 from app.core.units import fmt_bytes
@@ -332,9 +333,7 @@ def _auto_kvu_idle_slots(p: LaunchProfile, f: Facts):
 
 def _resume_needs_checkpoints(p: LaunchProfile, f: Facts, *, unknown_counts: bool) -> str | None:
     """The memory kind's words when a resume can only roll back to a checkpoint."""
-    kind = str(f.memory_kind or "unknown")
-    if kind == "sliding-window" and p.swa_full:
-        return None  # full-size SWA cache: every position is kept, like a dense model
+    kind = effective_kind(f.memory_kind, swa_full=bool(p.swa_full))  # --swa-full: kept like a dense model
     if kind in _KIND_WORDS:
         return _KIND_WORDS[kind]
     return "unknown" if unknown_counts and kind == "unknown" else None

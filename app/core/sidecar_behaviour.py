@@ -132,6 +132,12 @@ class LoadPrediction:
     refusal: str = ""  # why the file is not loaded ("" when it loads or there is none)
     sentence: str = ""  # one user-facing sentence
 
+    @property
+    def rolls_back_nowhere(self) -> bool:
+        """No checkpoint of this session after the restore: the sidecar is not loaded, or it
+        loads an empty list (the fork's lax loader)."""
+        return self.loads is False or (self.loads is True and self.count == 0)
+
 
 def _refusals_strict(facts: SidecarFacts, version: int, *, n_restored: int | None, ctx_checkpoints: int,
                      state_hash: int | None) -> list[str]:
@@ -217,6 +223,9 @@ def predict_load(behaviour: Behaviour, facts: SidecarFacts, *, n_restored: int |
         return LoadPrediction(False, tip=tip, keeps_previous=keeps, refusal="; ".join(refusals),
                               sentence=f"this build will refuse the sidecar ({'; '.join(refusals)}){fallback}")
     count = facts.count or 0
+    if count == 0:  # only the fork's loader takes an empty list: it replaces the slot's, and makes no tip
+        return LoadPrediction(True, count=0, sentence="this build will load the sidecar's empty list: the slot "
+                                                      "is left with no checkpoint, not even a tip checkpoint")
     pending = " if the state hash matches (not checked yet)" if b is Behaviour.V2 and not hash_known else ""
     lax = ""
     if b is Behaviour.FORK:
@@ -239,7 +248,7 @@ def predict_load(behaviour: Behaviour, facts: SidecarFacts, *, n_restored: int |
 def sideless_warning(behaviour: Behaviour, prediction: LoadPrediction, memory_kind: str) -> str | None:
     """The resume warning when the sidecar will not be used: what it costs on this
     build, for an exact append and for a chat client's re-rendered tail, as measured."""
-    if memory_kind == "dense" or prediction.loads is not False:
+    if memory_kind == "dense" or not prediction.rolls_back_nowhere:
         return None
     b = Behaviour(behaviour)
     cost = SIDELESS_COSTS.get(b, SIDELESS_COSTS[Behaviour.UNKNOWN])

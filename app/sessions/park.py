@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from app import paths
 from app import files
+from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
 from app.sessions import sidecar_check
@@ -54,7 +55,6 @@ TMP_PREFIX = "kvv-tmp-"
 #: Sidecar conventions stored next to the state file: turboquant #206 / upstream
 #: PR #24028 use ``.ckpt``, upstream PR #20819 a ``.checkpoints`` companion.
 SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
-CHECKPOINTED_KINDS = ("sliding-window", "recurrent-hybrid")
 
 ProgressFn = Callable[[str], None]
 
@@ -220,9 +220,9 @@ def _rollback(p: ParkJournal) -> None:
         bak = Path(str(backup) + suf)
         if bak.exists():
             os.replace(bak, Path(str(final) + suf))
-    _rm(tmp)
-    for companion in _save_companions(tmp):
+    for companion in _save_companions(tmp):  # first: a sidecar never outlives its state file
         _rm(companion)
+    _rm(tmp)
 
 
 def _finish(catalog: Catalog, p: ParkJournal) -> SessionRecord:
@@ -372,6 +372,11 @@ def _say(cb: ProgressFn | None, text: str) -> None:
 
 def _verify(tmp: Path, resp: dict) -> int:
     """Token count of the saved file; raises ParkError when it is not what the server said."""
+    if resp.get("n_written") == 0:
+        # the turboquant fork does not check its state write: a failed save answers success with
+        # 0 bytes written (and still writes the checkpoint sidecar, which the rollback removes)
+        raise ParkError("the server answered that it saved the slot but wrote 0 bytes: its state write "
+                        "failed (this build does not report that as an error); nothing was parked")
     try:
         header = read_state_header(tmp)
     except StateFileError as e:
@@ -423,6 +428,8 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
     if target.model_kind_from_log and ident.memory_kind not in ("unknown", target.model_kind_from_log):
         log.info("park: the server reports a %s model, its GGUF reads as %s: the server's word is kept",
                  target.model_kind_from_log, ident.memory_kind)
+    # what a restore of this park needs on a server with these flags (--swa-full: no checkpoints)
+    restore_kind = effective_kind(memory_kind, swa_full=target.swa_full)
 
     journal = Journal(catalog)
     jid = journal.begin(entry)
@@ -442,7 +449,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         for f in (tmp, *(Path(str(tmp) + s) for s in SIDECAR_SUFFIXES)):
             files.make_private(f)  # the server wrote them with its umask: 0600, as every file of ours
         # off the loop: a PKCL v2 sidecar's state hash reads the whole file (fresh in the page cache now)
-        sidecar = await asyncio.to_thread(sidecar_check.inspect, tmp, n_tokens, memory_kind, verify_hash=True)
+        sidecar = await asyncio.to_thread(sidecar_check.inspect, tmp, n_tokens, restore_kind, verify_hash=True)
         state_size = tmp.stat().st_size
         now = time.time()
         _say(on_progress, "moving the files into place")
@@ -487,10 +494,10 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
             raise ParkError(f"could not write the parked files in {save_dir}: {exc.strerror or exc}") from None
         raise
 
-    if memory_kind in CHECKPOINTED_KINDS:
+    if restore_kind in CHECKPOINTED_KINDS:
         catalog.record_sidecar_observation(target.build, sidecar.status in (
-            SidecarStatus.PRESENT_VALID, SidecarStatus.PRESENT_UNVERIFIED), memory_kind)
-    report = await asyncio.to_thread(sidecar_check.inspect, final, n_tokens, memory_kind, verify_hash=True)
+            SidecarStatus.PRESENT_VALID, SidecarStatus.PRESENT_UNVERIFIED), restore_kind)
+    report = await asyncio.to_thread(sidecar_check.inspect, final, n_tokens, restore_kind, verify_hash=True)
     warnings = park_warnings(report, memory_kind, n_tokens, resp) + recovered
     target.held_as[slot_id] = HeldSession(stored.name, n_tokens, slot.id_task)
     return ParkResult(stored, report, warnings, slot_id)

@@ -27,7 +27,8 @@ from app.core.states import SidecarStatus
 from app.core.timings import Timings
 from app.sessions import sidecar_check
 from app.sessions.behaviour import predict_for_target, resume_warning
-from app.sessions.park import CHECKPOINTED_KINDS, model_identity
+from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
+from app.sessions.park import model_identity
 from app.sessions.records import AmbiguousName
 from app.sessions.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.sessions.target import HeldSession, ServerTarget
@@ -206,7 +207,8 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
     n_held = held(slot) if slot is not None else 0
     if n_held > 0:
         pf.warnings.append(f"slot {slot_id} holds {n_held:,} tokens; resuming replaces them")
-    kind = record.memory_kind
+    # what the restoring server needs: a sliding-window model under --swa-full keeps every position
+    kind = effective_kind(record.memory_kind, swa_full=target.swa_full)
     if kind in CHECKPOINTED_KINDS and target.behaviour is not Behaviour.UNKNOWN:
         # this build's own loader decides: what the fork accepts, v2 refuses, and the reverse
         pf.prediction = await asyncio.to_thread(predict_for_target, target, path, record.n_tokens)

@@ -278,10 +278,12 @@ class SessionService:
     def on_this_server(self, rec: SessionRecord) -> str | None:
         """What this server's own loader will do with ``rec``'s sidecar, as a sentence
         (None for a dense model, or when this build's sidecar behaviour is not known)."""
+        from app.core.restore_needs import needs_checkpoints
         from app.core.sidecar_behaviour import SHORT
         from app.sessions.behaviour import predict_for_target
 
-        if rec.memory_kind == "dense" or self.target.behaviour is Behaviour.UNKNOWN:
+        if (not needs_checkpoints(rec.memory_kind, swa_full=self.target.swa_full)
+                or self.target.behaviour is Behaviour.UNKNOWN):
             return None
         try:
             p = predict_for_target(self.target, Path(rec.save_dir) / rec.state_file, rec.n_tokens,

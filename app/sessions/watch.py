@@ -197,7 +197,13 @@ class ResumeWatcher:
                            build_persists=exp.build_persists, ctx_checkpoints=exp.ctx_checkpoints,
                            behaviour=exp.behaviour, prediction=exp.prediction))
         if exp.note:
-            v = dataclasses.replace(v, reason=f"{v.reason} (note: {exp.note})")
+            note, cp = exp.note, exp.checkpoint
+            if cp is not None and not loaded and exp.n_restored and cp.n_tokens is not None \
+                    and cp.n_tokens < exp.n_restored:
+                # no checkpoint of this session came with the restore: the one used is the other chat's
+                note = (f"{note}; the server rolled back onto that chat's checkpoint at token {cp.n_tokens:,}, so "
+                        "the reused tokens carry the other conversation's state and the answer may be wrong")
+            v = dataclasses.replace(v, reason=f"{v.reason} (note: {note})")
         self.verdicts.append((exp.slot_id, exp.session_name, v))
         self._verdicts.emit(exp.slot_id, exp.session_name, v)
         return v

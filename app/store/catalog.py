@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from app.core.restore_needs import CHECKPOINTED_KINDS
 from app.core.states import MemoryKind, SidecarStatus
 from app.core.verdict import VerdictKind
 from app.store.sqlite_file import SqliteFile
@@ -39,7 +40,6 @@ SCHEMA_VERSION = 4
 
 #: Memory kinds whose parks say something about sidecar support. A dense model
 #: keeps every KV position and never needs checkpoints, so its parks tell nothing.
-_CHECKPOINTED_KINDS = frozenset({"sliding-window", "recurrent-hybrid"})
 
 EVENT_KINDS = frozenset({"resume", "check", "ab", "baseline"})
 
@@ -566,7 +566,7 @@ class Catalog(SqliteFile):
         park without a sidecar says nothing about the build. The caller should only
         report SWA/hybrid parks of slots that actually held checkpoints.
         """
-        if memory_kind not in _CHECKPOINTED_KINDS:
+        if memory_kind not in CHECKPOINTED_KINDS:
             return
         with self._tx() as conn:
             conn.execute(

@@ -621,6 +621,7 @@ def needs_checkpoints(profile) -> bool:
     """Whether a resume of this profile's model can only roll back to a context checkpoint
     (sliding-window without --swa-full, recurrent/hybrid): then the stock server's parks buy nothing."""
     from app.paths import default_model_path
+    from app.core.restore_needs import needs_checkpoints as restore_needs_checkpoints
     from app.core.states import MemoryKind
     from app.server.gguf_info import ModelFileError, read_model_info
 
@@ -635,9 +636,7 @@ def needs_checkpoints(profile) -> bool:
         except (ModelFileError, OSError, ValueError) as e:
             log.debug("needs_checkpoints: %s: %s", path, e)
             return False
-    if kind == MemoryKind.SLIDING_WINDOW:
-        return not profile.swa_full
-    return kind == MemoryKind.RECURRENT_HYBRID
+    return restore_needs_checkpoints(kind, swa_full=bool(profile.swa_full))
 
 
 def built_status(server_binary: str = BUILT_MARKER) -> tuple[BuiltServer | None, str]:

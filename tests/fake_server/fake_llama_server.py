@@ -56,7 +56,8 @@ Environment knobs:
   FAKE_STATE_BYTES_PER_TOKEN (64)  size of the fake sequence state per token
   FAKE_CKPT_BYTES_PER_TOKEN (16)   size of a fake checkpoint per cell of its window
   FAKE_STATE_VERSION (4)           state file version written and required
-  FAKE_SAVE_ERROR (0)              1: save answers 500 "Unable to save slot"
+  FAKE_SAVE_ERROR (0)              1: the state write fails: 500 "Unable to save slot" (fork mode:
+                                   success with n_written 0, the sidecar still written)
   FAKE_SAVE_DELAY (0)              seconds added to every save
   FAKE_DIE_DURING_SAVE (0)         1: write half the state file, then SIGKILL
   FAKE_ABORT_ON_SAVE (0)           1: print the seed-002 GGML_ASSERT and abort
@@ -1326,30 +1327,35 @@ class FakeServer:
         if env_flag("FAKE_ABORT_ON_SAVE"):
             abort_tensor_not_allocated()
         path = self.save_path + filename  # plain concatenation, like llama-server
-        if env_flag("FAKE_SAVE_ERROR"):
-            log("E", "llama_state_seq_save_file: error saving sequence state file: write error: No space left on device")
-            raise HttpError(500, "Unable to save slot", "server_error")
         data = encode_state_file(pack_token_words(slot.tokens),
                                  seq_state_bytes(len(slot.tokens), self.k_type, self.v_type, len(slot.tokens)),
                                  self.state_version)
-        try:
-            with open(path, "wb") as f:
-                if env_flag("FAKE_DIE_DURING_SAVE"):
-                    f.write(data[: len(data) // 2])
-                    f.flush()
-                    os.fsync(f.fileno())
-                    os.kill(os.getpid(), signal.SIGKILL)
-                f.write(data)
-        except OSError as exc:
-            log("E", f"llama_state_seq_save_file: error saving sequence state file: failed to open {path}: "
-                     f"{exc.strerror}")
-            raise HttpError(500, "Unable to save slot", "server_error") from None
+        written = 0
+        if env_flag("FAKE_SAVE_ERROR"):
+            log("E", "llama_state_seq_save_file: error saving sequence state file: write error: "
+                     "No space left on device")
+        else:
+            try:
+                with open(path, "wb") as f:
+                    if env_flag("FAKE_DIE_DURING_SAVE"):
+                        f.write(data[: len(data) // 2])
+                        f.flush()
+                        os.fsync(f.fileno())
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    f.write(data)
+                written = len(data)
+            except OSError as exc:
+                log("E", f"llama_state_seq_save_file: error saving sequence state file: failed to open {path}: "
+                         f"{exc.strerror}")
+        if written == 0 and not self.fork:
+            raise HttpError(500, "Unable to save slot", "server_error")
+        # the fork does not check the state save: success with n_written 0, and the sidecar is written
         t_state_ms = (time.perf_counter() - t0) * 1000
         if self.sidecar:
             self._save_sidecar(slot, path)
         # the fork takes save_ms before the sidecar write
         save_ms = t_state_ms if self.fork else (time.perf_counter() - t0) * 1000
-        return {"id_slot": id_slot, "filename": filename, "n_saved": len(slot.tokens), "n_written": len(data),
+        return {"id_slot": id_slot, "filename": filename, "n_saved": len(slot.tokens), "n_written": written,
                 "timings": {"save_ms": save_ms}}
 
     def _save_sidecar(self, slot: Slot, path: str) -> None:
@@ -1445,10 +1451,16 @@ class FakeServer:
         if want_tip and n_restored > 0 and slot.pos_min >= 0 and slot.pos_max >= slot.pos_min:
             # the tip fallback: one checkpoint over the restored positions, made as create_checkpoint
             # makes one (a restore has no task: id_task -1)
+            # the oldest erased with create_checkpoint's warning; the fork's older create_checkpoint
+            # appends a duplicate at the same n_tokens where 11434's replaces it
             cps = slot.checkpoints
             while cps and len(cps) >= self.max_checkpoints:
-                cps.pop(0)
-            cps[:] = [cp for cp in cps if cp.n_tokens != n_restored]
+                cur = cps.pop(0)
+                slot_log("W", "process_single_task", slot.id, slot.task_id(), "erasing old context checkpoint "
+                         f"(pos_min = {cur.pos_min}, pos_max = {cur.pos_max}, n_tokens = {cur.n_tokens}, "
+                         f"size = {mib(cur.size)} MiB)")
+            if not self.fork:
+                cps[:] = [cp for cp in cps if cp.n_tokens != n_restored]
             size = self.checkpoint_cells(slot.pos_min, slot.pos_max) * int(env_float("FAKE_CKPT_BYTES_PER_TOKEN", 16))
             cp = Ckpt(n_restored, slot.pos_min, slot.pos_max, size, 0, -1)
             cps.append(cp)

@@ -208,16 +208,21 @@ def _snapshot(tmp_path):
     return {p.name: sha(p) for p in slots.iterdir()}, rows, pending
 
 
-@pytest.mark.parametrize("knob", ["FAKE_SAVE_ERROR", "FAKE_DIE_DURING_SAVE"])
-def test_failed_park_keeps_previous_copy(fake_server, tmp_path, knob):
+@pytest.mark.parametrize("knob,mode", [("FAKE_SAVE_ERROR", "v2"), ("FAKE_DIE_DURING_SAVE", "v2"),
+                                       ("FAKE_SAVE_ERROR", "fork")])
+def test_failed_park_keeps_previous_copy(fake_server, tmp_path, knob, mode):
+    """A save that fails keeps the previous copy. The fork answers a failed state write with success and
+    0 bytes, and writes the sidecar anyway: the park still fails, and that sidecar goes."""
     write_model(tmp_path)
-    with fake_server(FAKE_SIDECAR=1) as (url, _):
+    with fake_server(FAKE_SIDECAR=1, KVV_SIDECAR_MODE=mode) as (url, _):
         run(fill_and_park(url, tmp_path, name="keep"))
     before = _snapshot(tmp_path)
     assert set(before[0]) == {"keep.bin", "keep.bin.ckpt"}
-    with fake_server(FAKE_SIDECAR=1, **{knob: 1}) as (url, _):
-        with pytest.raises(ParkError):
+    with fake_server(FAKE_SIDECAR=1, KVV_SIDECAR_MODE=mode, **{knob: 1}) as (url, _):
+        with pytest.raises(ParkError) as failed:
             run(fill_and_park(url, tmp_path, name="keep", prompt=PROMPT + " changed"))
+    if mode == "fork":
+        assert "wrote 0 bytes" in str(failed.value)
     assert _snapshot(tmp_path) == before
     assert tmp_files(tmp_path) == []
 
