@@ -22,7 +22,8 @@ from app.server.sidecar import read_facts
 from app.sessions import park as park_module
 from app.sessions.behaviour import predict_for_target
 from app.sessions.check import PROBE_TEXT
-from app.sessions.park import TMP_PREFIX, ParkError
+from app.sessions.park import TMP_PREFIX
+from app.sessions.service import ServiceError
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 from tests.real.test_real_sidecar_modes import CHAT, hide, mode, mode_profile, park_chat, until  # noqa: F401
@@ -61,7 +62,7 @@ def test_a_failed_save_answers_success_with_0_bytes_and_the_park_says_nothing_wa
             assert read_facts(blocker).version == 1 and stray.is_file()  # the sidecar of no state file
             stray.unlink()
 
-            with pytest.raises(ParkError) as failed:
+            with pytest.raises(ServiceError) as failed:
                 await srv.svc.park(0, "lost")
             assert "wrote 0 bytes" in str(failed.value) and "nothing was parked" in str(failed.value)
             assert srv.catalog.get(srv.svc.profile_name, "lost") is None
