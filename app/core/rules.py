@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 from app.core.argv import absorb_extra_args
 from app.core.findings import Finding, Remedy, Severity
 from app.core.restore_needs import effective_kind
+from app.core.resume_matrix import build_of, config_of, family_of, predict, remedies
 from app.core.helptext import BinaryCaps
 from app.core.profile import LaunchProfile, exposure_warning, is_loopback, parse_rpc_workers
 from app.core.units import fmt_bytes
@@ -340,7 +341,7 @@ def _resume_needs_checkpoints(p: LaunchProfile, f: Facts, *, unknown_counts: boo
 
 
 def _no_checkpoints(p: LaunchProfile, f: Facts):
-    if p.ctx_checkpoints != 0:
+    if p.ctx_checkpoints != 0 or _restart_prediction(p, f).resumes:
         return False
     kind = _resume_needs_checkpoints(p, f, unknown_counts=True)
     if kind is None:
@@ -356,11 +357,40 @@ def _build_drops_checkpoints(p: LaunchProfile, f: Facts):
     # KV Valet's own build persists them (app.serverbuild); its --version reads like the stock one's
     if f.build_persists_checkpoints is not False or p.ctx_checkpoints == 0 or p.server_binary == BUILT_MARKER:
         return False
+    if _restart_prediction(p, f).resumes:
+        return False  # measured: this family resumes on this build with these flags
     kind = _resume_needs_checkpoints(p, f, unknown_counts=False)
     if kind is None:
         return False
     alt = (" or --swa-full (no checkpoints needed, much more KV memory)" if kind == "sliding-window" else "")
     return {"build": f.build or "this build", "kind": kind, "alternative": alt}
+
+
+def _restart_prediction(p: LaunchProfile, f: Facts):
+    """What the resume matrix measured for this profile's model family, build and flags."""
+    family = family_of(f.architecture, f.memory_kind)
+    if p.server_binary == BUILT_MARKER:
+        build = "v2"  # KV Valet's built server, whatever the facts of another binary said
+    else:
+        build = build_of(f.sidecar_behaviour) or ("stock" if f.build_persists_checkpoints is False else None)
+    config = config_of(swa_full=bool(p.swa_full), ctx_checkpoints=p.ctx_checkpoints, cache_ram=p.cache_ram,
+                       parallel=p.parallel, kv_unified=p.kv_unified)
+    return predict(family, build, config)
+
+
+def _resume_after_restart(p: LaunchProfile, f: Facts):
+    if _no_checkpoints(p, f) or _build_drops_checkpoints(p, f):
+        return False  # said by those rules, with their remedies
+    rp = _restart_prediction(p, f)
+    if not rp.known or rp.resumes:
+        return False
+    return {"sentence": rp.sentence[0].upper() + rp.sentence[1:],
+            "remedy": f" To resume: {rp.remedy}." if rp.remedy else "",
+            "remedies": remedies(rp.family, rp.build, rp.config)}
+
+
+def _resume_remedies(p: LaunchProfile, f: Facts, values: dict) -> tuple[Remedy, ...]:
+    return tuple(Remedy(label, changes) for label, changes in values.get("remedies", ()))
 
 
 def _cache_ram_off(p: LaunchProfile, f: Facts):
@@ -511,6 +541,12 @@ RULES: tuple[Rule, ...] = (
         remedies=(Remedy("Build a checkpoint-persisting server… (kv-valet build-server) and run it",
                          {"server_binary": BUILT_MARKER}),),
         source="seeds 000/001, llama.cpp #25913, turboquant PR #206; this catalog's parks",
+    ),
+    Rule(
+        id="resume-after-restart", severity=Severity.WARNING, check=_resume_after_restart,
+        message="{sentence}.{remedy}",
+        make_remedies=_resume_remedies,
+        source="the resume matrix (tests/real/resume_matrix.py: real servers, tiny models of each family)",
     ),
     Rule(
         id="cache-ram-off", severity=Severity.INFO, check=_cache_ram_off,

@@ -60,35 +60,6 @@ MAX_COUNT = 1024
 MAX_BLOB = 16 << 30
 
 
-class Outcome(enum.StrEnum):
-    """What the first query after a sidecar-less restore does (measured per build)."""
-
-    REUSE = "reuses the restored tokens"
-    REPREFILL = "re-prefills everything"
-    UNKNOWN = "not measured"
-
-
-@dataclass(frozen=True)
-class SidelessCost:
-    """What a resume without a usable sidecar costs on a build, as measured on the
-    project's sidecar server in that mode (tests/real/test_real_sidecar_modes.py
-    asserts each figure against the real server, so a wrong line fails there)."""
-
-    exact_append: Outcome  # the saved token ids + new ones (a client that sends tokens)
-    chat_tail: Outcome  # the conversation re-rendered as text (what a chat client sends)
-
-
-#: Measured on build 11434 with Gemma 3 270M (n_swa 512), a fresh server process each
-#: (tests/real/test_real_sidecar_modes.py::test_sidecarless_costs_match_the_table).
-SIDELESS_COSTS: dict[Behaviour, SidelessCost] = {
-    Behaviour.NONE: SidelessCost(Outcome.REPREFILL, Outcome.REPREFILL),
-    Behaviour.PORT: SidelessCost(Outcome.REPREFILL, Outcome.REPREFILL),
-    Behaviour.FORK: SidelessCost(Outcome.REPREFILL, Outcome.REPREFILL),
-    Behaviour.V2: SidelessCost(Outcome.REPREFILL, Outcome.REPREFILL),
-    Behaviour.UNKNOWN: SidelessCost(Outcome.UNKNOWN, Outcome.UNKNOWN),
-}
-
-
 @dataclass(frozen=True)
 class CheckpointFacts:
     n_tokens: int
@@ -246,23 +217,17 @@ def predict_load(behaviour: Behaviour, facts: SidecarFacts, *, n_restored: int |
 
 
 def sideless_warning(behaviour: Behaviour, prediction: LoadPrediction, memory_kind: str) -> str | None:
-    """The resume warning when the sidecar will not be used: what it costs on this
-    build, for an exact append and for a chat client's re-rendered tail, as measured."""
+    """The resume warning when the sidecar will not be used, for a model family the resume matrix
+    (:mod:`app.core.resume_matrix`) does not cover: there, every family that needs checkpoints
+    re-processed a chat client's next turn in full without them, on every build."""
     if memory_kind == "dense" or not prediction.rolls_back_nowhere:
         return None
-    b = Behaviour(behaviour)
-    cost = SIDELESS_COSTS.get(b, SIDELESS_COSTS[Behaviour.UNKNOWN])
     why = ("this model keeps recurrent state that cannot be rolled back" if memory_kind == "recurrent-hybrid"
            else "this model uses sliding-window attention")
     head = prediction.sentence[0].upper() + prediction.sentence[1:] if prediction.sentence else ""
-    if cost.exact_append == cost.chat_tail:
-        what = (f"the first query after the restore {cost.chat_tail.value}, whether it appends to the exact saved "
-                "tokens or re-renders the chat as a chat client does")
-    else:
-        what = (f"a query that appends to the exact saved tokens {cost.exact_append.value}; a chat client "
-                f"re-renders the tail, so its first query {cost.chat_tail.value}")
-    measured = "" if b is Behaviour.UNKNOWN else f" (measured on this kind of build: {SHORT[b]})"
-    return f"{head}. Because {why}, {what}{measured}."
+    built = "" if Behaviour(behaviour) is not Behaviour.UNKNOWN else " (this build's behaviour is not known yet)"
+    return (f"{head}. Because {why}, a chat client's first query after the restore re-prefills everything, as "
+            f"every such family did without its checkpoints in the resume matrix{built}.")
 
 
 def discard_reason(behaviour: Behaviour, prediction: LoadPrediction | None) -> str | None:

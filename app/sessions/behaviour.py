@@ -15,6 +15,7 @@ resume warning, the count against ``--ctx-checkpoints``, the discard reason.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from app.core.sidecar_behaviour import (LABELS, Behaviour, Evidence, LoadPrediction, identify, predict_load,
                                         sideless_warning)
+from app.core.resume_matrix import ResumePrediction, build_of, config_of, family_of, predict
 from app.core.states import MemoryKind
 from app.sessions import sidecar_check
 from app.server.gguf_info import kind_from_server_log
@@ -197,10 +199,62 @@ def predict_for_target(target, state_path: str | os.PathLike, n_tokens: int | No
                         state_hash=state_hash, hash_known=known)
 
 
+@functools.lru_cache(maxsize=32)
+def _gguf_arch_kind(path: str, mtime_ns: int) -> tuple[str | None, str | None]:
+    from app.server.gguf_info import ModelFileError, read_model_info
+
+    try:
+        info = read_model_info(path)
+    except (ModelFileError, OSError, ValueError) as e:
+        log.debug("resume cell: cannot read %s: %s", path, e)
+        return None, None
+    return info.architecture, str(getattr(info.memory_kind, "value", info.memory_kind))
+
+
+def model_arch_kind(model_path: str | os.PathLike | None) -> tuple[str | None, str | None]:
+    """(architecture, memory kind) of a GGUF, read once per file version (None, None: unreadable)."""
+    if not model_path:
+        return None, None
+    try:
+        st = os.stat(model_path)
+    except OSError:
+        return None, None
+    return _gguf_arch_kind(os.fspath(model_path), st.st_mtime_ns)
+
+
+def resume_cell(target) -> tuple[str | None, str | None, str]:
+    """(family, build, configuration) of ``target``'s server in the resume matrix
+    (:mod:`app.core.resume_matrix`): its model's architecture and kind, its sidecar behaviour, its flags."""
+    arch, kind = model_arch_kind(target.model_path)
+    family = family_of(arch, target.model_kind_from_log or kind)
+    p = target.profile
+    config = config_of(swa_full=target.swa_full, ctx_checkpoints=target.ctx_checkpoints,
+                       cache_ram=p.cache_ram if p is not None else None,
+                       parallel=p.parallel if p is not None else None,
+                       kv_unified=p.kv_unified if p is not None else None)
+    return family, build_of(target.behaviour), config
+
+
+def resume_prediction(target, *, sidecar_usable: bool = True) -> ResumePrediction:
+    """What the first chat turn after a restart buys a session resumed on ``target`` (the one prediction)."""
+    family, build, config = resume_cell(target)
+    return predict(family, build, config, sidecar_usable=sidecar_usable)
+
+
 def resume_warning(target, prediction: LoadPrediction, memory_kind: str) -> str | None:
-    """The warning before a resume whose sidecar will not be used, from what was
-    measured on this kind of build."""
-    return sideless_warning(target.behaviour, prediction, memory_kind)
+    """The warning before a resume that will not buy the next turn, from the resume matrix (what was
+    measured for this model family, build and flags); a cell the matrix lacks falls back to what the
+    build's loader is known to do."""
+    rp = resume_prediction(target, sidecar_usable=not prediction.rolls_back_nowhere)
+    if not rp.known:
+        return sideless_warning(target.behaviour, prediction, memory_kind)
+    if rp.resumes:
+        return None
+    head = ""
+    if prediction.rolls_back_nowhere and prediction.sentence:
+        head = prediction.sentence[0].upper() + prediction.sentence[1:] + ". "
+    text = rp.sentence[0].upper() + rp.sentence[1:]
+    return f"{head}{text}" + (f"; to resume: {rp.remedy}" if rp.remedy else "")
 
 
 def sidecar_of(state_path: str | os.PathLike) -> Path:

@@ -38,7 +38,8 @@ from app import files
 from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
-from app.sessions import sidecar_check
+from app.core.resume_matrix import ResumePrediction
+from app.sessions import behaviour, sidecar_check
 from app.sessions.files_lock import FilesLock
 from app.sessions.slots import SlotError, find_row, held
 from app.sessions.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase, Recovery, recover, recovers, replay
@@ -498,7 +499,9 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         catalog.record_sidecar_observation(target.build, sidecar.status in (
             SidecarStatus.PRESENT_VALID, SidecarStatus.PRESENT_UNVERIFIED), restore_kind)
     report = await asyncio.to_thread(sidecar_check.inspect, final, n_tokens, restore_kind, verify_hash=True)
-    warnings = park_warnings(report, memory_kind, n_tokens, resp) + recovered
+    usable = report.status in (SidecarStatus.PRESENT_VALID, SidecarStatus.PRESENT_UNVERIFIED, SidecarStatus.NOT_NEEDED)
+    resume = behaviour.resume_prediction(target, sidecar_usable=usable)
+    warnings = park_warnings(report, memory_kind, n_tokens, resp, resume) + recovered
     target.held_as[slot_id] = HeldSession(stored.name, n_tokens, slot.id_task)
     return ParkResult(stored, report, warnings, slot_id)
 
@@ -539,9 +542,19 @@ def _commit(catalog: Catalog, p: ParkJournal) -> SessionRecord:
     return stored
 
 
-def park_warnings(report: SidecarReport, memory_kind: str, n_tokens: int, resp: dict) -> list[str]:
+def park_warnings(report: SidecarReport, memory_kind: str, n_tokens: int, resp: dict,
+                  resume: ResumePrediction | None = None) -> list[str]:
+    """What the park says besides "parked". ``resume``: what the resume matrix measured for the first
+    chat turn after a restart on this server (its family, build and flags, with or without this park's
+    sidecar): no warning where it resumes, the measured cost and the remedy where it does not."""
     out = []
-    if report.status in (SidecarStatus.MISSING, SidecarStatus.INVALID):
+    if resume is not None and resume.known:
+        if report.status is SidecarStatus.INVALID:
+            out.append(f"sidecar {report.status.value}: {report.reason}")
+        if not resume.resumes:
+            out.append(f"{resume.sentence[0].upper()}{resume.sentence[1:]} (about {n_tokens:,} tokens)"
+                       + (f"; to resume: {resume.remedy}" if resume.remedy else ""))
+    elif report.status in (SidecarStatus.MISSING, SidecarStatus.INVALID):
         out.append(f"sidecar {report.status.value}: {report.reason} (about {n_tokens:,} tokens)")
     if memory_kind == "unknown":
         out.append("the model file is not readable here: its identity and memory kind are unknown, "

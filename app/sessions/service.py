@@ -290,7 +290,11 @@ class SessionService:
                                    compute_hash=False)
         except OSError as e:
             return f"On this server: cannot read the sidecar ({e.strerror or e})."
-        return f"On this server ({SHORT[self.target.behaviour]}): {p.sentence}."
+        from app.sessions.behaviour import resume_prediction
+
+        rp = resume_prediction(self.target, sidecar_usable=not p.rolls_back_nowhere)
+        after = f" {rp.sentence[0].upper()}{rp.sentence[1:]}." if rp.known else ""
+        return f"On this server ({SHORT[self.target.behaviour]}): {p.sentence}.{after}"
 
     def session(self, name: str) -> SessionRecord:
         try:

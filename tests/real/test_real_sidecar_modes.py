@@ -15,7 +15,7 @@ import struct
 
 import pytest
 
-from app.core.sidecar_behaviour import SIDELESS_COSTS, Behaviour, Outcome
+from app.core.sidecar_behaviour import Behaviour
 from app.core.verdict import VerdictKind
 from app.sessions.behaviour import predict_for_target
 from app.sessions.check import ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS
@@ -211,36 +211,5 @@ def test_v2_empty_list_predicted(mode_profile, monkeypatch):
             assert facts.version == 2 and facts.count == 0
             p = predict_for_target(srv.svc.target, rec.state_path, 0)
             assert p.loads is False and "empty list" in p.refusal
-
-    asyncio.run(go())
-
-
-# --------------------------------------------------------------------------- every mode
-
-
-@pytest.mark.parametrize("name", ["fork", "v2", "port"])
-def test_sidecarless_costs_match_the_table(mode_profile, monkeypatch, name):
-    """What a resume without a usable sidecar costs on each build, for an exact append and
-    for a chat client's re-rendered tail, is what SIDELESS_COSTS says (its warning text
-    comes from that table): each probe in a fresh server process."""
-    mode(monkeypatch, name)
-
-    async def go():
-        async with Running(mode_profile) as srv:
-            rec = await park_chat(srv, "sideless", 0, TEXT)
-            put_back = hide(rec)
-            try:
-                with pytest.raises(NeedsConfirmation) as asked:
-                    await srv.svc.resume("sideless", 0)
-                expected = SIDELESS_COSTS[Behaviour(name)]
-                warning = " ".join(asked.value.warnings)
-                assert expected.chat_tail.value in warning
-                report = await srv.svc.check("sideless", 0, force=True,
-                                             protocol=PROTOCOL_RESTARTS if srv.svc.can_restart else None)
-                for probe, outcome in ((PROBE_EXACT, expected.exact_append), (PROBE_TEXT, expected.chat_tail)):
-                    kind = report.probe(probe).verdict.kind
-                    assert (kind is VerdictKind.DISCARDED) == (outcome is Outcome.REPREFILL), (probe, kind)
-            finally:
-                put_back()
 
     asyncio.run(go())

