@@ -278,11 +278,11 @@ class SessionService:
     def on_this_server(self, rec: SessionRecord) -> str | None:
         """What this server's own loader will do with ``rec``'s sidecar, as a sentence
         (None for a dense model, or when this build's sidecar behaviour is not known)."""
-        from app.core.restore_needs import needs_checkpoints
+        from app.core.restore_needs import effective_kind
         from app.core.sidecar_behaviour import SHORT
         from app.sessions.behaviour import predict_for_target
 
-        if (not needs_checkpoints(rec.memory_kind, swa_full=self.target.swa_full)
+        if (effective_kind(rec.memory_kind, swa_full=self.target.swa_full) == "dense"
                 or self.target.behaviour is Behaviour.UNKNOWN):
             return None
         try:
