@@ -171,7 +171,10 @@ def session_facts(rec: SessionRecord) -> SessionFacts:
     except OSError:
         sc = None
     present = sc is not None and sc.present
-    size = sum(f.size for f in _files_of(rec))
+    # the space check (app.core.compat's "disk space") needs the files' actual sizes, which a parked
+    # session has: a prediction (app.core.park_size) is only for a park that has not run; the catalog's
+    # recorded sizes stand in when the files cannot be read here
+    size = sum(f.size for f in _files_of(rec)) or (rec.state_size + (rec.sidecar_size or 0))
     return SessionFacts(
         name=rec.name, n_tokens=rec.n_tokens, model_name=os.path.basename(rec.model_path or ""),
         model_size=rec.model_size, model_sha256=rec.model_sha256, model_quick_id=rec.model_quick_id,

@@ -94,8 +94,12 @@ class SessionBackend:
                                                     self.parked_size(name), ok=True)
         return result
 
+    #: the proxy's disk budget (bytes; None: no limit): a park predicted larger is refused before it runs
+    disk_budget_bytes: int | None = None
+
     async def save(self, slot: int, name: str) -> int:
-        result = await self._observed("park", name, (await self._svc()).park(slot, name))
+        result = await self._observed("park", name, (await self._svc()).park(slot, name,
+                                                                           budget_bytes=self.disk_budget_bytes))
         return result.record.n_tokens if result.record is not None else 0
 
     async def restore(self, slot: int, name: str) -> int:
@@ -249,6 +253,7 @@ class ProxyService:
                     self.index.add_hint(conv.hint, conv.id)
         self._started_at = h.started_at
         self._backend = SessionBackend(h, self.servers)
+        self._backend.disk_budget_bytes = self.disk_budget_bytes
         self.metrics = ProxyMetrics(self.profile, self._prefill_ms_per_token)
         self._backend.metrics = self.metrics
         self.on_record(self.metrics.observe_request)
@@ -292,6 +297,9 @@ class ProxyService:
         self.disk_budget_bytes = prefs.proxy_disk_budget_bytes()
         if self.leases is not None:
             self.leases.disk_budget_bytes = self.disk_budget_bytes
+        backend = getattr(self, "_backend", None)  # made when the proxy starts
+        if backend is not None:
+            backend.disk_budget_bytes = self.disk_budget_bytes
         self.save_before_idle_clear = prefs.proxy_save_before_idle_clear
         if self.watch is not None:
             self.watch.save_before_clear = prefs.proxy_save_before_idle_clear
@@ -697,7 +705,9 @@ class ProxyFront:
 
             prefs, _problem = load_or_defaults()
             slots = await handle.client.slots()
-            leases = SlotLeases(len(slots), SessionBackend(handle, servers), store=store, profile=profile.name,
+            backend = SessionBackend(handle, servers)
+            backend.disk_budget_bytes = prefs.proxy_disk_budget_bytes()
+            leases = SlotLeases(len(slots), backend, store=store, profile=profile.name,
                                 prefill_ms_per_token=lambda: None, restore_ms_estimate=lambda n: 0.0,
                                 disk_budget_bytes=prefs.proxy_disk_budget_bytes())
             for msg in recover_leases(Recovery(subject=leases, same_process=True)):

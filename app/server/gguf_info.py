@@ -20,10 +20,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from app.core.architectures import HYBRID_ARCHITECTURES, RECURRENT_ARCHITECTURES, SWA_ARCHITECTURES  # noqa: F401
 from app.core.states import MemoryKind
+
+if TYPE_CHECKING:
+    from app.core.park_size import ModelShape
 
 GGUF_MAGIC = b"GGUF"
 HASH_CHUNK = 1024 * 1024
@@ -185,6 +188,148 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
     finally:
         mm = getattr(reader, "data", None)
         mmap_obj = getattr(mm, "_mmap", None)
+        if mmap_obj is not None:
+            try:
+                mmap_obj.close()
+            except Exception:  # why: best-effort close in a finally: must not mask the read's result or its error
+                pass
+
+
+#: M-RoPE / IMROPE architectures: each KV cell carries llama_kv_cell_ext (llama_model_rope_type)
+MROPE_ARCHITECTURES = frozenset({"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "clef"})
+#: hybrids whose recurrent layers are those without KV heads (lfm2, jamba: ``n_head_kv(il) == 0``)
+RECURRENT_BY_NO_KV_HEADS = frozenset({"lfm2", "lfm2moe", "jamba"})
+#: hybrids whose every ``full_attention_interval``-th layer is attention (default 4), the rest recurrent
+RECURRENT_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+#: the sliding pattern llama.cpp gives an architecture whose file has no ``sliding_window_pattern``
+#: (``set_swa_pattern(n)``: layer il slides unless ``il % n == n - 1``)
+DEFAULT_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "cohere2moe": 4, "gpt-oss": 2, "exaone4": 4}
+#: recurrent layouts laid out in app.core.park_size: (conv, ssm) elements of one layer
+_SSM_ARCHITECTURES = frozenset({"mamba", "mamba2", "jamba", "qwen3next", "qwen35", "qwen35moe", "granitehybrid",
+                                "falcon-h1", "nemotron_h", "nemotron_h_moe"})
+
+
+def _per_layer(value, n_layer: int) -> list[int] | None:
+    """A key that is a scalar or a per-layer array, as n_layer ints (None: absent or malformed)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        items = [_int(v) for v in value]
+        if len(items) < n_layer or any(v is None for v in items):
+            return None
+        return [int(v) for v in items[:n_layer]]  # type: ignore[arg-type]
+    v = _int(value)
+    return None if v is None else [v] * n_layer
+
+
+def shape_from_metadata(arch: str, get) -> "ModelShape | None":
+    """The :class:`app.core.park_size.ModelShape` of a model from its metadata (``get(key)`` gives a
+    key's value or None), laid out as llama.cpp b11434 loads these architectures; None where the
+    layout is not known here (then a park's size is calibrated from earlier parks)."""
+    from app.core.park_size import ModelShape
+
+    n_layer = _int(get(f"{arch}.block_count"))
+    n_embd = _int(get(f"{arch}.embedding_length"))
+    if not n_layer or not n_embd or n_layer <= 0:
+        return None
+    heads = _per_layer(get(f"{arch}.attention.head_count"), n_layer) or [0] * n_layer
+    heads_kv = _per_layer(get(f"{arch}.attention.head_count_kv"), n_layer) or heads
+    head = max(heads) or 1
+    k_len = _int(get(f"{arch}.attention.key_length")) or n_embd // head
+    v_len = _int(get(f"{arch}.attention.value_length")) or n_embd // head
+
+    if arch in RECURRENT_ARCHITECTURES:
+        recurrent = [True] * n_layer
+    elif arch in RECURRENT_BY_NO_KV_HEADS:
+        recurrent = [h == 0 for h in heads_kv]
+    elif arch in RECURRENT_BY_INTERVAL:
+        recurrent = [bool(v) for v in _per_layer(get(f"{arch}.attention.recurrent_layers"), n_layer) or []]
+        if not recurrent:
+            interval = _int(get(f"{arch}.full_attention_interval")) or 4
+            recurrent = [(il + 1) % interval != 0 for il in range(n_layer)]
+    elif arch in HYBRID_ARCHITECTURES:
+        return None  # a hybrid laid out some other way
+    else:
+        recurrent = [False] * n_layer
+
+    n_swa = _int(get(f"{arch}.attention.sliding_window")) or 0
+    swa = [False] * n_layer
+    if n_swa > 0 and (arch in SWA_ARCHITECTURES or arch in RECURRENT_BY_NO_KV_HEADS):
+        if arch in RECURRENT_BY_NO_KV_HEADS:
+            swa = [not r for r in recurrent]  # lfm2: every attention layer slides when a window is given
+        else:
+            pattern = get(f"{arch}.attention.sliding_window_pattern")
+            if isinstance(pattern, (list, tuple)):
+                flags = _per_layer(pattern, n_layer)
+                if flags is None:
+                    return None
+                swa = [bool(f) for f in flags]
+            else:
+                n = _int(pattern) or DEFAULT_SWA_PATTERN.get(arch)
+                if n is None:
+                    return None  # a sliding layout not known here (llama4's chunks, ...)
+                swa = [n == 0 or il % n < n - 1 for il in range(n_layer)]
+    else:
+        n_swa = 0
+
+    kv, kv_swa = [], []
+    for il in range(n_layer):
+        if recurrent[il]:
+            continue
+        cell = (heads_kv[il] * k_len, heads_kv[il] * v_len)
+        (kv_swa if swa[il] else kv).append(cell)
+
+    rec: list[tuple[int, int]] = []
+    if any(recurrent):
+        if arch in ("lfm2", "lfm2moe"):
+            l_cache = _int(get(f"{arch}.shortconv.l_cache")) or 0
+            if l_cache <= 0:
+                return None
+            layer = (n_embd * (l_cache - 1), 0)
+        elif arch in _SSM_ARCHITECTURES:
+            d_conv = _int(get(f"{arch}.ssm.conv_kernel")) or 0
+            d_inner = _int(get(f"{arch}.ssm.inner_size")) or 0
+            d_state = _int(get(f"{arch}.ssm.state_size")) or 0
+            n_group = _int(get(f"{arch}.ssm.group_count")) or 0
+            if not d_inner or not d_state:
+                return None
+            layer = (max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state), d_state * d_inner)
+        elif arch in ("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"):
+            shift = _int(get(f"{arch}.token_shift_count")) or 2
+            wkv = _int(get(f"{arch}.wkv.head_size")) or 0
+            if not wkv:
+                return None
+            layer = (shift * n_embd, n_embd * wkv)
+        else:
+            return None
+        rec = [layer] * sum(recurrent)
+
+    return ModelShape(architecture=arch, kv=tuple(kv), kv_swa=tuple(kv_swa), n_swa=n_swa, recurrent=tuple(rec),
+                      iswa=n_swa > 0 and bool(kv_swa), cell_ext=arch in MROPE_ARCHITECTURES)
+
+
+def read_model_shape(path: str | os.PathLike) -> "ModelShape | None":
+    """What decides the size of a park of this model (app.core.park_size), from its GGUF metadata;
+    None where its layout is not known here. Raises ModelFileError as :func:`read_model_info`."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF model file (magic {magic!r}): {path}")
+    try:
+        reader = _metadata_reader_class()(path, "r")
+    except Exception as exc:
+        raise ModelFileError(f"cannot parse GGUF file {path}: {exc}") from exc
+    try:
+        arch = _value(reader, "general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise ModelFileError(f"GGUF file has no general.architecture: {path}")
+        return shape_from_metadata(arch, lambda key: _value(reader, key))
+    finally:
+        mmap_obj = getattr(getattr(reader, "data", None), "_mmap", None)
         if mmap_obj is not None:
             try:
                 mmap_obj.close()

@@ -339,12 +339,120 @@ def known_save_dirs(catalog: Catalog, extra=()) -> list[Path]:
     return sorted(dirs)
 
 
+# --------------------------------------------------------------------------- sizes before a park
+
+
+_SHAPES: dict[tuple[str, int, int], object] = {}
+
+
+def _model_shape(model_path: str):
+    """app.server.gguf_info.read_model_shape, remembered per (path, size, mtime) in this process; None
+    when the file is not readable here or its layout is not known."""
+    from app.server.gguf_info import ModelFileError, read_model_shape
+
+    try:
+        st = os.stat(model_path)
+    except (OSError, TypeError, ValueError):
+        return None
+    key = (os.path.abspath(model_path), st.st_size, st.st_mtime_ns)
+    if key not in _SHAPES:
+        try:
+            _SHAPES[key] = read_model_shape(model_path)
+        except (ModelFileError, OSError, ValueError) as e:
+            log.info("park size: the model %s gives no shape (%s): earlier parks are used instead", model_path, e)
+            _SHAPES[key] = None
+    return _SHAPES[key]
+
+
+def _park_samples(catalog: Catalog, target: ServerTarget, quick_id: str) -> list:
+    """This model's earlier parks with these KV types (any profile): what calibrates a prediction."""
+    from app.core.park_size import ParkSample
+
+    out = []
+    for r in catalog.list():
+        same_model = (quick_id and r.model_quick_id == quick_id) or \
+            (not quick_id and target.model_path and r.model_path == target.model_path)
+        if same_model and (r.cache_type_k or "f16") == (target.cache_type_k or "f16") and \
+                (r.cache_type_v or "f16") == (target.cache_type_v or "f16") and r.state_size > 0:
+            out.append(ParkSample(r.n_tokens, r.state_size, r.sidecar_size or 0, r.sidecar_count or 0))
+    return out
+
+
+def predict_park_size(target: ServerTarget, n_tokens: int, *, name: str | None = None, quick_id: str = ""):
+    """The predicted size of a park of a slot holding ``n_tokens`` on ``target``
+    (:class:`app.core.park_size.ParkSize`), or None when nothing tells. The model's metadata first
+    (exact for the layouts app.core.park_size knows), else this model's earlier parks (catalog), else the
+    session's previous copy; the checkpoint count is the previous copy's when it had more than one
+    prompt makes. The source is in ``.source``."""
+    from app.core import park_size as ps
+    from app.core.sidecar_behaviour import Behaviour
+
+    behaviour = target.behaviour
+    writes = behaviour is not Behaviour.NONE  # not known yet: as if it wrote them (the larger figure)
+    version = 1 if behaviour in (Behaviour.FORK, Behaviour.PORT) else 2
+    prev = target.catalog.get(target.profile_name, name) if name else None
+    shape = _model_shape(target.model_path) if target.model_path else None
+    size = None
+    if shape is not None:
+        # --swa-full: the server makes no checkpoints of a sliding-window model (app.core.restore_needs)
+        none_made = target.swa_full and not shape.recurrent
+        size = ps.predict(shape, n_tokens, ctk=target.cache_type_k, ctv=target.cache_type_v,
+                          ctx_checkpoints=target.ctx_checkpoints, writes_sidecar=writes,
+                          n_checkpoints=0 if none_made else None, sidecar_version=version)
+        if size is not None and none_made:
+            size = replace(size, sidecar_max=size.sidecar)
+    if size is None:
+        size = ps.calibrate(_park_samples(target.catalog, target, quick_id), n_tokens,
+                            ctx_checkpoints=target.ctx_checkpoints)
+    if size is None and prev is not None and prev.n_tokens > 0 and prev.state_size > 0:
+        size = ps.calibrate([ps.ParkSample(prev.n_tokens, prev.state_size, prev.sidecar_size or 0,
+                                           prev.sidecar_count or 0)], n_tokens,
+                            ctx_checkpoints=target.ctx_checkpoints, source=ps.SOURCE_PREVIOUS)
+    if size is not None and prev is not None and writes:
+        size = ps.with_previous(size, prev.sidecar_count)
+    return size
+
+
+def describe_size(size) -> str:
+    """``about 1.2 MiB (state 1.0 MiB + sidecar 0.2 MiB: 2 checkpoints of 100.0 KiB), from the model metadata``"""
+    from app.core.units import fmt_bytes
+
+    side = ""
+    if size.sidecar:
+        side = f" + sidecar {fmt_bytes(size.sidecar)}"
+        if size.n_checkpoints:
+            side += f": {size.n_checkpoints} checkpoint{'' if size.n_checkpoints == 1 else 's'} of " \
+                    f"{fmt_bytes(size.per_checkpoint)}"
+    return f"about {fmt_bytes(size.total)} (state {fmt_bytes(size.state)}{side}), from {size.source}"
+
+
+def _space_check(save_dir: Path, size, budget_bytes: int | None) -> None:
+    """Refuse a park before it runs when the disk (or the disk budget) cannot hold its predicted size."""
+    from app.core.units import fmt_bytes
+
+    if size is None:
+        return
+    if budget_bytes is not None and size.total > budget_bytes:
+        raise ParkError(f"the park would not fit in the disk budget of {fmt_bytes(budget_bytes)}: it needs "
+                        f"{describe_size(size)}; nothing was saved (raise the budget in the preferences)")
+    try:
+        free = shutil.disk_usage(save_dir).free
+    except OSError:
+        return
+    if free < size.total:
+        raise ParkError(f"not enough space to park: the disk holding {save_dir} has {fmt_bytes(free)} free, the "
+                        f"park needs {describe_size(size)}; nothing was saved (free some space first)")
+
+
 # --------------------------------------------------------------------------- park
 
 
-def _why_save_failed(save_dir: Path, n_tokens: int, catalog: Catalog, profile: str, name: str) -> str | None:
+def _why_save_failed(save_dir: Path, n_tokens: int, catalog: Catalog, profile: str, name: str,
+                     size=None) -> str | None:
     """What the folder says about a refused save. llama-server answers a full disk and a
-    read-only folder alike with "Unable to save slot"; the folder is visible here."""
+    read-only folder alike with "Unable to save slot"; the folder is visible here. ``size``: the park's
+    predicted size (:func:`predict_park_size`); without it, as many bytes per token as this session's
+    previous copy."""
     from app.core.units import fmt_bytes
 
     if not os.access(save_dir, os.W_OK):
@@ -353,11 +461,14 @@ def _why_save_failed(save_dir: Path, n_tokens: int, catalog: Catalog, profile: s
         free = shutil.disk_usage(save_dir).free
     except OSError:
         return None
-    # about as many bytes per token as this session's last copy (same model, same slot size)
-    prev = catalog.get(profile, name)
-    need = int(prev.state_size / prev.n_tokens * n_tokens) if prev and prev.n_tokens > 0 else 0
-    if need and free < need:
-        return f"the disk holding {save_dir} is full: {fmt_bytes(free)} free, the save needs about {fmt_bytes(need)}"
+    if size is not None:
+        if free < size.total:
+            return f"the disk holding {save_dir} is full: {fmt_bytes(free)} free, the save needs {describe_size(size)}"
+    else:
+        prev = catalog.get(profile, name)
+        need = int(prev.state_size / prev.n_tokens * n_tokens) if prev and prev.n_tokens > 0 else 0
+        if need and free < need:
+            return f"the disk holding {save_dir} is full: {fmt_bytes(free)} free, the save needs about {fmt_bytes(need)}"
     if free < 64 * 1024 * 1024:
         return f"the disk holding {save_dir} is almost full: {fmt_bytes(free)} free"
     return None
@@ -391,15 +502,18 @@ def _verify(tmp: Path, resp: dict) -> int:
 
 
 async def park_slot(target: ServerTarget, slot_id: int, name: str | None = None, *,
-                    on_progress: ProgressFn | None = None, rows: list[SlotRow] | None = None) -> ParkResult:
+                    on_progress: ProgressFn | None = None, rows: list[SlotRow] | None = None,
+                    budget_bytes: int | None = None) -> ParkResult:
     """Save slot ``slot_id`` as session ``name`` (replacing a session of that name).
-    ``rows``: the ``/slots`` the caller already read (a park reads it once)."""
+    ``rows``: the ``/slots`` the caller already read (a park reads it once). ``budget_bytes``: the most
+    this park may take (the conversation proxy's disk budget); a park predicted larger, or larger than
+    the free space of the save folder, is refused before the server is asked."""
     return await target.queue.run(f"Park slot {slot_id}",
-                                  lambda: _park(target, slot_id, name, on_progress, rows))
+                                  lambda: _park(target, slot_id, name, on_progress, rows, budget_bytes))
 
 
 async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progress,
-                rows: list[SlotRow] | None = None) -> ParkResult:
+                rows: list[SlotRow] | None = None, budget_bytes: int | None = None) -> ParkResult:
     rows = rows if rows is not None else await target.slot_rows()
     try:
         slot = find_row(rows, slot_id)
@@ -431,6 +545,9 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
                  target.model_kind_from_log, ident.memory_kind)
     # what a restore of this park needs on a server with these flags (--swa-full: no checkpoints)
     restore_kind = effective_kind(memory_kind, swa_full=target.swa_full)
+    # the size before the save: refused now when the disk (or the budget) cannot hold it
+    size = await asyncio.to_thread(predict_park_size, target, n_live, name=name, quick_id=ident.quick_id)
+    _space_check(save_dir, size, budget_bytes)
 
     journal = Journal(catalog)
     jid = journal.begin(entry)
@@ -442,7 +559,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         except ServerUnreachable as e:
             raise ParkError(f"the server stopped answering during the save ({e.reason})") from None
         except ServerError as e:
-            why = _why_save_failed(save_dir, n_live, catalog, target.profile_name, name)
+            why = _why_save_failed(save_dir, n_live, catalog, target.profile_name, name, size)
             raise ParkError(f"the server refused to save slot {slot_id}: {e.message}"
                             + (f" ({why})" if why else "")) from None
         _say(on_progress, "verifying the saved file")

@@ -325,15 +325,17 @@ class SessionService:
         self._verdicts.add(cb)
 
     # -- park --------------------------------------------------------------------
-    async def park(self, slot_id: int | None = None, name: str | None = None, *, on_progress=None) -> ParkResult:
-        """Park ``slot_id`` (None: the default slot) as ``name``; raises ServiceError."""
+    async def park(self, slot_id: int | None = None, name: str | None = None, *, on_progress=None,
+                   budget_bytes: int | None = None) -> ParkResult:
+        """Park ``slot_id`` (None: the default slot) as ``name``; raises ServiceError. ``budget_bytes``:
+        the most the park may take (refused before it runs when predicted larger)."""
         if slot_id is None:
             rows = await self.slot_rows()
             slot_id = default_slot(rows, Purpose.PARK)
             if slot_id is None:
                 raise ServiceError(no_default_reason(rows, Purpose.PARK))
         try:
-            result = await park_slot(self.target, slot_id, name, on_progress=on_progress)
+            result = await park_slot(self.target, slot_id, name, on_progress=on_progress, budget_bytes=budget_bytes)
         except (ParkError, SlotError) as e:
             raise ServiceError(str(e)) from None
         except ServerUnreachable as e:

@@ -48,6 +48,11 @@ def gather_facts(profile: LaunchProfile, catalog: Catalog | None = None) -> Fact
         facts = replace(facts, **_catalog_facts(profile, keys, catalog))
     except Exception as e:  # why: every fact is optional: one not learnt stays unknown (debug log)
         log.debug("doctor: catalog facts of profile %s: %s", profile.name, e, exc_info=True)
+    if facts.typical_park_bytes is None:  # nothing parked yet: what a full slot's park will take
+        try:
+            facts = replace(facts, **_predicted_park_facts(profile, facts))
+        except Exception as e:  # why: every fact is optional: one not learnt stays unknown (debug log)
+            log.debug("doctor: predicted park size of profile %s: %s", profile.name, e, exc_info=True)
     if facts.sidecar_behaviour is None:  # no catalog yet: the server's own log can still tell
         try:
             facts = replace(facts, **_behaviour_facts(profile, keys, None))
@@ -208,6 +213,26 @@ def _save_dir_facts(profile: LaunchProfile) -> dict[str, Any]:
         except OSError:
             pass
     return out
+
+
+def _predicted_park_facts(profile: LaunchProfile, facts: Facts) -> dict[str, Any]:
+    """The disk checks' park size before any park: a full slot's state file and sidecar, predicted from
+    the model's metadata (app.core.park_size; the catalog's median takes over once parks exist)."""
+    from app.core import park_size as ps
+    from app.core.rules import slot_ctx
+    from app.server.gguf_info import read_model_shape
+
+    n = slot_ctx(profile, facts)
+    if not profile.model or not n:
+        return {}
+    shape = read_model_shape(Path(profile.model).expanduser())
+    if shape is None:
+        return {}
+    size = ps.predict(shape, n, ctk=profile.cache_type_k, ctv=profile.cache_type_v,
+                      ctx_checkpoints=profile.ctx_checkpoints,
+                      writes_sidecar=facts.sidecar_behaviour not in ("none",),
+                      n_checkpoints=0 if profile.swa_full and not shape.recurrent else None)
+    return {"typical_park_bytes": size.total} if size is not None and size.total > 0 else {}
 
 
 def _nearest_existing(folder: Path) -> Path | None:
