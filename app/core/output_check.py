@@ -16,8 +16,8 @@ slot's context checkpoints only when ``n_past > 0`` (build 11434's ``server-cont
 nothing the restore brought (cells, tokens, checkpoints, even those the fork keeps across an
 erase) takes part. The answer's own figures must say so (``cache_n`` 0): a reference that reused
 anything is refused (:data:`Status.UNKNOWN`). A fresh server process would be no colder (the
-check may already run each probe in one; the cold prefill follows the warm query in it) and
-would cost a model load per probe.
+check may already run each probe in one; the cold prefills follow the last probe, in its
+process, so that no probe can reuse the checkpoints they make) and would cost a model load.
 
 The comparison (:func:`compare`) is of token ids, index by index, over the first ``k``. It must
 never call a correct restore wrong, and a correct restore is not bit-identical to a cold prefill:

@@ -29,7 +29,9 @@
   compared (:func:`app.core.output_check.compare`); a resume whose output left the cold one's
   is judged DIFFERS ("output differs from a cold prefill"), whatever it reused. One cold
   prefill per distinct prompt: the A/B's arms share it (both arms' outputs are compared with
-  the same cold one).
+  the same cold one). The cold prefills run after every probe (:func:`_check_outputs`): on the
+  fork a slot keeps its checkpoints across an erase and a restore, and a later probe would
+  reuse the ones a cold prefill made.
 * :func:`to_markdown` / :func:`to_csv` / :func:`to_json` export the same figures.
 """
 
@@ -108,6 +110,7 @@ class ProbeRow:
     fresh_process: bool = False  # the server was restarted right before this probe
     confounded: str = ""  # why an earlier probe's leftovers decided this one ("" = clean)
     output: oc.OutputCheck | None = None  # the output check's result (None: not run, the baseline)
+    pending: Any = field(default=None, repr=False, compare=False)  # (prompt, answer) until the output check
 
     @property
     def total_ms(self) -> float | None:
@@ -409,15 +412,26 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
                     prompt_n=v.prompt_n, cache_n=v.cache_n, prompt_ms=v.prompt_ms,
                     rollback_tokens=v.rollback_tokens, checkpoints_loaded=v.checkpoints_loaded,
                     figures={**v.figures, "confounded": True})
-    checked = None
-    if output is not None:
-        checked = await _output_check(ctx, prompt, resp, output)
-        v = oc.with_output(v, checked)
     return ProbeRow(name=name, restore_ms=restore_ms, prompt_ms=t.prompt_ms, prompt_n=t.prompt_n,
                     cache_n=t.cache_n, ttft_ms=t.ttft_ms, n_restored=n_restored,
                     checkpoints_loaded=v.checkpoints_loaded, verdict=v,
                     prompt_tokens=resp.get("tokens_evaluated"), fresh_process=restart is not None,
-                    confounded=confounded, output=checked)
+                    confounded=confounded, pending=(prompt, resp) if output is not None else None)
+
+
+async def _check_outputs(ctx: _Ctx, rows: list[ProbeRow], output: _Output | None) -> None:
+    """The output check of every probe, once all of them have run: the cold prefills come last,
+    because on a build that keeps a slot's checkpoints across an erase and a restore (the fork)
+    the checkpoints a cold prefill makes would otherwise be there for the next probe to reuse."""
+    if output is None:
+        return
+    for row in rows:
+        if row.pending is None:
+            continue
+        prompt, resp = row.pending
+        row.pending = None
+        row.output = await _output_check(ctx, prompt, resp, output)
+        row.verdict = oc.with_output(row.verdict, row.output)
 
 
 async def _restart(ctx: _Ctx, restart: Restarter) -> None:
@@ -471,12 +485,13 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
         output = _Output(output_tokens) if output_check else None
         for i, mode in enumerate(variants):
             name = PROBE_EXACT if mode == "exact" else PROBE_TEXT
-            row = await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restart, earlier=i > 0,
-                               output=output)
+            rows.append(await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restart,
+                                     earlier=i > 0, output=output))
+        await _check_outputs(ctx, rows, output)
+        for row in rows:
             _record_event(target.catalog, record, "check", target.build, row,
                           {"question": question, "protocol": PROTOCOL_RESTARTS if restart else PROTOCOL_ONE_PROCESS,
                            "confounded": row.confounded or None})
-            rows.append(row)
         clean = [r for r in rows if not r.confounded] or rows
         overall = worst(r.verdict for r in clean)
         assert overall is not None
@@ -608,8 +623,10 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
                 row = await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restarter,
                                    earlier=bool(rows), output=output, **kw)
                 rows.append(row)
-                _record_event(target.catalog, record, "ab", target.build, row,
-                              {"arm": name, "protocol": protocol, "confounded": row.confounded or None})
+
+        def record_arm(row: ProbeRow) -> None:
+            _record_event(target.catalog, record, "ab", target.build, row,
+                          {"arm": row.name, "protocol": protocol, "confounded": row.confounded or None})
 
         await arm((ARM_WITH, ARM_WITH_EXACT))
         if between_arms is not None:
@@ -623,6 +640,9 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
                 unhide_sidecar(target.catalog, pid, sidecar, hidden)
         else:
             await arm((ARM_HIDDEN, ARM_HIDDEN_EXACT))
+        await _check_outputs(ctx, rows, output)  # the cold prefills after every arm: none can reuse theirs
+        for row in rows:
+            record_arm(row)
         with_row, hidden_row = rows[0], rows[2]
         base_row = None
         if baseline:

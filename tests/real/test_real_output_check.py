@@ -22,7 +22,7 @@ import shutil
 
 import pytest
 
-from app.core.output_check import OUTPUT_TOKENS, Status
+from app.core.output_check import OUTPUT_TOKENS, Status, sampling
 from app.core.verdict import VerdictKind
 from app.server.sidecar import read_facts
 from app.sessions.check import PROBE_EXACT, PROBE_TEXT, to_csv, to_json, to_markdown
@@ -54,8 +54,8 @@ async def park_a_and_b(srv):
     client = srv.svc.target.client
     n_a = len(await client.tokenize(A))
     b_tokens = list(await client.tokenize(B))[:n_a - 8]
-    await srv.fill(0, A)
-    await srv.fill(1, b_tokens)
+    for slot, prompt in ((0, A), (1, b_tokens)):  # greedy, so every run parks the same tokens
+        await client.completion(prompt, slot_id=slot, n_predict=4, extra=sampling())
     rec_a = (await srv.svc.park(0, "A")).record
     rec_b = (await srv.svc.park(1, "B")).record
     for rec in (rec_a, rec_b):
