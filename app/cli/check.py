@@ -4,8 +4,12 @@ Restores the session into a slot of a running server, sends a short question
 twice (exact tokens, then text), optionally runs the sidecar A/B and a baseline
 full prefill, prints the table and the verdict.
 
-Exit status: 0 HIT or PARTIAL, 3 DISCARDED (the restore bought nothing),
-1 errors (no server, no session, a refused restore...).
+By default each probe's greedy output is also compared with a cold prefill of the same
+prompt (the output check, app.core.output_check); ``--no-output-check`` turns it off.
+
+Exit status: 0 HIT or PARTIAL, 3 DISCARDED (the restore bought nothing), 4 DIFFERS (warm but
+wrong: the output differs from a cold prefill), 1 errors (no server, no session, a refused
+restore...).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from app.core.verdict import VerdictKind
 def add_commands(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="restore a parked session and prove whether the resume skips the prefill",
                        description="Restore SESSION into a slot, send a short question as exact tokens and as "
-                                   "text, and judge the first query (cache_n / prompt_n). Exit 0 HIT/PARTIAL, "
-                                   "3 DISCARDED, 1 error.")
+                                   "text, and judge the first query (cache_n / prompt_n); compare its greedy output with a "
+                                   "cold prefill's (the output check). Exit 0 HIT/PARTIAL, 3 DISCARDED, "
+                                   "4 DIFFERS (output differs from a cold prefill), 1 error.")
     p.add_argument("target", metavar="PROFILE|URL", help="a profile name, or the URL of a running server")
     p.add_argument("session", help="the parked session's name")
     p.add_argument("--slot", type=int, default=None,
@@ -33,6 +38,9 @@ def add_commands(sub) -> argparse.ArgumentParser:
     p.add_argument("--ab", action="store_true", help="also run the A/B: with the checkpoint sidecar and with it hidden")
     p.add_argument("--baseline", action="store_true", help="also time a full prefill of the same tokens in an empty slot"
                                                            " (implies --ab)")
+    p.add_argument("--no-output-check", dest="output_check", action="store_false",
+                   help="do not compare each probe's greedy output with a cold prefill of the same prompt (saves "
+                        "one full prefill per probe prompt; without it a wrong restore can pass as a HIT)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save-dir", default=None, help="the server's --slot-save-path folder (needed with a URL)")
     add_key_option(p)
@@ -91,10 +99,11 @@ async def _run(args, catalog) -> int:
         svc, sup = await _own_server(catalog, args.target)  # the seed's protocol needs a server we run
     question = args.question if args.question is not None else DEFAULT_QUESTION
     try:
-        report = await svc.check(args.session, args.slot, force=args.yes, question=question, protocol=protocol)
+        report = await svc.check(args.session, args.slot, force=args.yes, question=question, protocol=protocol,
+                                 output_check=args.output_check)
         if args.ab or args.baseline:
             report.ab = await svc.ab(args.session, report.slot_id, force=True, baseline=args.baseline,
-                                     question=question, protocol=protocol)
+                                     question=question, protocol=protocol, output_check=args.output_check)
     except NeedsConfirmation as e:
         raise CliError("not checked (pass --yes to go on):", details=e.warnings) from None
     except ServiceError as e:
@@ -115,6 +124,9 @@ async def _run(args, catalog) -> int:
             continue
         writer = {".md": to_markdown, ".csv": to_csv, ".json": to_json}[path.suffix.lower()]
         path.write_text(writer(report), encoding="utf-8")
+    if report.verdict.kind is VerdictKind.DIFFERS or (
+            report.ab is not None and any(r.verdict.kind is VerdictKind.DIFFERS for r in report.ab.rows)):
+        return Exit.DIFFERS
     if report.verdict.kind is VerdictKind.DISCARDED:
         return Exit.DISCARDED
     if report.verdict.kind in (VerdictKind.HIT, VerdictKind.PARTIAL):

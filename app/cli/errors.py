@@ -11,6 +11,7 @@ class Exit(enum.IntEnum):
     FAIL = 1  # an error, a refusal, or a slot that could not be parked
     USAGE = 2  # wrong arguments
     DISCARDED = 3  # check: the resume bought nothing (the server re-prefilled)
+    DIFFERS = 4  # check: warm but wrong (the output differs from a cold prefill)
     INTERRUPTED = 130  # Ctrl-C
 
 

@@ -186,7 +186,7 @@ async def _restore(args, target, name: str) -> dict:
     else:
         argv = ["check", target.profile, name, "--yes", "--json"] + \
             (["--slot", str(args.slot)] if args.slot is not None else [])
-        d = await target.host.run_cli(argv, timeout=600, ok_exits=(0, Exit.DISCARDED))
+        d = await target.host.run_cli(argv, timeout=600, ok_exits=(0, Exit.DISCARDED, Exit.DIFFERS))
     return {"slot_id": d.get("slot_id"), "n_restored": d.get("n_restored"), "verdict": d.get("verdict"),
             "report": d}
 

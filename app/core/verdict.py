@@ -24,6 +24,13 @@ The vocabulary (:class:`VerdictKind`), the words users already saw where they me
 * **NEW**: nothing to reuse: a conversation's first request;
 * **UNKNOWN**: not judged yet (no query since the restore, or no figures).
 
+And one word on correctness, not reuse: **DIFFERS**: the resume was warm (it may have reused
+all it could) but its greedy output differs from a cold prefill of the same prompt, so the
+reused state was wrong. Only a check's output check says it
+(:func:`app.core.output_check.with_output`, run by ``kv-valet check`` and the A/B); :func:`judge`
+never does (a request's figures cannot show it). It is distinct from DISCARDED (a restore that
+bought nothing but whose output is right) and the worst word of all.
+
 "Almost none" is at most the tolerance. Why a request re-processed is the explanations' job,
 each in the order its reasons are tried: a discarded restore's reason in
 :mod:`app.core.discard_reasons`, a proxied request's cause in :mod:`app.proxy.explain`.
@@ -49,6 +56,7 @@ class VerdictKind(enum.StrEnum):
     MISS = "MISS"
     NEW = "NEW"
     UNKNOWN = "UNKNOWN"
+    DIFFERS = "DIFFERS"  # warm but wrong: the output differs from a cold prefill (a check's output check)
 
 
 #: What each word means, for a tooltip or a help text (the Conversations tab, the CLI).
@@ -60,11 +68,14 @@ MEANING = {
     VerdictKind.MISS: "It reused (almost) nothing the slot held of it.",
     VerdictKind.NEW: "The conversation's first request: nothing to reuse yet.",
     VerdictKind.UNKNOWN: "Not judged yet.",
+    VerdictKind.DIFFERS: "Warm but wrong: the output differs from a cold prefill of the same prompt (the greedy "
+                         "continuation after the resume left the cold one's), so the state the server reused "
+                         "was not this conversation's.",
 }
 
 #: How bad a verdict is, to pick the worst of several probes.
 SEVERITY = {VerdictKind.UNKNOWN: 0, VerdictKind.NEW: 0, VerdictKind.HIT: 1, VerdictKind.PARTIAL: 2,
-            VerdictKind.MISS: 3, VerdictKind.DISCARDED: 3}
+            VerdictKind.MISS: 3, VerdictKind.DISCARDED: 3, VerdictKind.DIFFERS: 4}
 #: The verdicts of a request that re-processed more than it had to (worth an explanation).
 WASTEFUL = frozenset({VerdictKind.PARTIAL, VerdictKind.MISS, VerdictKind.DISCARDED})
 
@@ -229,7 +240,8 @@ def judge(e: Reuse) -> Verdict:
 def time_saved(verdict: Verdict, prefill_rate: float | None) -> float | None:
     """Seconds of prefill a resume avoided: the tokens it reused at this server's
     measured prefill rate (tokens/s). 0 for DISCARDED (it re-prefilled), None when
-    not known yet (UNKNOWN, or no prefill rate measured on this server)."""
+    not known yet (UNKNOWN, DIFFERS: a wrong reuse saved nothing worth counting, or no
+    prefill rate measured on this server)."""
     if verdict.kind is VerdictKind.DISCARDED:
         return 0.0
     if verdict.kind not in (VerdictKind.HIT, VerdictKind.PARTIAL) or not prefill_rate or prefill_rate <= 0:
@@ -240,5 +252,6 @@ def time_saved(verdict: Verdict, prefill_rate: float | None) -> float | None:
 TIME_SAVED_HELP = ("Prefill time the resumes avoided: for each resume judged HIT or PARTIAL, the tokens the "
                    "server reused from the restored cache (cache_n of the first query) divided by this "
                    "profile's measured prefill rate (the median of its recent prompts of 32 tokens or more). "
-                   "A resume judged DISCARDED re-prefilled everything and adds 0. Checks and A/B runs are "
+                   "A resume judged DISCARDED re-prefilled everything and adds 0; one whose output differed from a "
+                   "cold prefill (DIFFERS) adds nothing. Checks and A/B runs are "
                    "measurements and add nothing.")

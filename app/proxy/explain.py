@@ -14,6 +14,12 @@ re-processed, trying the causes in this order (the first that fits is said):
 4. what changed in the messages (:func:`explain_messages`);
 5. else the server re-processed unchanged messages by itself (the chat template), or, with no
    record of the previous messages, not known.
+
+DIFFERS ("output differs from a cold prefill": warm but wrong) is a check's word, not a proxied
+request's: only the output check of ``kv-valet check`` compares an answer with a cold prefill
+(:mod:`app.core.output_check`), and the proxy never runs it, so :func:`explain` has no cause for it
+(it says nothing of a verdict outside PARTIAL/MISS/DISCARDED). Cause 1 is the proxy's own warning
+that a warm answer may be wrong.
 """
 
 from __future__ import annotations

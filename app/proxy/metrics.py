@@ -29,6 +29,8 @@ class ProxyMetrics:
         self._rate = prefill_ms_per_token
         self.registry = r = CollectorRegistry(auto_describe=True)
         conv = ("server", "conversation")
+        # the verdict label takes the one judge's words; DIFFERS (output differs from a cold prefill) is a
+        # check's, never a proxied request's (the proxy runs no output check)
         self.requests = Counter("kvvalet_proxy_requests", "Requests through the proxy, by verdict and cause",
                                 (*conv, "verdict", "cause"), registry=r)
         self.tokens_reused = Counter("kvvalet_proxy_tokens_reused", "Prompt tokens the server reused (cache_n)",

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: exit status of ``kv-valet check`` when the resume bought nothing (app.cli.errors.Exit.DISCARDED)
 CHECK_DISCARDED = 3
+#: ... and when its output differed from a cold prefill (app.cli.errors.Exit.DIFFERS): a verdict too
+CHECK_DIFFERS = 4
 #: what the Log tab says for a remote server: its host's kv-valet has no command that prints a log
 NO_REMOTE_LOG = ("The log of a server on {host} is not shown here: its kv-valet has no command that prints it. "
                  "On {host}: journalctl --user -u kv-valet-{profile} (systemd), or the file `kv-valet status "
@@ -409,7 +411,7 @@ async def restore_and_judge(endpoint, name: str, slot: int | None = None, *, ser
     else:
         argv = ["check", endpoint.profile, name, "--yes", "--json"] + (["--slot", str(slot)] if slot is not None
                                                                        else [])
-        d = await endpoint.host.run_cli(argv, timeout=600, ok_exits=(0, CHECK_DISCARDED))
+        d = await endpoint.host.run_cli(argv, timeout=600, ok_exits=(0, CHECK_DISCARDED, CHECK_DIFFERS))
     return {"slot_id": d.get("slot_id"), "n_restored": d.get("n_restored"), "verdict": d.get("verdict") or {}}
 
 

@@ -21,6 +21,17 @@
   server KV Valet does not run, the A/B runs in one process only when asked to,
   and an arm whose log shows it reused checkpoints no sidecar of its own brought
   is labelled *confounded*. Check resume follows the same rule.
+* **The output check** (on by default; ``output_check=False`` / ``--no-output-check`` turns
+  it off): each probe's first query is a greedy continuation of a few tokens with their top
+  log-probs (:func:`app.core.output_check.sampling`), and the same prompt is then prefilled
+  cold (:func:`_cold`: the slot erased, ``cache_prompt: false``, so the server starts at
+  ``n_past`` 0 and uses nothing the restore brought) and continued the same way. The two are
+  compared (:func:`app.core.output_check.compare`); a resume whose output left the cold one's
+  is judged DIFFERS ("output differs from a cold prefill"), whatever it reused. One cold
+  prefill per distinct prompt: the A/B's arms share it (both arms' outputs are compared with
+  the same cold one). The cold prefills run after every probe (:func:`_check_outputs`): on the
+  fork a slot keeps its checkpoints across an erase and a restore, and a later probe would
+  reuse the ones a cold prefill made.
 * :func:`to_markdown` / :func:`to_csv` / :func:`to_json` export the same figures.
 """
 
@@ -38,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from app.core import output_check as oc
 from app.core.sidecar_behaviour import MISSING, LoadPrediction, predict_load
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
@@ -97,6 +109,8 @@ class ProbeRow:
     prompt_tokens: int | None = None
     fresh_process: bool = False  # the server was restarted right before this probe
     confounded: str = ""  # why an earlier probe's leftovers decided this one ("" = clean)
+    output: oc.OutputCheck | None = None  # the output check's result (None: not run, the baseline)
+    pending: Any = field(default=None, repr=False, compare=False)  # (prompt, answer) until the output check
 
     @property
     def total_ms(self) -> float | None:
@@ -123,6 +137,7 @@ class ABReport:
     at: float = field(default_factory=time.time)
     protocol: str = PROTOCOL_RESTARTS
     behaviour: str = "unknown"  # the build's sidecar behaviour (app.core.sidecar_behaviour)
+    output_check: bool = True  # each arm's output compared with a cold prefill's
 
     def row(self, name: str) -> ProbeRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -149,6 +164,7 @@ class CheckReport:
     at: float = field(default_factory=time.time)
     protocol: str = PROTOCOL_ONE_PROCESS
     behaviour: str = "unknown"
+    output_check: bool = True  # each probe's output compared with a cold prefill's
 
     def probe(self, name: str) -> ProbeRow | None:
         return next((r for r in self.probes if r.name == name), None)
@@ -318,15 +334,62 @@ def _confound(events: list | None, loaded: int | None, verdict: Verdict, behavio
     return ""
 
 
+@dataclass
+class _Output:
+    """The output check of one check or A/B: ``k`` tokens compared, one cold continuation per
+    distinct prompt (the A/B's arms send the same prompts)."""
+
+    k: int = oc.OUTPUT_TOKENS
+    cold: dict[Any, oc.Continuation | str] = field(default_factory=dict)  # a str: why there is none
+
+
+def _key(prompt: Any) -> Any:
+    return tuple(prompt) if isinstance(prompt, list) else prompt
+
+
+async def _cold(ctx: _Ctx, prompt: Any, output: _Output) -> oc.Continuation | str:
+    """The same prompt prefilled cold and continued greedily (or why it could not be): the slot
+    erased, then ``cache_prompt: false``, so the server starts at ``n_past`` 0 (it removes the
+    slot's cells and processes every token; checkpoints are consulted only when ``n_past`` > 0):
+    nothing the restore brought, not even the checkpoints the fork keeps across an erase, takes
+    part. Asked once per prompt."""
+    key = _key(prompt)
+    if key in output.cold:
+        return output.cold[key]
+    client = ctx.target.client
+    try:
+        await client.erase_slot(ctx.slot_id)
+        ctx.target.restored.pop(ctx.slot_id, None)
+        resp = await client.completion(prompt, slot_id=ctx.slot_id, n_predict=output.k, cache_prompt=False,
+                                       extra=oc.sampling())
+        cold: oc.Continuation | str = oc.continuation(resp)
+    except ServerError as exc:
+        cold = f"the cold prefill failed: {exc.message}"
+    output.cold[key] = cold
+    return cold
+
+
+async def _output_check(ctx: _Ctx, prompt: Any, resp: dict, output: _Output) -> oc.OutputCheck:
+    warm = oc.continuation(resp)
+    cold = await _cold(ctx, prompt, output)
+    if isinstance(cold, str):
+        return oc.unknown(cold, output.k)
+    return oc.compare(warm, cold, output.k)
+
+
 async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: int = 1,
                  sidecar_status: str | None = None, checkpoints_expected: int | None = None,
-                 restart: Restarter | None = None, earlier: bool = False, prediction=None) -> ProbeRow:
+                 restart: Restarter | None = None, earlier: bool = False, prediction=None,
+                 output: _Output | None = None) -> ProbeRow:
     if restart is not None:
         await _restart(ctx, restart)
     restore_ms, n_restored, seq = await _restore(ctx)
     prompt, toks = await _prompt_for(ctx, mode, question)
+    extra = oc.sampling() if output is not None else None
+    if output is not None:
+        n_predict = max(n_predict, output.k)
     try:
-        resp = await ctx.target.client.completion(prompt, slot_id=ctx.slot_id, n_predict=n_predict)
+        resp = await ctx.target.client.completion(prompt, slot_id=ctx.slot_id, n_predict=n_predict, extra=extra)
     except ServerError as exc:
         raise CheckError(f"the probe query failed: {exc.message}") from None
     finally:
@@ -353,7 +416,22 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
                     cache_n=t.cache_n, ttft_ms=t.ttft_ms, n_restored=n_restored,
                     checkpoints_loaded=v.checkpoints_loaded, verdict=v,
                     prompt_tokens=resp.get("tokens_evaluated"), fresh_process=restart is not None,
-                    confounded=confounded)
+                    confounded=confounded, pending=(prompt, resp) if output is not None else None)
+
+
+async def _check_outputs(ctx: _Ctx, rows: list[ProbeRow], output: _Output | None) -> None:
+    """The output check of every probe, once all of them have run: the cold prefills come last,
+    because on a build that keeps a slot's checkpoints across an erase and a restore (the fork)
+    the checkpoints a cold prefill makes would otherwise be there for the next probe to reuse."""
+    if output is None:
+        return
+    for row in rows:
+        if row.pending is None:
+            continue
+        prompt, resp = row.pending
+        row.pending = None
+        row.output = await _output_check(ctx, prompt, resp, output)
+        row.verdict = oc.with_output(row.verdict, row.output)
 
 
 async def _restart(ctx: _Ctx, restart: Restarter) -> None:
@@ -373,7 +451,8 @@ def _record_event(catalog: Catalog, record: SessionRecord, kind: str, build: str
     if record.id is None:
         return
     details = {"probe": row.name, "n_restored": row.n_restored, "checkpoints_loaded": row.checkpoints_loaded,
-               "rollback_tokens": row.verdict.rollback_tokens, "prompt_tokens": row.prompt_tokens}
+               "rollback_tokens": row.verdict.rollback_tokens, "prompt_tokens": row.prompt_tokens,
+               "output_check": row.output.to_dict() if row.output is not None else None}
     details.update(extra or {})
     catalog.add_event(HistoryEvent(session_id=record.id, kind=kind, server_build=build, restore_ms=row.restore_ms,
                                    prompt_ms=row.prompt_ms, prompt_n=row.prompt_n, cache_n=row.cache_n,
@@ -388,9 +467,13 @@ def _record_event(catalog: Catalog, record: SessionRecord, kind: str, build: str
 async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int, *,
                        question: str = DEFAULT_QUESTION, n_predict: int = 1,
                        variants: tuple[str, ...] = ("exact", "text"),
-                       restart: Restarter | None = None) -> CheckReport:
+                       restart: Restarter | None = None, output_check: bool = True,
+                       output_tokens: int = oc.OUTPUT_TOKENS) -> CheckReport:
     """Restore ``record`` into ``slot_id`` and judge a first query, once per variant
     ("exact": saved tokens + question tokens; "text": detokenised text + question).
+
+    ``output_check``: compare each probe's greedy continuation of ``output_tokens`` tokens with
+    a cold prefill's (the module's "output check"); a probe whose output differs is DIFFERS.
 
     ``restart``: run each probe in a fresh server process. Given only where it
     matters (a build that may keep a slot's checkpoints across restores); without
@@ -399,13 +482,16 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
     async def run() -> CheckReport:
         ctx = await _prepare(target, record, slot_id)
         rows = []
+        output = _Output(output_tokens) if output_check else None
         for i, mode in enumerate(variants):
             name = PROBE_EXACT if mode == "exact" else PROBE_TEXT
-            row = await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restart, earlier=i > 0)
+            rows.append(await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restart,
+                                     earlier=i > 0, output=output))
+        await _check_outputs(ctx, rows, output)
+        for row in rows:
             _record_event(target.catalog, record, "check", target.build, row,
                           {"question": question, "protocol": PROTOCOL_RESTARTS if restart else PROTOCOL_ONE_PROCESS,
                            "confounded": row.confounded or None})
-            rows.append(row)
         clean = [r for r in rows if not r.confounded] or rows
         overall = worst(r.verdict for r in clean)
         assert overall is not None
@@ -417,7 +503,7 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
                            n_restored=rows[0].n_restored or len(ctx.tokens), sidecar_status=ctx.sidecar_status,
                            sidecar_count=ctx.sidecar_count, question=question, probes=rows, verdict=overall,
                            warnings=ctx.warnings, protocol=PROTOCOL_RESTARTS if restart else PROTOCOL_ONE_PROCESS,
-                           behaviour=str(target.behaviour))
+                           behaviour=str(target.behaviour), output_check=output_check)
 
     return await target.queue.run(f"check {record.name}", run)
 
@@ -499,7 +585,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *, baseline: bool = False,
                    question: str = DEFAULT_QUESTION, n_predict: int = 1,
                    between_arms: Callable[[], Awaitable[None] | None] | None = None,
-                   restart: Restarter | None = None, protocol: str | None = None) -> ABReport:
+                   restart: Restarter | None = None, protocol: str | None = None, output_check: bool = True,
+                   output_tokens: int = oc.OUTPUT_TOKENS) -> ABReport:
     """Resume the same state file with its sidecar and with the sidecar hidden; each
     arm's first query as a chat client sends it (text), then the exact-append probe
     as a second row; optionally a baseline full prefill.
@@ -508,6 +595,8 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
     needs ``restart`` (a fresh server process before each probe); PROTOCOL_ONE_PROCESS
     runs every probe in the running server and labels a probe that reused an earlier
     probe's checkpoints.
+    ``output_check``: both arms' outputs compared with one cold prefill per prompt (an arm whose
+    output differs is DIFFERS).
     ``between_arms`` is a test hook run after the first arm."""
     if protocol is None:
         protocol = PROTOCOL_RESTARTS if restart is not None else PROTOCOL_ONE_PROCESS
@@ -527,14 +616,17 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
             sidecar = ctx.state_path.with_name(record.sidecar_file)
         has_sidecar = sidecar.is_file()
         rows: list[ProbeRow] = []
+        output = _Output(output_tokens) if output_check else None
 
         async def arm(names: tuple[str, str], **kw) -> None:
             for name, mode in zip(names, ("text", "exact")):
                 row = await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restarter,
-                                   earlier=bool(rows), **kw)
+                                   earlier=bool(rows), output=output, **kw)
                 rows.append(row)
-                _record_event(target.catalog, record, "ab", target.build, row,
-                              {"arm": name, "protocol": protocol, "confounded": row.confounded or None})
+
+        def record_arm(row: ProbeRow) -> None:
+            _record_event(target.catalog, record, "ab", target.build, row,
+                          {"arm": row.name, "protocol": protocol, "confounded": row.confounded or None})
 
         await arm((ARM_WITH, ARM_WITH_EXACT))
         if between_arms is not None:
@@ -548,6 +640,9 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
                 unhide_sidecar(target.catalog, pid, sidecar, hidden)
         else:
             await arm((ARM_HIDDEN, ARM_HIDDEN_EXACT))
+        await _check_outputs(ctx, rows, output)  # the cold prefills after every arm: none can reuse theirs
+        for row in rows:
+            record_arm(row)
         with_row, hidden_row = rows[0], rows[2]
         base_row = None
         if baseline:
@@ -584,6 +679,7 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
             end_to_end_speedup=_ratio(hidden_row.total_ms, with_row.total_ms),
             baseline_speedup=_ratio(base_row.prompt_ms, with_row.total_ms) if base_row else None,
             note=note, had_sidecar=has_sidecar, protocol=protocol, behaviour=str(target.behaviour),
+            output_check=output_check,
         )
 
     return await target.queue.run(f"A/B {record.name}", run)
@@ -611,7 +707,8 @@ async def _baseline(ctx: _Ctx, question: str, n_predict: int) -> ProbeRow:
 # --------------------------------------------------------------------------- exports
 
 ROW_FIELDS = ["name", "restore_ms", "prompt_ms", "prompt_n", "cache_n", "ttft_ms", "n_restored",
-              "checkpoints_loaded", "verdict", "reason", "fresh_process", "confounded"]
+              "checkpoints_loaded", "verdict", "reason", "fresh_process", "confounded", "output",
+              "output_first_diff"]
 
 
 def _r(x: float | None) -> float | None:
@@ -623,7 +720,15 @@ def row_dict(row: ProbeRow) -> dict[str, Any]:
             "prompt_n": row.prompt_n, "cache_n": row.cache_n, "ttft_ms": _r(row.ttft_ms),
             "n_restored": row.n_restored, "checkpoints_loaded": row.checkpoints_loaded,
             "verdict": row.verdict.kind.value, "reason": row.verdict.reason,
-            "fresh_process": row.fresh_process, "confounded": row.confounded or None}
+            "fresh_process": row.fresh_process, "confounded": row.confounded or None,
+            "output": row.output.status.value if row.output is not None else None,
+            "output_first_diff": (row.output.first_diff.index if row.output is not None
+                                  and row.output.first_diff is not None else None)}
+
+
+def row_json(row: ProbeRow) -> dict[str, Any]:
+    """A row for the JSON export: :func:`row_dict` and the output check in full."""
+    return {**row_dict(row), "output_check": row.output.to_dict() if row.output is not None else None}
 
 
 def ratios(ab: ABReport) -> dict[str, float | None]:
@@ -635,8 +740,8 @@ def _ab_dict(ab: ABReport) -> dict[str, Any]:
     return {"type": "ab", "session": ab.session, "profile": ab.profile, "build": ab.build, "slot_id": ab.slot_id,
             "n_restored": ab.n_restored, "sidecar_status": ab.sidecar_status, "sidecar_count": ab.sidecar_count,
             "had_sidecar": ab.had_sidecar, "note": ab.note, "at": ab.at, "protocol": ab.protocol,
-            "behaviour": ab.behaviour,
-            "rows": [row_dict(r) for r in ab.rows], "ratios": ratios(ab)}
+            "behaviour": ab.behaviour, "output_check": ab.output_check,
+            "rows": [row_json(r) for r in ab.rows], "ratios": ratios(ab)}
 
 
 def report_dict(report: CheckReport | ABReport) -> dict[str, Any]:
@@ -645,9 +750,9 @@ def report_dict(report: CheckReport | ABReport) -> dict[str, Any]:
     return {"type": "check", "session": report.session, "profile": report.profile, "build": report.build,
             "slot_id": report.slot_id, "n_restored": report.n_restored, "sidecar_status": report.sidecar_status,
             "sidecar_count": report.sidecar_count, "question": report.question, "at": report.at,
-            "protocol": report.protocol, "behaviour": report.behaviour,
+            "protocol": report.protocol, "behaviour": report.behaviour, "output_check": report.output_check,
             "verdict": {"kind": report.verdict.kind.value, "reason": report.verdict.reason},
-            "warnings": list(report.warnings), "probes": [row_dict(r) for r in report.probes],
+            "warnings": list(report.warnings), "probes": [row_json(r) for r in report.probes],
             "ab": _ab_dict(report.ab) if report.ab else None}
 
 
@@ -685,15 +790,37 @@ def _fmt(x, unit: str = "", digits: int = 1) -> str:
 
 
 def _md_table(items: list[ProbeRow]) -> list[str]:
-    out = ["| run | restore ms | prompt ms | prompt_n | cache_n | TTFT ms | checkpoints | verdict |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
+    out = ["| run | restore ms | prompt ms | prompt_n | cache_n | TTFT ms | checkpoints | verdict | output |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in items:
         d = row_dict(r)
         verdict = "reference" if r.verdict.figures.get("baseline") else d["verdict"]
         if r.confounded:
             verdict += " (confounded)"
         out.append(f"| {r.name} | {_fmt(d['restore_ms'])} | {_fmt(d['prompt_ms'])} | {_fmt(d['prompt_n'])} | "
-                   f"{_fmt(d['cache_n'])} | {_fmt(d['ttft_ms'])} | {_fmt(d['checkpoints_loaded'])} | {verdict} |")
+                   f"{_fmt(d['cache_n'])} | {_fmt(d['ttft_ms'])} | {_fmt(d['checkpoints_loaded'])} | {verdict} | "
+                   f"{output_cell(r)} |")
+    return out
+
+
+def output_cell(r: ProbeRow) -> str:
+    """The output check in a table cell ("same 8/8", "DIFFERS at 3", "off", "–" for the baseline)."""
+    if r.output is None:
+        return "–" if r.verdict.figures.get("baseline") else "off"
+    return r.output.short()
+
+
+def _output_lines(items: list[ProbeRow], enabled: bool) -> list[str]:
+    if not enabled:
+        return ["- output check: off (--no-output-check)"]
+    out = []
+    for r in items:
+        if r.output is None:
+            continue
+        line = f"- {r.name}, output check: {r.output.reason}"
+        if r.output.status is not oc.Status.MATCH and (r.output.warm_text or r.output.cold_text):
+            line += f" (resumed: {r.output.warm_text!r}; cold: {r.output.cold_text!r})"
+        out.append(line)
     return out
 
 
@@ -713,6 +840,7 @@ def _md_ab(ab: ABReport) -> list[str]:
         out.append(f"- baseline full prefill / resume with sidecar: {_ratio_text(rt['baseline_speedup'])}")
     if ab.note:
         out.append(f"- {ab.note}")
+    out += _output_lines(ab.rows, ab.output_check)
     return out
 
 
@@ -730,6 +858,7 @@ def to_markdown(report: CheckReport | ABReport) -> str:
     out += ["", f"**Verdict: {report.verdict.kind.value}**: {report.verdict.reason}"]
     for r in report.probes:
         out.append(f"- {r.name}: {r.verdict.reason}")
+    out += _output_lines(report.probes, report.output_check)
     for w in report.warnings:
         out.append(f"- warning: {w}")
     if report.ab:

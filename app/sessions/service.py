@@ -484,8 +484,10 @@ class SessionService:
                                      "lost unless you park them first"])
 
     async def check(self, name: str, slot_id: int | None = None, *, force: bool = False,
-                    question: str = check_job.DEFAULT_QUESTION, protocol: str | None = None) -> CheckReport:
-        """Restore ``name`` and judge a first query twice (exact tokens, text)."""
+                    question: str = check_job.DEFAULT_QUESTION, protocol: str | None = None,
+                    output_check: bool = True) -> CheckReport:
+        """Restore ``name`` and judge a first query twice (exact tokens, text); ``output_check``:
+        each probe's output compared with a cold prefill's (DIFFERS when it differs)."""
         rec = self.session(name)
         slot = await self.check_slot(rec, slot_id, force=force)
         protocol = self.protocol_for(protocol, check=True)
@@ -493,7 +495,8 @@ class SessionService:
         if restart is not None:
             await self._confirm_restarts(slot, force)
         try:
-            report = await check_job.check_resume(self.target, rec, slot, question=question, restart=restart)
+            report = await check_job.check_resume(self.target, rec, slot, question=question, restart=restart,
+                                                  output_check=output_check)
         except CheckError as e:
             raise ServiceError(str(e)) from None
         self._changed.emit()
@@ -501,9 +504,10 @@ class SessionService:
 
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False,
                  question: str = check_job.DEFAULT_QUESTION, between_arms=None,
-                 protocol: str | None = None) -> ABReport:
+                 protocol: str | None = None, output_check: bool = True) -> ABReport:
         """The A/B: the same state file with its sidecar and with it hidden, across restarts
-        when KV Valet runs the server (``protocol`` None), else in one process."""
+        when KV Valet runs the server (``protocol`` None), else in one process; ``output_check``:
+        both arms' outputs compared with a cold prefill's."""
         rec = self.session(name)
         slot = await self.check_slot(rec, slot_id, force=force)
         protocol = self.protocol_for(protocol)
@@ -512,7 +516,8 @@ class SessionService:
             await self._confirm_restarts(slot, force)
         try:
             report = await check_job.ab_check(self.target, rec, slot, baseline=baseline, question=question,
-                                              between_arms=between_arms, restart=restart, protocol=protocol)
+                                              between_arms=between_arms, restart=restart, protocol=protocol,
+                                              output_check=output_check)
         except CheckError as e:
             raise ServiceError(str(e)) from None
         self._changed.emit()

@@ -73,6 +73,8 @@ class Tray(QSystemTrayIcon):
     def _on_judged(self, slot: int, session: str, verdict) -> None:
         if verdict.kind is VerdictKind.DISCARDED:
             self.notify(f"KV Valet: '{session}' re-prefilled", verdict.reason, ok=False)
+        elif verdict.kind is VerdictKind.DIFFERS:
+            self.notify(f"KV Valet: '{session}': output differs from a cold prefill", verdict.reason, ok=False)
 
     def notify(self, title: str, text: str, ok: bool = True) -> None:
         if not self.notifications_on:

@@ -628,6 +628,24 @@ def sampled(prompt: list[int], n_predict: int) -> list[int]:
     return [token_id(" ") if i % 2 == 0 else token_id(WORDS[(seed + i) % len(WORDS)]) for i in range(n_gen)]
 
 
+def token_probabilities(generated: list[int], n_probs: int) -> list[dict]:
+    """``completion_probabilities`` as llama-server answers ``n_probs`` (pre-sampling log-probs):
+    each generated token first in its ``top_logprobs``, then runners-up a nat apart. Fixed by the
+    tokens, so a warm and a cold continuation of the same prompt agree."""
+    def entry(tok: int, lp: float) -> dict:
+        piece = detokenize([tok])
+        return {"id": tok, "token": piece, "bytes": list(piece.encode()), "logprob": lp}
+
+    out = []
+    for i, tok in enumerate(generated):
+        lp = -0.1 - 0.01 * i
+        others = [token_id(WORDS[(tok + j) % len(WORDS)]) for j in range(1, n_probs + 4)]
+        top = [entry(tok, lp)] + [entry(t, lp - j) for j, t in enumerate(
+            [t for t in dict.fromkeys(others) if t != tok][:n_probs - 1], start=1)]
+        out.append({**entry(tok, lp), "top_logprobs": top})
+    return out
+
+
 def hold_completion() -> None:
     """FAKE_COMPLETION_DELAY: keep the slot busy (a streamed completion: after its first token)."""
     delay = env_float("FAKE_COMPLETION_DELAY", 0)
@@ -1014,6 +1032,9 @@ class FakeServer:
             with self.cv:
                 result = self._finish(slot, tokens, n_predict, cache_n, prompt_n, n_batches)
                 self.cv.notify_all()
+        n_probs = int(body.get("n_probs", 0) or 0)
+        if n_probs > 0:
+            result["completion_probabilities"] = token_probabilities(sampled(tokens, n_predict), n_probs)
         return result
 
     def _launch(self, slot: Slot, task: int, tokens: list[int], n_predict: int, temp: float) -> None:

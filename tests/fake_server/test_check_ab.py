@@ -16,6 +16,7 @@ from app.sessions.check import (ARM_BASELINE, ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_
 from app.sessions import journal
 from app.sessions.journal import Recovery
 from app.sessions.target import ServerTarget
+from app.core.output_check import OUTPUT_TOKENS
 from app.core.verdict import VerdictKind
 from app.sessions.watch import FileLogBuffer
 from app.server.client import LlamaClient, ServerUnreachable
@@ -82,6 +83,7 @@ async def test_check_resume_hit_then_hidden_discarded(fake_server, tmp_path, cat
             assert p.n_restored == rec.n_tokens
             assert 0 < p.prompt_n < 40 and p.cache_n >= rec.n_tokens - 32
             assert p.restore_ms is not None and p.ttft_ms >= p.prompt_ms
+            assert p.output is not None and p.output.status == "match" and p.output.compared == OUTPUT_TOKENS
         # history and last verdict
         hist = catalog.history(rec.id)
         assert [h.kind for h in hist] == ["check", "check"]
@@ -257,6 +259,44 @@ def test_cli_check_exit_codes(fake_server, tmp_path, capsys, sidecar, code):
     rows = list(csv.DictReader(io.StringIO((tmp_path / "report.csv").read_text())))
     assert [r["section"] for r in rows] == ["probe", "probe", "ab", "ab", "ab", "ab", "ratio", "ratio", "ratio"]
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-output-check"]])
+def test_cli_check_output_check_on_by_default_and_no_output_check_turns_it_off(fake_server, tmp_path, capsys, flag):
+    """By default each probe and each A/B arm shows its output check (the fake's greedy
+    continuation is the same warm and cold); --no-output-check runs none and says so."""
+    import asyncio
+
+    import httpx
+
+    from app import paths
+
+    cat = Catalog(paths.catalog_path())
+    try:
+        rec = asyncio.run(park(fake_server, tmp_path, cat))
+    finally:
+        cat.close()
+    with fake_server(FAKE_SIDECAR=1) as (url, proc):
+        httpx.post(url + "/tokenize", json={"content": WARM_TEXT}, timeout=10)
+        base = ["check", url, rec.name, "--save-dir", str(tmp_path / "slots"), "--log-file", str(proc.log_path),
+                "--ab", *flag]
+        rc = _cli([*base, "--json", "--export", str(tmp_path / "report.csv")])
+        data = json.loads(capsys.readouterr().out)
+        assert _cli(base) == rc == 0
+        text = capsys.readouterr().out
+    rows = [*data["probes"], *data["ab"]["rows"]]
+    csv_rows = list(csv.DictReader(io.StringIO((tmp_path / "report.csv").read_text())))
+    if flag:
+        assert data["output_check"] is False and data["ab"]["output_check"] is False
+        assert all(r["output"] is None and r["output_check"] is None for r in rows)
+        assert "output check: off (--no-output-check)" in text and "| off |" in text
+        assert {r["output"] for r in csv_rows if r["section"] != "ratio"} == {""}
+    else:
+        assert data["output_check"] is True and data["verdict"]["kind"] == "HIT"
+        assert [r["output"] for r in rows] == ["match"] * 6
+        assert all(r["output_check"]["compared"] == OUTPUT_TOKENS for r in rows)
+        assert f"same {OUTPUT_TOKENS}/{OUTPUT_TOKENS}" in text and "output check: the first 8 tokens match" in text
+        assert {r["output"] for r in csv_rows if r["section"] != "ratio"} == {"match"}
 
 
 def test_cli_errors_exit_1(tmp_path, capsys):

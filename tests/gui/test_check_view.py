@@ -101,3 +101,29 @@ def test_dialog_with_history_and_plain_ab(qtbot, report):
     qtbot.addWidget(d)
     assert d.history_chart is not None and d.table.rowCount() == 2
     assert "with sidecar" in d.verdict_label.text()
+
+
+def test_a_probe_whose_output_differs_shows_differs_in_red_with_the_first_differing_token(qtbot, report):
+    """The decision is the core's (app.core.output_check); the dialog only shows it."""
+    from app.core.output_check import Alt, Continuation, Step, compare, with_output
+    from app.ui.dialogs.check import OUTPUT_ROLE
+    from app.ui.widgets import theme
+
+    def steps(*ids):
+        return Continuation(tuple(Step(i, f"<{i}>", -0.5, (Alt(i, f"<{i}>", -0.5),)) for i in ids), cache_n=0)
+
+    checked = compare(steps(1, 2, 7, 4), steps(1, 2, 3, 4), k=4)
+    text = report.probes[1]
+    text.output = checked
+    text.verdict = with_output(text.verdict, checked)
+    report.probes[0].output = compare(steps(1, 2), steps(1, 2), k=2)
+    report.verdict = text.verdict
+    d = CheckDialog(report)
+    qtbot.addWidget(d)
+    assert "DIFFERS" in d.verdict_label.text() and "output differs from a cold prefill" in d.verdict_label.text()
+    assert theme.verdict_colour("DIFFERS") == theme.colour("crit")
+    t = d.table
+    assert t.horizontalHeaderItem(8).text() == "output"
+    assert [t.item(i, 8).text() for i in range(t.rowCount())] == ["same 2/2", "DIFFERS at 2", "off", "off"]
+    assert t.item(1, 7).text() == "DIFFERS" and t.item(1, 8).data(OUTPUT_ROLE) == "DIFFERS"
+    assert "'<7>' (id 7)" in t.item(1, 8).toolTip()

@@ -15,13 +15,21 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout)
 
-from app.sessions.check import ABReport, CheckReport, to_csv, to_json, to_markdown
+from app.sessions.check import ABReport, CheckReport, output_cell, to_csv, to_json, to_markdown
 from app.ui.widgets import theme
 from app.ui.widgets.delegates import VerdictDelegate
 from app.ui.dialogs.check_charts import ABChart, HistoryChart, _ab_of, _rows_of, verdict_color
 
 
-COLUMNS = ["run", "restore ms", "prompt ms", "prompt_n", "cache_n", "TTFT ms", "checkpoints", "verdict"]
+COLUMNS = ["run", "restore ms", "prompt ms", "prompt_n", "cache_n", "TTFT ms", "checkpoints", "verdict", "output"]
+#: the output column's colour, as a verdict word: DIFFERS red, a passed output check green, else the table's
+OUTPUT_ROLE = Qt.UserRole + 1
+
+
+def _output_word(r) -> str:
+    if r.output is None:
+        return ""
+    return "DIFFERS" if r.output.differs else "HIT" if r.output.passed else ""
 
 
 # --------------------------------------------------------------------------- dialog
@@ -68,12 +76,16 @@ class CheckDialog(QDialog):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.setItemDelegateForColumn(7, VerdictDelegate(self.table))  # the verdict in its colour
+        # the output check: DIFFERS in the error colour ("output differs from a cold prefill")
+        self.table.setItemDelegateForColumn(8, VerdictDelegate(self.table, role=OUTPUT_ROLE))
         for i, r in enumerate(rows):
             vals = [r.name, _num(r.restore_ms), _num(r.prompt_ms), _num(r.prompt_n), _num(r.cache_n),
-                    _num(r.ttft_ms), _num(r.checkpoints_loaded), r.verdict.kind.value]
+                    _num(r.ttft_ms), _num(r.checkpoints_loaded), r.verdict.kind.value, output_cell(r)]
             for j, v in enumerate(vals):
-                item = _cell(v, Qt.AlignLeft | Qt.AlignVCenter if j in (0, 7) else Qt.AlignRight | Qt.AlignVCenter)
-                item.setToolTip(r.verdict.reason)
+                item = _cell(v, Qt.AlignLeft | Qt.AlignVCenter if j in (0, 7, 8) else Qt.AlignRight | Qt.AlignVCenter)
+                item.setToolTip(r.output.reason if j == 8 and r.output is not None else r.verdict.reason)
+                if j == 8:
+                    item.setData(OUTPUT_ROLE, _output_word(r))
                 self.table.setItem(i, j, item)
         self.table.resizeRowsToContents()
         height = self.table.horizontalHeader().sizeHint().height() + 4
@@ -127,7 +139,9 @@ class CheckDialog(QDialog):
     def _verdict(self) -> tuple[str, str]:
         if isinstance(self.report, CheckReport):
             return self.report.verdict.kind.value, self.report.verdict.reason
-        first = self.report.rows[0] if self.report.rows else None
+        # an arm whose output differed from a cold prefill says more than the first arm's reuse
+        first = next((r for r in self.report.rows if r.output is not None and r.output.differs),
+                     self.report.rows[0] if self.report.rows else None)
         if first is None:
             return "UNKNOWN", "no runs"
         return first.verdict.kind.value, f"{first.name}: {first.verdict.reason}"

@@ -9,6 +9,7 @@ report (the panel opens it in :class:`app.ui.dialogs.check.CheckDialog`).
 from __future__ import annotations
 
 from app.core.confirmation import NeedsConfirmation
+from app.core.verdict import VerdictKind
 from app.sessions.service import ServiceError
 from app.ui.sessions.controller import Operation, SessionsController
 
@@ -41,7 +42,10 @@ class Checks:
             c.say(f"{what}: {e}", ok=False, op=op)
             return None
         verdict = report.row("with sidecar").verdict if ab else report.verdict
-        c.say(f"{what} in slot {report.slot_id}: done — {verdict.kind}: {verdict.reason}", ok=True, op=op)
+        if ab:  # an arm whose output differs from a cold prefill is the news
+            verdict = next((r.verdict for r in report.rows if r.verdict.kind is VerdictKind.DIFFERS), verdict)
+        c.say(f"{what} in slot {report.slot_id}: done — {verdict.kind}: {verdict.reason}",
+              ok=verdict.kind is not VerdictKind.DIFFERS, op=op)
         rec = c.catalog.get(c.sessions.profile_name, name)
         c.checked.emit(report, c.catalog.history(rec.id) if rec else None)
         await c.read_slots()

@@ -346,7 +346,7 @@ class SessionsController(QObject):
     def _on_verdict(self, slot_id: int, session: str | None, verdict: Verdict) -> None:
         self.judged.emit(slot_id, session or "", verdict)
         self.say(f"Slot {slot_id} ('{session}'): {verdict.kind} — {verdict.reason}",
-                 ok=verdict.kind is not VerdictKind.DISCARDED, op=Operation.VERDICT)
+                 ok=verdict.kind not in (VerdictKind.DISCARDED, VerdictKind.DIFFERS), op=Operation.VERDICT)
 
     # -- after a restart or a sleep ---------------------------------------------
     def _offer_resume_all(self, plan, auto: bool = True) -> None:

@@ -3,7 +3,7 @@
 * :class:`FillBarDelegate`: a slot's fill (tokens held / n_ctx) as a bar with the
   percentage on it (the Monitor's slot table).
 * :class:`VerdictDelegate`: a verdict in its colour (HIT green, PARTIAL amber,
-  DISCARDED and MISS red, NEW and UNKNOWN muted): the Sessions table's last verdict and the
+  DISCARDED, MISS and DIFFERS red, NEW and UNKNOWN muted): the Sessions table's last verdict and the
   Conversations tab's, one word per event in both (:class:`app.core.verdict.VerdictKind`).
 
 Both ask :mod:`app.ui.widgets.theme` for their colours when they paint, so a switch

@@ -44,8 +44,9 @@ STREAMS: tuple[tuple[str, str], ...] = (
     ("#1565c0", "#58a6ff"), ("#2e7d32", "#3fb950"), ("#ef6c00", "#f0883e"), ("#6a1b9a", "#bc8cff"),
     ("#00838f", "#39c5cf"), ("#ad1457", "#ff7bb5"), ("#4e342e", "#c8a27a"), ("#9e9d24", "#d4d44a"),
 )
-#: a verdict's colour (app.core.verdict.VerdictKind); NEW and UNKNOWN are muted
-VERDICT_ROLES = {"HIT": "ok", "PARTIAL": "warn", "DISCARDED": "crit", "MISS": "crit"}
+#: a verdict's colour (app.core.verdict.VerdictKind); NEW and UNKNOWN are muted; DIFFERS (the output
+#: differs from a cold prefill: warm but wrong) is an error
+VERDICT_ROLES = {"HIT": "ok", "PARTIAL": "warn", "DISCARDED": "crit", "MISS": "crit", "DIFFERS": "crit"}
 
 _TINT = "kv_tint"  # the dynamic property holding a widget's style template
 
@@ -77,7 +78,7 @@ def colour(role: str) -> QColor:
 
 
 def verdict_colour(kind) -> QColor:
-    """HIT green, PARTIAL amber, DISCARDED red, anything else muted."""
+    """HIT green, PARTIAL amber, DISCARDED, MISS and DIFFERS red, anything else muted."""
     return colour(VERDICT_ROLES.get(str(getattr(kind, "value", kind) or ""), "muted"))
 
 

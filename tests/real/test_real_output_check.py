@@ -1,0 +1,121 @@
+"""Correct, not only warm (issue #26 item 5), on the real server: the output check.
+
+The sidecar build in fork mode (the turboquant fork at #206, whose sidecar loader checks nothing
+that ties a sidecar to its state file), Gemma 3 270M (sliding window of 512, so a resume that
+rolls back needs a context checkpoint). Conversation A and conversation B, different logs of
+about the same length, are parked with their checkpoints. A correct restore (A with its own
+sidecar) is a HIT whose greedy output matches a cold prefill's; A's state file given B's sidecar
+loads, the text probe rolls back onto B's checkpoint (warm: it reuses about all of A's length)
+and continues with B's sliding-window state: DIFFERS, with the first differing token. So does the
+exact-append probe: on this build it too rolls back a few tokens to the last checkpoint.
+
+The probe question asks the model to continue the log, so its next tokens come from the recent
+window (the default question only makes this small model repeat it, whatever the state: the
+wrong restore then moved the log-probs but not the greedy tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+
+import pytest
+
+from app.core.output_check import OUTPUT_TOKENS, Status, sampling
+from app.core.verdict import VerdictKind
+from app.server.sidecar import read_facts
+from app.sessions.check import PROBE_EXACT, PROBE_TEXT, to_csv, to_json, to_markdown
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
+from tests.real.test_real_sidecar_modes import mode, mode_profile  # noqa: F401  (fixture)
+from tests.real.test_real_sidecar_verdicts import Running
+
+pytestmark = pytest.mark.real_server
+
+QUESTION = "\nSpot"  # the next log line: its tokens depend on the window, not only on the question
+
+
+def _log(title: str, seed: int, subjects, things, names, verbs, n: int) -> str:
+    r = random.Random(seed)
+    return title + " " + " ".join(f"{r.choice(subjects)} {i} {r.choice(verbs)} the {r.choice(things)} of "
+                                  f"{r.choice(names)}." for i in range(1, n))
+
+
+A = _log("Parking log.", 1, ["Bay", "Spot", "Level"], ["red van", "blue coupe", "old truck", "green taxi",
+                                                        "silver bike"], ["Ana", "Bruno", "Chen", "Dara", "Emil"],
+         ["holds", "keeps", "stores"], 120)  # about 1,320 tokens
+B = _log("Library log.", 2, ["Shelf", "Rack", "Room"], ["poetry book", "atlas", "cookbook", "novel", "dictionary"],
+         ["Ivo", "Jana", "Kofi", "Lena", "Mio"], ["lends", "shows", "lists"], 200)  # cut to A's length less 8
+
+
+async def park_a_and_b(srv):
+    """A in slot 0, B (cut to A's length less 8 tokens, so its last checkpoint lies just below A's
+    rollback point) in slot 1; both parked with sidecars of at least 2 checkpoints."""
+    client = srv.svc.target.client
+    n_a = len(await client.tokenize(A))
+    b_tokens = list(await client.tokenize(B))[:n_a - 8]
+    for slot, prompt in ((0, A), (1, b_tokens)):  # greedy, so every run parks the same tokens
+        await client.completion(prompt, slot_id=slot, n_predict=4, extra=sampling())
+    rec_a = (await srv.svc.park(0, "A")).record
+    rec_b = (await srv.svc.park(1, "B")).record
+    for rec in (rec_a, rec_b):
+        assert read_facts(rec.state_path).count >= 2, rec
+    return rec_a, rec_b
+
+
+def _sidecar(rec):
+    return rec.state_path.with_name(rec.state_file + ".ckpt")
+
+
+def test_a_correct_restore_is_a_hit_whose_output_matches_a_cold_prefill(mode_profile, monkeypatch):
+    mode(monkeypatch, "fork")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            await park_a_and_b(srv)
+        async with Running(mode_profile) as srv:
+            check = await srv.svc.check("A", 0, force=True, question=QUESTION)
+            assert check.output_check
+            for name in (PROBE_EXACT, PROBE_TEXT):
+                row = check.probe(name)
+                assert row.output is not None and row.output.passed, (name, row.output)
+                assert row.output.status in (Status.MATCH, Status.TIE)
+                print(f"{name}: {row.output.reason}; warm {row.output.warm_text!r} cold {row.output.cold_text!r}")
+            assert check.probe(PROBE_TEXT).checkpoints_loaded >= 2  # its own sidecar
+            assert check.verdict.kind is VerdictKind.HIT, check.verdict.reason
+            assert "same" in to_markdown(check) and '"output_check"' in to_json(check)
+
+    asyncio.run(go())
+
+
+def test_a_wrong_restore_another_chats_sidecar_is_differs_never_hit(mode_profile, monkeypatch):
+    """A's state file with B's sidecar: the fork loads it; the text probe rolls back onto B's
+    checkpoint, reuses nearly all of A's length (warm) and continues from B's window: DIFFERS."""
+    mode(monkeypatch, "fork")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            rec_a, rec_b = await park_a_and_b(srv)
+        shutil.copyfile(_sidecar(rec_b), _sidecar(rec_a))  # B's sidecar over A's
+        n_b = read_facts(rec_b.state_path).count
+        async with Running(mode_profile) as srv:
+            check = await srv.svc.check("A", 0, force=True, question=QUESTION)
+            text = check.probe(PROBE_TEXT)
+            assert text.checkpoints_loaded == n_b  # the lax loader took B's file
+            assert text.verdict.kind is VerdictKind.DIFFERS, (text.verdict.reason, text.output)
+            assert text.verdict.figures["reuse_kind"] in ("HIT", "PARTIAL")  # warm ...
+            assert text.cache_n > 1000  # ... and wrong
+            diff = text.output.first_diff
+            assert diff is not None and 0 <= diff.index < OUTPUT_TOKENS and diff.warm.id != diff.cold.id
+            assert diff.warm.top and diff.cold.top  # the top log-probs of both sides
+            assert "output differs from a cold prefill" in text.verdict.reason
+            print(f"first differing token: {diff.index}: resumed {diff.warm.piece!r} ({diff.warm.id}, "
+                  f"{diff.warm.logprob:.3f}) vs cold {diff.cold.piece!r} ({diff.cold.id}, {diff.cold.logprob:.3f}); "
+                  f"cache_n {text.cache_n}, prompt_n {text.prompt_n}; exact probe: {check.probe(PROBE_EXACT).output.reason}")
+            assert check.verdict.kind is VerdictKind.DIFFERS, check.verdict.reason  # never HIT
+            # on this build the exact-append probe rolls back a few tokens to a checkpoint too: B's
+            exact = check.probe(PROBE_EXACT)
+            assert exact.checkpoints_loaded == n_b and exact.verdict.kind is VerdictKind.DIFFERS, exact.output
+            assert "DIFFERS at" in to_markdown(check) and ",differs," in to_csv(check)
+
+    asyncio.run(go())

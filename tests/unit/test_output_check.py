@@ -1,0 +1,132 @@
+"""The output check's comparison (app.core.output_check): pure, no server."""
+
+from __future__ import annotations
+
+from app.core.output_check import (OUTPUT_TOKENS, TIE_NATS, Alt, Continuation, Status, Step, compare,
+                                   continuation, off, sampling, unknown, with_output)
+from app.core.verdict import SEVERITY, Verdict, VerdictKind, time_saved, worst
+
+
+def step(tok: int, lp: float = -0.5, *runners: tuple[int, float]) -> Step:
+    """A generated token and its top list: itself first, then the runners-up given."""
+    return Step(tok, f"<{tok}>", lp, (Alt(tok, f"<{tok}>", lp), *(Alt(t, f"<{t}>", p) for t, p in runners)))
+
+
+def cont(*steps: Step, cache_n: int | None = 0) -> Continuation:
+    return Continuation(tuple(steps), cache_n=cache_n, prompt_n=100)
+
+
+def same(n: int = OUTPUT_TOKENS, lp: float = -0.5) -> list[Step]:
+    return [step(100 + i, lp, (900 + i, lp - 2)) for i in range(n)]
+
+
+def test_the_same_tokens_match_and_log_prob_drift_is_a_figure_not_a_verdict():
+    warm = cont(*[step(s.id, s.logprob - 0.2, (900, -3.0)) for s in same()])
+    r = compare(warm, cont(*same()))
+    assert r.status is Status.MATCH and r.passed and not r.differs
+    assert r.compared == OUTPUT_TOKENS and r.first_diff is None
+    assert abs(r.max_logprob_delta - 0.2) < 1e-9 and r.short() == f"same {OUTPUT_TOKENS}/{OUTPUT_TOKENS}"
+
+
+def test_only_the_first_k_tokens_are_compared():
+    cold = same(12)
+    warm = same(12)
+    warm[10] = step(555, -0.1, (cold[10].id, -5.0))
+    assert compare(cont(*warm), cont(*cold), k=8).status is Status.MATCH
+    assert compare(cont(*warm), cont(*cold), k=12).status is Status.DIFFERS
+
+
+def test_the_first_differing_token_with_both_sides_and_their_top_log_probs():
+    cold = same()
+    warm = list(cold)
+    warm[3] = step(777, -0.3, (cold[3].id, -2.1))  # the cold one's token far below on the warm side
+    warm[4] = step(778, -0.3)  # after the first difference nothing is compared
+    r = compare(cont(*warm), cont(*cold))
+    assert r.status is Status.DIFFERS and r.differs and not r.passed
+    d = r.first_diff
+    assert (d.index, d.warm.id, d.cold.id, d.warm.piece, d.cold.piece) == (3, 777, cold[3].id, "<777>", "<103>")
+    assert d.warm.top[1] == Alt(cold[3].id, "<103>", -2.1) and d.cold.top
+    assert r.compared == 3 and r.short() == "DIFFERS at 3"
+    assert "output differs from a cold prefill at token 3 of 8" in r.reason and "'<777>' (id 777)" in r.reason
+    assert "below its top" in r.reason  # the warm token is not in the cold side's top list
+    assert r.figures["warm_logprob_of_cold"] == -2.1
+    assert r.to_dict()["first_diff"]["warm"]["top"][0]["id"] == 777
+
+
+def test_a_near_tie_on_both_sides_is_not_a_difference():
+    """A correct resume computes the restored positions in other batches: a near-tie may flip."""
+    cold = same()
+    warm = list(cold)
+    cold[5] = step(20, -1.260, (21, -1.325))
+    warm[5] = step(21, -1.261, (20, -1.322))
+    r = compare(cont(*warm), cont(*cold))
+    assert r.status is Status.TIE and r.passed and r.compared == 5 and r.first_diff.index == 5
+    assert r.short() == "same to a tie at 5"
+
+
+def test_a_tie_on_one_side_only_is_a_difference():
+    """The wrong restore seen on the real fork build: near-tied on the resumed side, a clear
+    choice on the cold side."""
+    cold, warm = same(), same()
+    cold[2] = step(48, -0.880, (47, -2.030))
+    warm[2] = step(47, -1.568, (48, -1.625))
+    assert compare(cont(*warm), cont(*cold)).status is Status.DIFFERS
+    # and the other way round
+    cold[2] = step(48, -1.0, (47, -1.0 - TIE_NATS / 2))
+    warm[2] = step(47, -0.2, (48, -3.0))
+    assert compare(cont(*warm), cont(*cold)).status is Status.DIFFERS
+    # a difference with no log-probs at all is never a tie
+    cold[2], warm[2] = Step(48, "a"), Step(47, "b")
+    assert compare(cont(*warm), cont(*cold)).status is Status.DIFFERS
+
+
+def test_a_reference_that_reused_the_cache_or_no_tokens_is_unknown():
+    r = compare(cont(*same()), cont(*same(), cache_n=1200))
+    assert r.status is Status.UNKNOWN and "not cold" in r.reason and "1,200" in r.reason
+    assert compare(cont(), cont(*same())).status is Status.UNKNOWN
+    assert "the cold prefill returned no tokens" in compare(cont(*same()), cont()).reason
+    assert not unknown("x").passed and not unknown("x").differs
+    assert off().status is Status.OFF and off().short() == "off"
+
+
+def test_shorter_continuations_are_compared_as_far_as_both_go():
+    r = compare(cont(*same(3)), cont(*same(5)))
+    assert r.status is Status.MATCH and r.compared == 3
+
+
+def test_parse_a_llama_server_answer():
+    resp = {"content": " The valet", "timings": {"cache_n": 0, "prompt_n": 7},
+            "completion_probabilities": [
+                {"id": 669, "token": " The", "bytes": [32], "logprob": -2.07,
+                 "top_logprobs": [{"id": 669, "token": " The", "logprob": -2.07},
+                                  {"id": 108, "token": "\n\n", "logprob": -2.16}]},
+                {"id": 143583, "token": " valet", "logprob": -1.30, "top_logprobs": []}]}
+    c = continuation(resp)
+    assert c.ids == [669, 143583] and c.text == " The valet" and (c.cache_n, c.prompt_n) == (0, 7)
+    assert c.steps[0].logprob_of(108) == -2.16 and c.steps[0].logprob_of(5) is None
+    # without log-probs: the token ids alone, when the server gave them
+    assert continuation({"tokens": [1, 2]}).ids == [1, 2] and continuation({}).steps == ()
+
+
+def test_the_request_is_greedy_with_a_seed_and_top_log_probs():
+    s = sampling()
+    assert s["temperature"] == 0 and s["n_probs"] >= 2 and "seed" in s and s["ignore_eos"] is True
+
+
+def test_differs_replaces_the_reuse_verdict_and_is_the_worst():
+    hit = Verdict(VerdictKind.HIT, "re-processed 19 of 1,346 prompt tokens", n_restored=1327, prompt_n=19,
+                  cache_n=1310, figures={"n_restored": 1327})
+    cold, warm = same(), same()
+    warm[2] = step(47, -1.5, (cold[2].id, -1.6 - 1.0))
+    v = with_output(hit, compare(cont(*warm), cont(*cold)))
+    assert v.kind is VerdictKind.DIFFERS and not v.ok
+    assert v.reason.startswith("output differs from a cold prefill at token 2") and "HIT, re-processed 19" in v.reason
+    assert v.figures["reuse_kind"] == "HIT" and v.figures["first_diff_index"] == 2 and v.cache_n == 1310
+    assert worst([hit, Verdict(VerdictKind.DISCARDED, "x"), v]) is v
+    assert SEVERITY[VerdictKind.DIFFERS] > SEVERITY[VerdictKind.DISCARDED]
+    assert time_saved(v, 1000.0) is None  # a wrong reuse saved nothing worth counting
+    # a passing check keeps the verdict, with the check's word in its figures
+    kept = with_output(hit, compare(cont(*same()), cont(*same())))
+    assert kept.kind is VerdictKind.HIT and kept.reason == hit.reason and kept.figures["output_check"] == "match"
+    assert with_output(hit, None) is hit
+    assert with_output(hit, unknown("no tokens")).kind is VerdictKind.HIT
