@@ -16,6 +16,7 @@ identity (size + hashes) never need them.
 from __future__ import annotations
 
 import hashlib
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -148,8 +149,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def read_model_info(path: str | os.PathLike) -> ModelInfo:
-    path = Path(path)
+@contextlib.contextmanager
+def _open_gguf(path: Path):
+    """(the file's stat, a metadata reader over it, its architecture); the memory map closed after.
+    Raises ModelFileError with a user-facing message for anything that is not a readable GGUF."""
     try:
         st = path.stat()
         with open(path, "rb") as f:
@@ -172,6 +175,19 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
         arch = _value(reader, "general.architecture")
         if not isinstance(arch, str) or not arch:
             raise ModelFileError(f"GGUF file has no general.architecture: {path}")
+        yield st, reader, arch
+    finally:
+        mmap_obj = getattr(getattr(reader, "data", None), "_mmap", None)
+        if mmap_obj is not None:
+            try:
+                mmap_obj.close()
+            except Exception:  # why: best-effort close in a finally: must not mask the read's result or its error
+                pass
+
+
+def read_model_info(path: str | os.PathLike) -> ModelInfo:
+    path = Path(path)
+    with _open_gguf(path) as (st, reader, arch):
         name = _value(reader, "general.name")
         n_swa = _int(_value(reader, f"{arch}.attention.sliding_window"))
         return ModelInfo(
@@ -185,14 +201,6 @@ def read_model_info(path: str | os.PathLike) -> ModelInfo:
             context_length=_int(_value(reader, f"{arch}.context_length")),
             file_type=_int(_value(reader, "general.file_type")),
         )
-    finally:
-        mm = getattr(reader, "data", None)
-        mmap_obj = getattr(mm, "_mmap", None)
-        if mmap_obj is not None:
-            try:
-                mmap_obj.close()
-            except Exception:  # why: best-effort close in a finally: must not mask the read's result or its error
-                pass
 
 
 #: M-RoPE / IMROPE architectures: each KV cell carries llama_kv_cell_ext (llama_model_rope_type)
@@ -311,30 +319,8 @@ def shape_from_metadata(arch: str, get) -> "ModelShape | None":
 def read_model_shape(path: str | os.PathLike) -> "ModelShape | None":
     """What decides the size of a park of this model (app.core.park_size), from its GGUF metadata;
     None where its layout is not known here. Raises ModelFileError as :func:`read_model_info`."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as exc:
-        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(f"not a GGUF model file (magic {magic!r}): {path}")
-    try:
-        reader = _metadata_reader_class()(path, "r")
-    except Exception as exc:
-        raise ModelFileError(f"cannot parse GGUF file {path}: {exc}") from exc
-    try:
-        arch = _value(reader, "general.architecture")
-        if not isinstance(arch, str) or not arch:
-            raise ModelFileError(f"GGUF file has no general.architecture: {path}")
+    with _open_gguf(Path(path)) as (_st, reader, arch):
         return shape_from_metadata(arch, lambda key: _value(reader, key))
-    finally:
-        mmap_obj = getattr(getattr(reader, "data", None), "_mmap", None)
-        if mmap_obj is not None:
-            try:
-                mmap_obj.close()
-            except Exception:  # why: best-effort close in a finally: must not mask the read's result or its error
-                pass
 
 
 def _load_cache(cache_file: Path) -> dict:
