@@ -86,3 +86,14 @@ class TaskGroup:
 
     def __iter__(self) -> Iterator[asyncio.Future]:
         return iter(list(self._tasks))
+
+
+def stop_if_cancelled() -> None:
+    """Raise CancelledError when the running task has been asked to stop. A looping task calls it each
+    round: Python 3.11's ``asyncio.wait_for`` can swallow a cancel that lands just as its awaited call
+    completes (gh-86296), and a loop that goes on after that never ends (a shutdown that cancels it
+    once then waits for it forever)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+

@@ -35,7 +35,7 @@ from typing import Awaitable, Callable
 import psutil
 
 from app.core.observers import Observers
-from app.core.background import track
+from app.core.background import stop_if_cancelled, track
 from app.core.findings import Finding, Remedy, Severity
 from app.core.profile import RpcWorker, parse_rpc_workers
 from app.core.profile import BUILT_MARKER
@@ -414,6 +414,7 @@ class RpcWatcher:
 
     async def _run(self) -> None:
         while True:
+            stop_if_cancelled()  # a cancel a wait_for in the round swallowed still ends the watch
             try:
                 await self.check()
             except asyncio.CancelledError:

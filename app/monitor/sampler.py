@@ -26,7 +26,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.core.background import TaskGroup
+from app.core.background import TaskGroup, stop_if_cancelled
 from app.monitor.gpu import GpuMonitor
 from app.monitor.snapshot import Snapshot, error_snapshot
 
@@ -196,6 +196,7 @@ class Sampler:
         k = 0
         cur_interval = None
         while True:
+            stop_if_cancelled()  # a cancel wait_for swallowed below still ends the loop
             if not self._running.is_set():
                 await self._running.wait()
                 anchor = None  # resumed: re-anchor on this tick

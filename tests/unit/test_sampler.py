@@ -236,3 +236,35 @@ async def test_tick_timeout_gives_error_snapshot():
     finally:
         await sampler.stop()
     assert "timed out" in rec.snaps[0].error
+
+
+async def test_a_cancel_that_wait_for_swallows_still_ends_the_loop(monkeypatch):
+    """gh-86296: Python 3.11's wait_for can swallow a cancel that lands as its awaited call completes.
+    A shutdown cancels each task once and waits for it: the loop must end all the same (a test run hung
+    in asyncio.run's teardown on a sampler that went on ticking)."""
+    import app.monitor.sampler as sampler_module
+
+    real_wait_for = asyncio.wait_for
+
+    async def swallowing(aw, timeout):
+        try:
+            return await real_wait_for(aw, timeout)
+        except asyncio.CancelledError:
+            return None  # the race, made certain
+
+    class OnlyHere:  # the sampler module's asyncio, with the racy wait_for; every other module's is untouched
+        wait_for = staticmethod(swallowing)
+
+        def __getattr__(self, name):
+            return getattr(asyncio, name)
+
+    monkeypatch.setattr(sampler_module, "asyncio", OnlyHere())
+    sampler, rec = make(interval=0.02)
+    sampler.start()
+    await rec.wait_for(2)
+    task = sampler._task
+    ticks = len(rec.snaps)
+    task.cancel()  # once, as asyncio.run's teardown does
+    done, _ = await asyncio.wait({task}, timeout=TIMEOUT)
+    assert task in done and task.cancelled()
+    assert len(rec.snaps) <= ticks + 1
