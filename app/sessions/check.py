@@ -225,7 +225,7 @@ async def _prefill_text(ctx: _Ctx, what: str, n_prompt: int | None, seq: int | N
         row = find_row(await ctx.target.slot_rows(), ctx.slot_id)
     except (ServerError, SlotError):
         row = None
-    if row is not None and row.busy and row.n_processed is not None:
+    if row is not None and row.busy and row.n_processed:  # 0: the server has not placed the task's cache yet
         total = n_prompt - (row.n_cached or 0) if n_prompt else row.n_prompt_tokens
         if total and total > 0:
             return f"{what}: prefilling {min(row.n_processed, total):,} of {total:,} tokens"
