@@ -64,6 +64,9 @@ DELTA_ARMS = {ARM_WITH: True, ARM_WITH_EXACT: True, ARM_HIDDEN: False, ARM_BASEL
 #: model -> the A/B's chat probe: Gemma's tokenizer round-trips text; the test model's does not (its
 #: detokenised text re-tokenises to other, fewer tokens), so its chat client's rollback is sent in tokens
 CHAT_PROBE = {"gemma": "text", "qwen35": "rollback"}
+#: models filled with text (a token list goes in without BOS; the chat probe's text gets one: a
+#: divergence at position 0, a full re-prefill in both arms)
+TEXT_FILL = {"gemma"}
 DELTA_MAX = 0.05  # with the sidecar: under 5 % of the restored tokens re-processed
 WHOLE_MIN = 0.95  # hidden / cold: at least 95 %
 FAILURES: list[str] = []
@@ -139,7 +142,9 @@ async def one_size(model: str, tokens: int, args, work: Path) -> dict:
     try:
         client = svc.target.client
         ids = await client.tokenize(TEXT * (tokens // 30 + 10))
-        prompt = list(ids[: tokens - HEADROOM])
+        prompt = list(ids[: tokens - HEADROOM - 1])
+        if model in TEXT_FILL:  # sent as text: the server adds BOS, as it will to the chat probe's text
+            prompt = await client.detokenize(prompt)
         t0 = time.perf_counter()
         first = await client.completion(prompt, slot_id=0, n_predict=4)
         fill_wall = time.perf_counter() - t0
