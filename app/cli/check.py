@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 
 from app.cli.errors import CliError, Exit
@@ -98,12 +99,17 @@ async def _run(args, catalog) -> int:
             raise CliError(str(e)) from None
         svc, sup = await _own_server(catalog, args.target)  # the seed's protocol needs a server we run
     question = args.question if args.question is not None else DEFAULT_QUESTION
+
+    def progress(what: str):  # where the check is, on stderr (a 32K-token prefill takes minutes on a CPU)
+        return lambda text: print(f"[kv-valet] {what}: {text}", file=sys.stderr, flush=True)
+
     try:
         report = await svc.check(args.session, args.slot, force=args.yes, question=question, protocol=protocol,
-                                 output_check=args.output_check)
+                                 output_check=args.output_check, on_progress=progress("check"))
         if args.ab or args.baseline:
             report.ab = await svc.ab(args.session, report.slot_id, force=True, baseline=args.baseline,
-                                     question=question, protocol=protocol, output_check=args.output_check)
+                                     question=question, protocol=protocol, output_check=args.output_check,
+                                     on_progress=progress("A/B"))
     except NeedsConfirmation as e:
         raise CliError("not checked (pass --yes to go on):", details=e.warnings) from None
     except ServiceError as e:
@@ -137,7 +143,6 @@ async def _run(args, catalog) -> int:
 async def _own_server(catalog, name: str):
     """Start the profile's server for this command (stopped at its end), so the check can
     restart it between probes: (SessionService, its ServerService)."""
-    import sys
 
     from app.servers.service import ServerService, load_profile
 

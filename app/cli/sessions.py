@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -164,7 +165,8 @@ async def cmd_park(args, catalog) -> int:
             results = await svc.park_all(args.name)
         else:
             try:
-                results = [await svc.park(args.slot, args.name)]
+                results = [await svc.park(args.slot, args.name, on_progress=lambda text: print(
+                    f"[kv-valet] park: {text}", file=sys.stderr, flush=True))]
             except ServiceError as e:
                 results = [ParkResult(None, None, [], args.slot, str(e))]
         if args.json:

@@ -91,7 +91,9 @@ class Interceptor(Protocol):
     async def before(self, path: str, headers: Mapping[str, str], body: dict) -> tuple[dict, object]:
         """The body to send upstream (the proxy sets "id_slot" and "cache_prompt" there) and a
         context object given back to :meth:`after`. Raising refuses the request (500, no ``after``);
-        so does the client going away meanwhile (``before`` is cancelled, no ``after``)."""
+        so does the client going away meanwhile (``before`` is cancelled, no ``after``). A body that
+        keeps the client's values and only adds keys goes upstream as the client's own bytes with those
+        keys appended: a change must replace a top-level value, never edit one in place."""
         ...
 
     async def after(self, ctx: object, result: Result) -> None:
@@ -119,6 +121,27 @@ def _error(status: int, message: str, type_: str) -> web.Response:
 
 def _compact(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"))
+
+
+def _upstream_body(raw: bytes, given: list[tuple[str, object]], sent: dict) -> bytes:
+    """The body sent upstream for a client's JSON object ``raw`` (parsed: ``given``, its items) that the
+    interceptor answered with ``sent``. When ``sent`` keeps every key of the client's with the very same
+    value and only adds keys (``id_slot``, ``cache_prompt``), those are appended to the client's own
+    bytes: a chat's whole history is not serialised again at every turn. Else ``sent`` serialised."""
+    if given and len(sent) >= len(given) and all(k in sent and sent[k] is v for k, v in given):
+        obj = raw.strip(b" \t\r\n")
+        if obj[:1] == b"{" and obj[-1:] == b"}":  # UTF-8 JSON (a BOM or UTF-16 is serialised again below)
+            keys = {k for k, _ in given}
+            added = {k: v for k, v in sent.items() if k not in keys}
+            if not added:
+                return raw
+            try:
+                tail = json.dumps(added, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            except ValueError:
+                tail = None
+            if tail is not None and tail != "{}":
+                return obj[:-1] + b"," + tail[1:-1].encode() + b"}"
+    return json.dumps(sent, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _error_message(final: dict | None, status: int) -> str:
@@ -331,6 +354,7 @@ class ProxyServer:
             if broken:
                 _cut(request)
             return resp
+        given = list(parsed.items())  # what the client sent, to see what ``before`` changed
         try:
             sent, ctx = await self._interceptor.before(request.path, request.headers, parsed)
         except Exception as e:
@@ -340,7 +364,7 @@ class ProxyServer:
         collector = _Collector(bool(sent.get("stream")))
         broken = False
         try:
-            content = json.dumps(sent, ensure_ascii=False, separators=(",", ":")).encode()
+            content = _upstream_body(body, given, sent)
             headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-type"]
             headers.append(("Content-Type", "application/json"))
             resp, broken = await self._pass(request, target, _Pairs(headers), content, collector)
@@ -371,6 +395,7 @@ class ProxyServer:
 
     async def _after(self, ctx: object, collector: _Collector, method: str, path: str) -> None:
         assert self._interceptor is not None
+        await _ready_io_first()
         try:
             await self._interceptor.after(ctx, collector.result())
         except Exception:
@@ -426,6 +451,22 @@ class ProxyServer:
                 if self._stopping and collector.error is None:
                     collector.error = "the proxy stopped"
             raise
+
+
+async def _ready_io_first() -> None:
+    """Let the loop first run what the sockets have ready (the client reading its answer's end, other
+    requests' bytes): the judging after an answer is bookkeeping, off every client's path. A callback
+    due now runs after the I/O callbacks of its loop turn; one scheduled with ``call_soon`` would run
+    before them."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    loop.call_at(loop.time(), _set_done, fut)
+    await fut
+
+
+def _set_done(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _cut(request: web.Request) -> None:

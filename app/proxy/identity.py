@@ -37,6 +37,31 @@ JUNK_ROLE = "?"
 _IMAGE_TYPES = {"image_url", "input_image", "image"}
 _TEXT_TYPES = {"text", "input_text", "output_text"}
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+#: roles whose plain ``{"role", "content"}`` message is its text as it is (no stripping, no reasoning)
+_PLAIN_ROLES = frozenset({"system", "user", "developer", "tool"})
+#: A chat client re-sends the whole history with every request: the messages already seen are
+#: normalised and hashed once, then looked up (by their exact role, name and content). Each memo is
+#: emptied when the text it holds passes this many characters.
+MEMO_CHARS = 32 * 1024 * 1024
+
+
+class _Memo(dict):
+    """A dict emptied when the characters of what it was given pass ``MEMO_CHARS``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chars = 0
+
+    def put(self, key: Any, value: Any, chars: int) -> None:
+        if self.chars + chars > MEMO_CHARS:
+            self.clear()
+            self.chars = 0
+        self[key] = value
+        self.chars += chars
+
+
+_plain_memo = _Memo()  # (role, content) -> Message, for a plain {"role", "content"} message
+_chain_memo = _Memo()  # (previous element, role, name, content) -> the chain element
 
 
 def _digest(text: str) -> str:
@@ -153,7 +178,22 @@ def _split_think(content: str) -> tuple[str, str]:
     return body[:end].strip(), body[end + len(_THINK_CLOSE):]
 
 
-def _one(item: Any) -> Message:
+def _plain_one(role: str, content: str) -> Message:
+    """A message that is exactly ``{"role": role, "content": content}`` (both strings): what
+    :func:`_one` makes of it, computed once per distinct message."""
+    key = (role, content)
+    m = _plain_memo.get(key)
+    if m is None:
+        m = _one({"role": role, "content": content}, plain=False)
+        _plain_memo.put(key, m, len(content) + len(role))
+    return m
+
+
+def _one(item: Any, plain: bool = True) -> Message:
+    if plain and type(item) is dict and len(item) == 2:
+        role, content = item.get("role"), item.get("content")
+        if type(role) is str and type(content) is str:
+            return _plain_one(role, content)
     if not isinstance(item, Mapping):
         return Message(role=JUNK_ROLE, content=canonical(item))
     role = item.get("role")
@@ -204,8 +244,14 @@ def chain(setup: str, messages: list[Message]) -> list[str]:
     ``chain(s, m[:k]) == chain(s, m)[:k]``."""
     out: list[str] = []
     h = _digest("kvv-chain\0" + str(setup))
+    memo = _chain_memo
     for m in messages:
-        h = _digest(h + "\0" + canonical([m.role, m.name, m.content]))[:CHAIN_HEX]
+        key = (h, m.role, m.name, m.content)
+        nxt = memo.get(key)
+        if nxt is None:  # not seen yet (a chat's history was hashed at its earlier turns)
+            nxt = _digest(h + "\0" + canonical([m.role, m.name, m.content]))[:CHAIN_HEX]
+            memo.put(key, nxt, len(m.content) + len(m.role) + len(m.name))
+        h = nxt
         out.append(h)
     return out
 

@@ -313,10 +313,11 @@ class SlotLeases:
 
     # -- acquire / release
 
-    async def acquire(self, conv: Conversation, prompt_tokens: int) -> Lease:
+    async def acquire(self, conv: Conversation, prompt_tokens: int | Callable[[], int]) -> Lease:
         """A slot for one request of ``conv``, BUSY until :meth:`release`; waits while the conversation's
         own slot is in use (a second request of one conversation runs after the first) and while
-        no slot can be freed."""
+        no slot can be freed. ``prompt_tokens``: the request's size, or a function that guesses it (called
+        only when a restore is weighed: a conversation that kept its slot never needs it)."""
         conv = self._adopt(conv)
         tried: dict[int, int] = {}  # slot -> its version when saving its conversation failed
         while True:
@@ -571,8 +572,8 @@ class SlotLeases:
         self._journal("acquired", slot, touched=[conv])
         return lease
 
-    async def _lease_new(self, slot: _Slot, conv: Conversation, prompt_tokens: int, evicted: str | None,
-                         dropped: bool) -> Lease:
+    async def _lease_new(self, slot: _Slot, conv: Conversation, prompt_tokens: int | Callable[[], int],
+                         evicted: str | None, dropped: bool) -> Lease:
         touched = [conv]
         held_prompt = slot.n_tokens > 0 and slot.holder not in (None, conv.id)  # what the server sees pinned
         ram = self.ram_longer(conv)
@@ -773,10 +774,12 @@ class SlotLeases:
         while len(self._ram) > LOST_NOTES_KEPT:
             self._ram.popitem(last=False)
 
-    def _restore_pays(self, conv: Conversation, prompt_tokens: int) -> bool:
+    def _restore_pays(self, conv: Conversation, prompt_tokens: int | Callable[[], int]) -> bool:
         rate = self._prefill_rate()
         if rate is None or rate <= 0:
             return True  # not measured yet: a restore is almost always cheaper
+        if callable(prompt_tokens):
+            prompt_tokens = prompt_tokens()
         reusable = conv.n_tokens if prompt_tokens <= 0 else min(conv.n_tokens, prompt_tokens)
         return self._restore_ms(conv.n_tokens) < reusable * rate
 

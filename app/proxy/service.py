@@ -387,7 +387,9 @@ class ProxyService:
             conv.messages, conv.chain = messages, chain
             return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
                                   body=body, previous_body=previous_body)
-        estimate = max(1, len(json.dumps(body.get("messages") or body.get("prompt") or "")) // CHARS_PER_TOKEN)
+
+        def estimate() -> int:  # only when a restore is weighed: a whole history serialised again costs
+            return max(1, len(json.dumps(body.get("messages") or body.get("prompt") or "")) // CHARS_PER_TOKEN)
         held_before = conv.n_tokens  # what it held after its last reply, wherever that is now
         assert self.leases is not None
         self._backend.requests[park_name(conv.id)] = (path, body)  # for the final check of a restore

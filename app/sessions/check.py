@@ -85,6 +85,12 @@ PROTOCOL_ONE_PROCESS = "one process"  # every probe in the running server (arms 
 PROTOCOLS = (PROTOCOL_RESTARTS, PROTOCOL_ONE_PROCESS)
 
 Restarter = Callable[[], Awaitable[None]]
+ProgressFn = Callable[[str], None]
+#: how often a long query's prefill is asked about (GET /slots, else the server's log)
+PROGRESS_POLL_S = 0.5
+#: the "rollback" chat probe: the saved tokens less this many at the tail, then the question (what a
+#: chat client's re-tokenised tail makes the server do: roll back a few tokens) in exact tokens
+TAIL_ROLLBACK = 4
 
 
 class CheckError(Exception):
@@ -186,6 +192,10 @@ class _Ctx:
     bos_text: str
     warnings: list[str]
     prediction: LoadPrediction | None = None  # what this build's loader does with the sidecar
+    on_progress: ProgressFn | None = None  # where the check says what it is doing (a line of text)
+
+    def say(self, text: str) -> None:
+        _say(self.on_progress, text)
 
 
 def state_path_of(target: ServerTarget, record: SessionRecord) -> Path:
@@ -199,7 +209,68 @@ def state_path_of(target: ServerTarget, record: SessionRecord) -> Path:
     return p
 
 
-async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int) -> _Ctx:
+def _say(cb: ProgressFn | None, text: str) -> None:
+    if cb is not None:
+        try:
+            cb(text)
+        except Exception:  # report: a broken progress display must not break the check
+            log.exception("check: the progress callback failed on %r", text)
+
+
+async def _prefill_text(ctx: _Ctx, what: str, n_prompt: int | None, seq: int | None) -> str | None:
+    """How far the running query's prefill is: from ``GET /slots`` (build 11434 answers it between
+    batches: ``is_processing``, ``n_prompt_tokens_processed``, ``n_prompt_tokens_cache``), else from
+    the server's log (``prompt processing, n_tokens = N, progress = P``, printed after 3 s of it)."""
+    try:
+        row = find_row(await ctx.target.slot_rows(), ctx.slot_id)
+    except (ServerError, SlotError):
+        row = None
+    if row is not None and row.busy and row.n_processed:  # 0: the server has not placed the task's cache yet
+        total = n_prompt - (row.n_cached or 0) if n_prompt else row.n_prompt_tokens
+        if total and total > 0:
+            return f"{what}: prefilling {min(row.n_processed, total):,} of {total:,} tokens"
+        return f"{what}: prefilling, {row.n_processed:,} tokens so far"
+    if ctx.target.log is None or seq is None:
+        return None
+    progress = [ll.event for ll in ctx.target.log.since(seq)
+                if ll.event.slot == ctx.slot_id and ll.event.kind == Kind.PROMPT_PROGRESS]
+    if not progress:
+        return None
+    last = progress[-1]
+    n = int(getattr(last, "n_tokens", 0) or 0)
+    frac = float(getattr(last, "progress", 0.0) or 0.0)
+    if n_prompt:
+        return f"{what}: prefilling {n:,} tokens, {frac:.0%} of the {n_prompt:,}-token prompt"
+    return f"{what}: prefilling {n:,} tokens ({frac:.0%})"
+
+
+async def _with_progress(ctx: _Ctx, what: str, n_prompt: int | None, query) -> dict:
+    """Await ``query`` (a completion on the check's slot); meanwhile, every PROGRESS_POLL_S, say how
+    far its prefill is when that changed (a 32K-token prefill takes minutes on a CPU)."""
+    if ctx.on_progress is None:
+        return await query
+    seq = _log_seq(ctx.target)
+    task = asyncio.create_task(query)  # awaited below (a bounded wait per poll), cancelled on the way out
+    last = None
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=PROGRESS_POLL_S)
+            if done:
+                return task.result()
+            if getattr(ctx.target.log, "poll", None) is not None:
+                ctx.target.log.poll()
+            text = await _prefill_text(ctx, what, n_prompt, seq)
+            if text and text != last:
+                last = text
+                ctx.say(text)
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int,
+                   on_progress: ProgressFn | None = None) -> _Ctx:
+    _say(on_progress, f"reading the state file of '{record.name}'")
     path = state_path_of(target, record)
     try:
         header = read_state_header(path)
@@ -242,7 +313,7 @@ async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int) ->
         pass
     prediction = await asyncio.to_thread(predict_for_target, target, path, header.token_count)
     return _Ctx(target, record, slot_id, path, tokens, status, count, sidecar_path, build_persists, bos_text,
-                warnings, prediction)
+                warnings, prediction, on_progress)
 
 
 def _hidden_prediction(ctx: _Ctx) -> LoadPrediction:
@@ -277,6 +348,7 @@ async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
     """Restore the session into the slot; (restore_ms, n_restored, log seq before)."""
     t = ctx.target
     seq = _log_seq(t)
+    ctx.say(f"restoring {len(ctx.tokens):,} tokens into slot {ctx.slot_id}")
     t0 = time.perf_counter()
     try:
         resp = await t.client.restore_slot(ctx.slot_id, ctx.record.state_file)
@@ -292,9 +364,10 @@ async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
 async def _prompt_for(ctx: _Ctx, mode: str, question: str) -> tuple[Any, list[int] | None]:
     """The probe's prompt and, when known, its tokens (for the common prefix)."""
     client = ctx.target.client
-    if mode == "exact":
+    if mode in ("exact", "rollback"):
         q = await client.tokenize(question)
-        toks = list(ctx.tokens) + list(q)
+        kept = ctx.tokens if mode == "exact" else ctx.tokens[:max(1, len(ctx.tokens) - TAIL_ROLLBACK)]
+        toks = list(kept) + list(q)
         return toks, toks
     text = await client.detokenize(list(ctx.tokens))
     had_bos = False
@@ -360,8 +433,10 @@ async def _cold(ctx: _Ctx, prompt: Any, output: _Output) -> oc.Continuation | st
     try:
         await client.erase_slot(ctx.slot_id)
         ctx.target.restored.pop(ctx.slot_id, None)
-        resp = await client.completion(prompt, slot_id=ctx.slot_id, n_predict=output.k, cache_prompt=False,
-                                       extra=oc.sampling())
+        n = len(prompt) if isinstance(prompt, list) else None
+        ctx.say("output check: a cold prefill of the same prompt" + (f" ({n:,} tokens)" if n else ""))
+        resp = await _with_progress(ctx, "output check, cold prefill", n, client.completion(
+            prompt, slot_id=ctx.slot_id, n_predict=output.k, cache_prompt=False, extra=oc.sampling()))
         cold: oc.Continuation | str = oc.continuation(resp)
     except ServerError as exc:
         cold = f"the cold prefill failed: {exc.message}"
@@ -382,14 +457,17 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
                  restart: Restarter | None = None, earlier: bool = False, prediction=None,
                  output: _Output | None = None) -> ProbeRow:
     if restart is not None:
+        ctx.say(f"{name}: restarting the server (a fresh process for this probe)")
         await _restart(ctx, restart)
     restore_ms, n_restored, seq = await _restore(ctx)
     prompt, toks = await _prompt_for(ctx, mode, question)
     extra = oc.sampling() if output is not None else None
     if output is not None:
         n_predict = max(n_predict, output.k)
+    ctx.say(f"{name}: the first query" + (f" ({len(toks):,} tokens)" if toks else ""))
     try:
-        resp = await ctx.target.client.completion(prompt, slot_id=ctx.slot_id, n_predict=n_predict, extra=extra)
+        resp = await _with_progress(ctx, name, len(toks) if toks else None, ctx.target.client.completion(
+            prompt, slot_id=ctx.slot_id, n_predict=n_predict, extra=extra))
     except ServerError as exc:
         raise CheckError(f"the probe query failed: {exc.message}") from None
     finally:
@@ -468,7 +546,7 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
                        question: str = DEFAULT_QUESTION, n_predict: int = 1,
                        variants: tuple[str, ...] = ("exact", "text"),
                        restart: Restarter | None = None, output_check: bool = True,
-                       output_tokens: int = oc.OUTPUT_TOKENS) -> CheckReport:
+                       output_tokens: int = oc.OUTPUT_TOKENS, on_progress: ProgressFn | None = None) -> CheckReport:
     """Restore ``record`` into ``slot_id`` and judge a first query, once per variant
     ("exact": saved tokens + question tokens; "text": detokenised text + question).
 
@@ -477,10 +555,13 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
 
     ``restart``: run each probe in a fresh server process. Given only where it
     matters (a build that may keep a slot's checkpoints across restores); without
-    it a later probe that reused an earlier one's checkpoints is labelled."""
+    it a later probe that reused an earlier one's checkpoints is labelled.
+
+    ``on_progress(text)``: where the check is (restarts, restores, each query's prefill as
+    "prefilling 12,288 of 32,768 tokens", the cold prefills)."""
 
     async def run() -> CheckReport:
-        ctx = await _prepare(target, record, slot_id)
+        ctx = await _prepare(target, record, slot_id, on_progress)
         rows = []
         output = _Output(output_tokens) if output_check else None
         for i, mode in enumerate(variants):
@@ -586,7 +667,8 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
                    question: str = DEFAULT_QUESTION, n_predict: int = 1,
                    between_arms: Callable[[], Awaitable[None] | None] | None = None,
                    restart: Restarter | None = None, protocol: str | None = None, output_check: bool = True,
-                   output_tokens: int = oc.OUTPUT_TOKENS) -> ABReport:
+                   output_tokens: int = oc.OUTPUT_TOKENS, exact_probes: bool = True,
+                   chat_probe: str = "text", on_progress: ProgressFn | None = None) -> ABReport:
     """Resume the same state file with its sidecar and with the sidecar hidden; each
     arm's first query as a chat client sends it (text), then the exact-append probe
     as a second row; optionally a baseline full prefill.
@@ -597,9 +679,18 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
     probe's checkpoints.
     ``output_check``: both arms' outputs compared with one cold prefill per prompt (an arm whose
     output differs is DIFFERS).
+    ``exact_probes``: False runs each arm's chat probe only (at 32K tokens on a CPU the hidden arm's
+    exact append is another full prefill of minutes).
+    ``chat_probe``: how each arm's first query stands for a chat client: "text" (the saved tokens
+    detokenised and re-tokenised, the default) or "rollback" (in exact tokens, the last
+    TAIL_ROLLBACK saved tokens dropped: the same small rollback, for a model whose tokenizer does
+    not round-trip text, such as llama.cpp's test models).
+    ``on_progress(text)``: where the A/B is (as :func:`check_resume`'s).
     ``between_arms`` is a test hook run after the first arm."""
     if protocol is None:
         protocol = PROTOCOL_RESTARTS if restart is not None else PROTOCOL_ONE_PROCESS
+    if chat_probe not in ("text", "rollback"):
+        raise CheckError(f"unknown chat probe '{chat_probe}' (use: text, rollback)")
     if protocol not in PROTOCOLS:
         raise CheckError(f"unknown A/B protocol '{protocol}' (use: {', '.join(PROTOCOLS)})")
     if protocol == PROTOCOL_RESTARTS and restart is None:
@@ -610,7 +701,7 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
     recover([JournalKind.AB_HIDE], Recovery(target.catalog))
 
     async def run() -> ABReport:
-        ctx = await _prepare(target, record, slot_id)
+        ctx = await _prepare(target, record, slot_id, on_progress)
         sidecar = sidecar_candidates(ctx.state_path)[0]
         if record.sidecar_file:
             sidecar = ctx.state_path.with_name(record.sidecar_file)
@@ -619,7 +710,7 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
         output = _Output(output_tokens) if output_check else None
 
         async def arm(names: tuple[str, str], **kw) -> None:
-            for name, mode in zip(names, ("text", "exact")):
+            for name, mode in zip(names, (chat_probe, "exact") if exact_probes else (chat_probe,)):
                 row = await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restarter,
                                    earlier=bool(rows), output=output, **kw)
                 rows.append(row)
@@ -632,6 +723,7 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
         if between_arms is not None:
             await _maybe_await(between_arms())
         if has_sidecar:
+            ctx.say(f"hiding the sidecar ({sidecar.name}) for the second arm")
             pid, hidden = hide_sidecar(target.catalog, sidecar)
             try:
                 await arm((ARM_HIDDEN, ARM_HIDDEN_EXACT), sidecar_status=SidecarStatus.MISSING.value,
@@ -643,10 +735,12 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
         await _check_outputs(ctx, rows, output)  # the cold prefills after every arm: none can reuse theirs
         for row in rows:
             record_arm(row)
-        with_row, hidden_row = rows[0], rows[2]
+        with_row = next(r for r in rows if r.name == ARM_WITH)
+        hidden_row = next(r for r in rows if r.name == ARM_HIDDEN)
         base_row = None
         if baseline:
             if restarter is not None:
+                ctx.say("baseline: restarting the server (a fresh process for the cold prefill)")
                 await _restart(ctx, restarter)
             base_row = await _baseline(ctx, question, n_predict)
             rows.append(base_row)
@@ -692,7 +786,9 @@ async def _baseline(ctx: _Ctx, question: str, n_predict: int) -> ProbeRow:
     ctx.target.restored.pop(ctx.slot_id, None)
     q = await client.tokenize(question)
     prompt = list(ctx.tokens) + list(q)
-    resp = await client.completion(prompt, slot_id=ctx.slot_id, n_predict=n_predict, cache_prompt=False)
+    ctx.say(f"baseline: a full prefill of {len(prompt):,} tokens in the emptied slot")
+    resp = await _with_progress(ctx, "baseline", len(prompt), client.completion(
+        prompt, slot_id=ctx.slot_id, n_predict=n_predict, cache_prompt=False))
     t = Timings.of(resp)
     n = t.prompt_n
     v = Verdict(VerdictKind.UNKNOWN, f"baseline: full prefill of {n:,} tokens in an empty slot (reference)"

@@ -485,7 +485,7 @@ class SessionService:
 
     async def check(self, name: str, slot_id: int | None = None, *, force: bool = False,
                     question: str = check_job.DEFAULT_QUESTION, protocol: str | None = None,
-                    output_check: bool = True) -> CheckReport:
+                    output_check: bool = True, on_progress=None) -> CheckReport:
         """Restore ``name`` and judge a first query twice (exact tokens, text); ``output_check``:
         each probe's output compared with a cold prefill's (DIFFERS when it differs)."""
         rec = self.session(name)
@@ -496,7 +496,7 @@ class SessionService:
             await self._confirm_restarts(slot, force)
         try:
             report = await check_job.check_resume(self.target, rec, slot, question=question, restart=restart,
-                                                  output_check=output_check)
+                                                  output_check=output_check, on_progress=on_progress)
         except CheckError as e:
             raise ServiceError(str(e)) from None
         self._changed.emit()
@@ -504,10 +504,11 @@ class SessionService:
 
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False,
                  question: str = check_job.DEFAULT_QUESTION, between_arms=None,
-                 protocol: str | None = None, output_check: bool = True) -> ABReport:
+                 protocol: str | None = None, output_check: bool = True, exact_probes: bool = True,
+                 chat_probe: str = "text", on_progress=None) -> ABReport:
         """The A/B: the same state file with its sidecar and with it hidden, across restarts
         when KV Valet runs the server (``protocol`` None), else in one process; ``output_check``:
-        both arms' outputs compared with a cold prefill's."""
+        both arms' outputs compared with a cold prefill's; ``on_progress(text)``: where it is."""
         rec = self.session(name)
         slot = await self.check_slot(rec, slot_id, force=force)
         protocol = self.protocol_for(protocol)
@@ -517,7 +518,8 @@ class SessionService:
         try:
             report = await check_job.ab_check(self.target, rec, slot, baseline=baseline, question=question,
                                               between_arms=between_arms, restart=restart, protocol=protocol,
-                                              output_check=output_check)
+                                              output_check=output_check, exact_probes=exact_probes,
+                                              chat_probe=chat_probe, on_progress=on_progress)
         except CheckError as e:
             raise ServiceError(str(e)) from None
         self._changed.emit()

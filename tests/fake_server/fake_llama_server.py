@@ -51,6 +51,10 @@ Environment knobs:
   FAKE_COMPLETION_DELAY (0)        seconds a completion really keeps its slot busy, a streamed one
                                    right after its first token (SIGUSR2 ends the delays at once, and
                                    every later one)
+  FAKE_PREFILL_HOLD (0)            1: a prompt past one full batch (-b) stops after that batch, the
+                                   slot busy, until SIGUSR2 (as FAKE_COMPLETION_DELAY); meanwhile
+                                   /slots answers as build 11434 does between batches (captured:
+                                   is_processing, n_prompt_tokens_processed, n_prompt_tokens_cache)
   FAKE_SIDECAR (0)                 1: the sidecar build: write/read <state>.ckpt sidecars
   KVV_SIDECAR_MODE (v2)            with FAKE_SIDECAR=1: v2 | fork | port, as the real sidecar build
   FAKE_STATE_BYTES_PER_TOKEN (64)  size of the fake sequence state per token
@@ -730,6 +734,7 @@ class FakeServer:
         self.sidecar_mode, self.sidecar_mode_raw = sidecar_mode()  # only with FAKE_SIDECAR=1
         self.loading = True
         self.cv = threading.Condition(threading.RLock())
+        self.prefill_hold = env_flag("FAKE_PREFILL_HOLD")
         self.next_task = 0
         self.n_graphs_reused = 0
         self.cache: list[CacheEntry] | None = [] if self.cache_ram_mib != 0 else None
@@ -1206,8 +1211,21 @@ class FakeServer:
             self.mem_decode(slot, n_start, len(slot.tokens))
             slot.n_prompt_processed += n_cur
             n_batches += 1
+            if self.prefill_hold and n_batches == 1 and n_cur == self.n_batch and len(slot.tokens) < n_task:
+                self._hold_prefill()
             self.n_graphs_reused += max(0, -(-n_cur // self.n_ubatch) - 1)
         return n_past, slot.n_prompt_processed, n_batches
+
+    def _hold_prefill(self) -> None:
+        """FAKE_PREFILL_HOLD: wait between batches (the lock released, so /slots answers) until SIGUSR2."""
+        if not END_COMPLETION_DELAY.is_set():
+            start_thread(self._wake_on_sigusr2)
+            self.cv.wait_for(END_COMPLETION_DELAY.is_set)
+
+    def _wake_on_sigusr2(self) -> None:
+        END_COMPLETION_DELAY.wait()
+        with self.cv:
+            self.cv.notify_all()
 
     def _finish(self, slot: Slot, prompt: list[int], n_predict: int, cache_n: int, prompt_n: int,
                 n_batches: int, stream: bool = False) -> dict:

@@ -325,3 +325,46 @@ def test_hint_from_explicit_keys_first():
     assert hint_from({}, {"prompt_cache_key": "  ", "user": "u"}) == "u"
     assert hint_from({}, {"prompt_cache_key": 7}) is None
     assert hint_from({}, {"prompt_cache_key": "k" * 500}) == "k" * 200
+
+
+# -- the memos: a history seen before is looked up, with the very same answers -------------------
+
+
+def _uncached_chain(setup: str, messages: list[Message]) -> list[str]:
+    import hashlib
+    import json
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    out, h = [], digest("kvv-chain\0" + setup)
+    for m in messages:
+        h = digest(h + "\0" + json.dumps([m.role, m.name, m.content], sort_keys=True, separators=(",", ":"),
+                                         ensure_ascii=False))[:32]
+        out.append(h)
+    return out
+
+
+def test_memoised_chain_and_messages_are_the_computed_ones(monkeypatch):
+    from app.proxy import identity
+
+    raw = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+           {"role": "assistant", "content": "<think>why</think>  hello  "}, {"role": " user ", "content": "x"},
+           {"role": "tool", "content": "42"}, {"role": "user", "content": "hi"}]
+    first = normalise(raw)
+    assert first[2] == Message("assistant", "hello", reasoning="why")
+    assert first[3] == Message("user", "x")
+    again = normalise([dict(m) for m in raw])  # new objects, equal text: from the memo
+    assert again == first
+    # the plain path gives what the general one gives (a message with more keys takes the general one)
+    assert [normalise([dict(m, name="")])[0] for m in raw] == first
+    for setup in ("s1", "s2"):
+        assert chain(setup, first) == _uncached_chain(setup, first)
+        assert chain(setup, first) == _uncached_chain(setup, first)  # looked up this time
+    assert chain("s1", first[:3]) == chain("s1", first)[:3]
+    assert chain("s1", [Message("user", "hi", name="t")]) != chain("s1", [Message("user", "hi")])
+    # a memo is emptied when a new entry would take it past its size, and answers the same
+    monkeypatch.setattr(identity, "MEMO_CHARS", 10)
+    assert chain("s3", first) == _uncached_chain("s3", first)
+    assert normalise([dict(m, content=m["content"] + "!") for m in raw])[1] == Message("user", "hi!")
+    assert identity._chain_memo.chars <= 10 + max(len(m.content) + len(m.role) for m in first)

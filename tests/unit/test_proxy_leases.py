@@ -186,6 +186,24 @@ async def test_restore_is_skipped_when_prefilling_is_cheaper():
     assert a.parked_as == "proxy-A"  # the park is kept
 
 
+async def test_the_request_size_is_guessed_only_when_a_restore_is_weighed():
+    be = FakeBackend()
+    leases = make(1, backend=be, rate=lambda: 2.0, restore_ms=lambda n: 50.0)
+    a, b = conv("A"), conv("B")
+    guessed: list[str] = []
+
+    def size(who: str, n: int):
+        return lambda: guessed.append(who) or n
+
+    await turn(leases, be, a, 100, prompt_tokens=size("A", 100))  # a free slot: nothing weighed
+    await turn(leases, be, a, 120, prompt_tokens=size("A", 120))  # kept its slot: nothing weighed
+    await turn(leases, be, b, 100, prompt_tokens=size("B", 100))  # A parked, B new: nothing weighed
+    assert guessed == []
+    lease = await leases.acquire(a, size("A", 130))  # its 120 tokens re-prefill in 240 ms: restored
+    assert guessed == ["A"] and lease.slot_context.restore_skipped is False
+    assert lease.restored_from == "proxy-A"
+
+
 async def test_restore_when_it_beats_prefill_or_the_rate_is_unknown():
     be = FakeBackend()
     rate: list[float | None] = [2.0]  # 2 ms per token: 100 tokens = 200 ms > the 50 ms restore

@@ -31,8 +31,11 @@ class Checks:
         n = f"{rec.n_tokens:,}" if rec else "all the"
         c.say(f"{what}: running… (a re-prefill of {n} tokens can take a while)")
         try:
-            report = await (c.sessions.ab(name, slot_id, force=force, baseline=baseline) if ab
-                            else c.sessions.check(name, slot_id, force=force))
+            def progress(text: str) -> None:  # where it is: restarts, restores, "prefilling 12,288 of 32,768 tokens"
+                c.say(f"{what}: {text}…")
+
+            report = await (c.sessions.ab(name, slot_id, force=force, baseline=baseline, on_progress=progress) if ab
+                            else c.sessions.check(name, slot_id, force=force, on_progress=progress))
         except NeedsConfirmation as e:
             if not await c.questions.confirmed(op.value, "\n\n".join(e.warnings) + "\n\nGo on?"):
                 c.say(f"{what}: cancelled.", ok=True, op=op)
