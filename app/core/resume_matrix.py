@@ -147,8 +147,8 @@ def render_table() -> str:
 _VERDICT_WORDS = {
     "HIT": "re-processes only the last few tokens (HIT)",
     "PARTIAL": "rolls back to an earlier checkpoint and re-processes part of the chat (PARTIAL)",
-    "DISCARDED": "re-processes everything (DISCARDED)",
-    "MISS": "re-processes everything (MISS)",
+    "DISCARDED": "re-prefills everything (DISCARDED)",
+    "MISS": "re-prefills everything (MISS)",
 }
 _BUILD_WORDS = {"stock": "a stock build", "fork": "the turboquant fork", "v2": "KV Valet's built server (v2)"}
 

@@ -275,10 +275,15 @@ class RemoteSessions:
             self.status, self.loaded = status, True
             self._changed.emit()
 
-    async def park(self, slot_id: int | None = None, name: str | None = None) -> ParkResult:
-        """Park through the host's ``kv-valet park --json`` (None: the host's default slot)."""
+    async def park(self, slot_id: int | None = None, name: str | None = None, *,
+                   on_progress=None) -> ParkResult:
+        """Park through the host's ``kv-valet park --json`` (None: the host's default slot). The host's
+        steps are not relayed: ``on_progress`` hears that the park runs there."""
         from app.remote.host import RemoteError
         from app.sessions.service import ServiceError
+
+        if on_progress is not None:
+            on_progress(f"parking on {self.host}")
 
         argv = ["park", self._profile, "--json"] + (["--slot", str(slot_id)] if slot_id is not None else []) + \
             (["--name", name] if name else [])

@@ -74,8 +74,10 @@ class Sessions(Protocol):
 
     async def slot_rows(self) -> "list[SlotRow]": ...
 
-    async def park(self, slot_id: int | None = None, name: str | None = None) -> "ParkResult":
-        """Park ``slot_id`` (None: the default slot) as ``name``; raises ServiceError."""
+    async def park(self, slot_id: int | None = None, name: str | None = None, *,
+                   on_progress: "Callable[[str], None] | None" = None) -> "ParkResult":
+        """Park ``slot_id`` (None: the default slot) as ``name``; raises ServiceError. ``on_progress``
+        hears each step, where the implementation can tell them."""
 
     async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False) -> "ResumeResult":
         """Resume ``name``; raises ResumeRefused, NeedsConfirmation (unless ``force``), ResumeFailed."""

@@ -24,9 +24,10 @@ pytestmark = pytest.mark.real_server
 
 
 def test_disk_full_during_a_park(stock_profile, tmp_path):
-    """The save folder's disk fills up with a megabyte left: the re-park runs out of space
-    half-way through its temporary file, fails, says the disk is full, and the old copy stays
-    listed, byte-identical; with room again the park works."""
+    """The save folder's disk fills up with a megabyte left: the re-park is refused before the server
+    writes anything (the park's size is predicted from the model, app.core.park_size) and says how much
+    it needs; the old copy stays listed, byte-identical; with room again the park works. (A save that
+    runs out of space half-way: tests/fake_server/test_park_resume.py::test_failed_park_keeps_previous_copy.)"""
     folder = tmp_path / "small"
     profile = stock_profile.replace(slot_save_path=str(folder) + "/")
     from app.store.profiles import ProfileStore
@@ -47,8 +48,9 @@ def test_disk_full_during_a_park(stock_profile, tmp_path):
                     f.write(b"\0" * (shutil.disk_usage(folder).free - 1024 * 1024))
                 rc, out, err = await cli("park", "real", "--slot", "0", "--name", "chat")
                 assert rc == 1, (out, err)
-                assert "slot 0: not parked: the server refused to save slot 0: Unable to save slot (the disk " \
-                       f"holding {folder} is full: " in out and "free, the save needs about 3." in out, out
+                assert f"slot 0: not parked: not enough space to park: the disk holding {folder} has " in out \
+                       and "free, the park needs about 3." in out and "nothing was saved" in out, out
+                assert sorted(p.name for p in folder.iterdir() if p.name.startswith("kvv-tmp-")) == []
                 listed = assert_consistent([folder])
                 assert listed["chat"].n_tokens == old.n_tokens
                 assert state_bytes(folder, old.state_file) == before
