@@ -97,3 +97,14 @@ def stop_if_cancelled() -> None:
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
 
+
+def say_progress(callback, text: str, what: str) -> None:
+    """Tell ``callback`` (None: nobody listens) how long work goes; a broken progress display is
+    logged with ``what`` is running, and never breaks that work."""
+    if callback is None:
+        return
+    try:
+        callback(text)
+    except Exception:  # report: a broken progress display must not break the work it describes
+        log.exception("%s: the progress callback failed on %r", what, text)
+

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from app.core.background import say_progress
 from app.core import output_check as oc
 from app.core.sidecar_behaviour import MISSING, LoadPrediction, predict_load
 from app.core.states import SidecarStatus
@@ -210,11 +211,7 @@ def state_path_of(target: ServerTarget, record: SessionRecord) -> Path:
 
 
 def _say(cb: ProgressFn | None, text: str) -> None:
-    if cb is not None:
-        try:
-            cb(text)
-        except Exception:  # report: a broken progress display must not break the check
-            log.exception("check: the progress callback failed on %r", text)
+    say_progress(cb, text, "check")
 
 
 async def _prefill_text(ctx: _Ctx, what: str, n_prompt: int | None, seq: int | None) -> str | None:

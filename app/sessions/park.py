@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app import paths
+from app.core.background import say_progress
 from app import files
 from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
 from app.core.states import SidecarStatus
@@ -475,11 +476,7 @@ def _why_save_failed(save_dir: Path, n_tokens: int, catalog: Catalog, profile: s
 
 
 def _say(cb: ProgressFn | None, text: str) -> None:
-    if cb is not None:
-        try:
-            cb(text)
-        except Exception:  # report: a broken progress display must not break the park
-            log.exception("park: the progress callback failed on %r", text)
+    say_progress(cb, text, "park")
 
 
 def _verify(tmp: Path, resp: dict) -> int:
