@@ -122,6 +122,33 @@ def isolated_dirs(tmp_path, monkeypatch):
     yield
 
 
+QT_FIXTURES = {"qapp", "qtbot", "qloop"}
+
+
+@pytest.fixture(autouse=True)
+def qt_garbage_on_the_main_thread(request):
+    """A test with Qt objects collects its garbage on the GUI thread, as the app does
+    (:class:`app.ui.collector.MainThreadCollector`), and leaves none behind: a Qt object in a reference
+    cycle freed later by a worker thread of another test (the log reader, ``asyncio.to_thread``) would
+    leave the event dispatcher holding it, and pytest-qt's next ``processEvents`` would crash."""
+    if not QT_FIXTURES & set(request.fixturenames):
+        yield
+        return
+    import gc
+
+    request.getfixturevalue("qapp")
+    from app.ui.collector import MainThreadCollector
+
+    collector = MainThreadCollector()
+    collector.start()
+    try:
+        yield
+    finally:
+        collector.stop()
+        del collector
+        gc.collect()
+
+
 @pytest.fixture
 def qloop(qapp):
     """A qasync event loop on the test's QApplication (as the app runs)."""

@@ -84,6 +84,11 @@ def run_gui(start: str | None = None) -> int:
         app.setWindowIcon(QIcon(icon_path))
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
+    from app.ui.collector import MainThreadCollector
+
+    # garbage collected on this thread only: a Qt object freed in a worker thread crashes the event loop
+    collector = MainThreadCollector(parent=app)
+    collector.start()
     from app.store.profiles import ProfileStore
     from app.ui.dialogs.first_run import greet
 
