@@ -178,14 +178,21 @@ class ResumePrediction:
         return None if self.observed is None else self.observed.resumes
 
     @property
+    def buys_nothing(self) -> bool:
+        """Measured: the restore brings nothing the next turn reuses (it re-prefills everything)."""
+        return self.observed is not None and self.observed.verdict in ("DISCARDED", "MISS")
+
+    @property
     def sentence(self) -> str:
         if self.observed is None:
             return "what a resume buys here is not measured (this model family or build is not in the matrix)"
         flags = "default flags" if self.config == "default" else self.config
         sidecar = " with no usable sidecar" if self.probe == "hidden" else ""
+        turn = "a prompt that appends to the saved tokens" if self.probe == "exact" else \
+            "a chat client's first turn"
         return (f"measured for a {FAMILY_WORDS.get(self.family or '', self.family)} model on "
-                f"{_BUILD_WORDS.get(self.build or '', self.build)} ({flags}){sidecar}: a chat client's first "
-                f"turn after a restart {_VERDICT_WORDS.get(self.verdict, self.verdict)}")
+                f"{_BUILD_WORDS.get(self.build or '', self.build)} ({flags}){sidecar}: {turn} after a restart "
+                f"{_VERDICT_WORDS.get(self.verdict, self.verdict)}")
 
 
 #: a configuration -> the profile change that leaves it for the default one

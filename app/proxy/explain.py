@@ -287,10 +287,21 @@ def _slot_or_messages(previous: list[Message] | None, current: list[Message], ct
                        "model rolled back past its last context checkpoint).")
 
 
+#: how a park the proxy did not restore, because the resume matrix says the restore buys nothing, is said
+USELESS_RESTORE = "a restore buys nothing on this server"
+
+
 def _restore_avoided(park: str | None, why: str, found: Explanation | None) -> Explanation:
     """A park not restored on purpose: its tokens are not the request's (``found``: what the messages
-    say changed, kept as the cause when they say it), or it would have rolled back onto another chat's
-    checkpoints."""
+    say changed, kept as the cause when they say it), the resume matrix says a restore buys this server
+    nothing, or it would have rolled back onto another chat's checkpoints."""
+    if why.startswith(USELESS_RESTORE):
+        measured = why[len(USELESS_RESTORE) + 2:]
+        text = (f"The proxy did not restore {park!r}: {measured[0].upper() + measured[1:]}. Restoring would only "
+                f"have added the restore's time, so the prompt was processed anew; the park stays.")
+        if found is not None and found.cause is not Cause.UNKNOWN:
+            return dataclasses.replace(found, detail=f"{found.detail} {text}" if found.detail else text)
+        return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS, text)
     if why.startswith("the park's own tokens"):
         text = (f"The proxy did not restore {park!r}: {why}. The prompt was processed anew, and the park is "
                 f"replaced at the next save.")

@@ -34,7 +34,7 @@ from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
 from app.proxy.metrics import ProxyMetrics
-from app.sessions.resume import ResumeHazard
+from app.sessions.resume import ResumeHazard, ResumeRefused, ResumeUseless
 from app.sessions.watch import common_prefix
 from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name, recover_leases
 from app.sessions.journal import Recovery
@@ -83,8 +83,8 @@ class SessionBackend:
         t0 = time.monotonic()
         try:
             result = await op
-        except ResumeHazard:
-            raise  # not restored on purpose: no restore to count
+        except ResumeRefused:
+            raise  # not restored on purpose (a hazard, a restore that buys nothing): no restore to count
         except BaseException:
             if self.metrics is not None:
                 getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), 0.0, 0, ok=False)
@@ -103,12 +103,19 @@ class SessionBackend:
         return result.record.n_tokens if result.record is not None else 0
 
     async def restore(self, slot: int, name: str) -> int:
+        path = None
         if name in self.requests:
+            path = self.requests[name][0]
             await self._check_tokens(name, *self.requests[name])
+        # the turn the restore is for: a chat client's re-rendered messages, or a prompt sent as text
+        probe = "exact" if path in TEXT_PATHS else "chat"
         try:
-            # never onto another chat's checkpoints (the fork keeps a slot's across a restore): re-process
-            result = await self._observed("restore", name, (await self._svc()).resume(name, slot, force=True,
-                                                                                     avoid_hazard=True))
+            # never onto another chat's checkpoints (the fork keeps a slot's across a restore), and never
+            # where the resume matrix measured that the restore buys the turn nothing: re-process instead
+            result = await self._observed("restore", name, (await self._svc()).resume(
+                name, slot, force=True, avoid_hazard=True, avoid_useless=probe))
+        except ResumeUseless as e:
+            raise RestoreAvoided(f"{explain_mod.USELESS_RESTORE}: {e.reasons[0]}") from None
         except ResumeHazard as e:
             raise RestoreAvoided(e.hazard) from None
         # did the restore bring context checkpoints back (a sidecar this build loads)? None: not known

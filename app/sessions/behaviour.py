@@ -235,10 +235,11 @@ def resume_cell(target) -> tuple[str | None, str | None, str]:
     return family, build_of(target.behaviour), config
 
 
-def resume_prediction(target, *, sidecar_usable: bool = True) -> ResumePrediction:
-    """What the first chat turn after a restart buys a session resumed on ``target`` (the one prediction)."""
+def resume_prediction(target, *, sidecar_usable: bool = True, probe: str = "chat") -> ResumePrediction:
+    """What the first turn after a restart buys a session resumed on ``target`` (the one prediction):
+    a chat client's re-rendered turn (``chat``), or the saved tokens and new ones (``exact``)."""
     family, build, config = resume_cell(target)
-    return predict(family, build, config, sidecar_usable=sidecar_usable)
+    return predict(family, build, config, sidecar_usable=sidecar_usable, probe=probe)
 
 
 def resume_warning(target, prediction: LoadPrediction, memory_kind: str) -> str | None:

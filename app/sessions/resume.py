@@ -26,7 +26,7 @@ from app.core.sidecar_behaviour import Behaviour, LoadPrediction
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
 from app.sessions import sidecar_check
-from app.sessions.behaviour import predict_for_target, resume_warning
+from app.sessions.behaviour import predict_for_target, resume_prediction, resume_warning
 from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
 from app.sessions.park import model_identity
 from app.sessions.records import AmbiguousName
@@ -52,6 +52,17 @@ class ResumeHazard(ResumeRefused):
     def __init__(self, hazard: str):
         self.hazard = hazard
         super().__init__([hazard])
+
+
+class ResumeUseless(ResumeRefused):
+    """Refused because the resume matrix measured that a restore buys nothing on this server (this model
+    family, build and flags): the next turn re-prefills everything all the same. Asked for by a caller
+    that can process the prompt instead and keep the park (the conversation proxy)."""
+
+    def __init__(self, prediction):
+        self.prediction = prediction
+        reason = prediction.sentence + (f"; to resume: {prediction.remedy}" if prediction.remedy else "")
+        super().__init__([reason])
 
 
 class ResumeFailed(Exception):
@@ -279,19 +290,33 @@ def clean_slot(target: ServerTarget, rows: list[SlotRow], record: SessionRecord)
 
 
 async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
-                         force: bool = False, avoid_hazard: bool = False) -> ResumeResult:
+                         force: bool = False, avoid_hazard: bool = False,
+                         avoid_useless: str | None = None) -> ResumeResult:
     """Restore session ``name`` into ``slot_id`` (None: :func:`app.sessions.slots.default_slot`).
 
     Raises ResumeRefused (cannot work), NeedsConfirmation (would work, with
     costs: pass force=True), ResumeFailed (the server refused the restore).
+    ``avoid_hazard``: raise ResumeHazard rather than restore onto another chat's checkpoints;
+    ``avoid_useless`` (a resume-matrix probe, ``chat`` or ``exact``): raise ResumeUseless rather than
+    restore where the matrix measured that the restore buys that turn nothing.
     """
     record = find_session(target.catalog, target.profile_name, name)
     label = f"Resume '{name}'" + (f" into slot {slot_id}" if slot_id is not None else "")
-    return await target.queue.run(label, lambda: _resume(target, record, slot_id, force, avoid_hazard))
+    return await target.queue.run(label, lambda: _resume(target, record, slot_id, force, avoid_hazard,
+                                                         avoid_useless))
+
+
+def useless_restore(target: ServerTarget, pf: Preflight, probe: str):
+    """The resume-matrix prediction when a restore buys ``probe``'s turn nothing here, else None. Only
+    for a checkpointed model on a known build (``pf.prediction`` set): a dense model keeps every position."""
+    if pf.prediction is None:
+        return None
+    rp = resume_prediction(target, sidecar_usable=not pf.prediction.rolls_back_nowhere, probe=probe)
+    return rp if rp.buys_nothing else None
 
 
 async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool,
-                  avoid_hazard: bool = False) -> ResumeResult:
+                  avoid_hazard: bool = False, avoid_useless: str | None = None) -> ResumeResult:
     rows = await target.slot_rows()
     chosen = slot_id is None
     if slot_id is None:
@@ -309,6 +334,10 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
         raise ResumeRefused(pf.refusals)
     if avoid_hazard and pf.hazard:
         raise ResumeHazard(pf.hazard)
+    if avoid_useless is not None:
+        useless = useless_restore(target, pf, avoid_useless)
+        if useless is not None:
+            raise ResumeUseless(useless)
     if pf.warnings and not force:
         raise NeedsConfirmation(pf.warnings)
     id_task_before = pf.slot.id_task if pf.slot is not None else None

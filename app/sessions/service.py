@@ -389,14 +389,15 @@ class SessionService:
 
     # -- resume ------------------------------------------------------------------
     async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
-                     avoid_hazard: bool = False) -> ResumeResult:
+                     avoid_hazard: bool = False, avoid_useless: str | None = None) -> ResumeResult:
         """Restore session ``name`` into ``slot_id`` (None: the default slot).
 
         Raises ResumeRefused (cannot work), NeedsConfirmation (works, with
         costs: pass force=True), ResumeFailed (the server refused). On success the
         session's verdict is UNKNOWN until the next query on the slot is judged.
         """
-        result = await resume_session(self.target, name, slot_id, force=force, avoid_hazard=avoid_hazard)
+        result = await resume_session(self.target, name, slot_id, force=force, avoid_hazard=avoid_hazard,
+                                      avoid_useless=avoid_useless)
         rec = result.record
         if rec.id is not None:
             self.catalog.update_verdict(rec.id, VerdictKind.UNKNOWN, "no query on this slot since the restore yet")

@@ -1,6 +1,7 @@
 """A failed restore on the real server: the conversation's park is damaged on disk after it was
 written (its header and tokens intact, its KV payload cut short), so the app's checks pass and the
-real llama-server 11434 itself refuses the restore ("Unable to restore slot"), which empties the
+real llama-server 11434 itself refuses the restore (with --swa-full, where a restore of Gemma 3 pays on the
+stock build, so the proxy tries it; without it the resume matrix says it buys nothing and the proxy does not) ("Unable to restore slot"), which empties the
 slot. (A file cut short is caught by the app before the server is asked: that is not this case.)
 The server runs with --cache-ram 0 here, so its RAM prompt cache cannot bring the conversation back
 by itself and hide what the proxy did. The proxy must notice, drop the park, re-process the conversation correctly in that slot, and
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.real_server
 
 def test_a_restore_the_server_refuses_is_noticed_and_the_conversation_reprocessed(real_profile):
     async def go():
-        profile = real_profile.replace(proxy=True, cache_ram=0)
+        profile = real_profile.replace(proxy=True, cache_ram=0, swa_full=True)
         async with Proxied(profile) as p:
             first = {}
             for name in ("A", "B", "C"):  # two slots: A is parked to make room for C

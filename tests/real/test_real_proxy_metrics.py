@@ -12,7 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.real.test_real_proxy import Proxied, rotate
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
+from tests.real.test_real_proxy import SYSTEMS, Proxied, rotate, turn
 
 pytestmark = pytest.mark.real_server
 
@@ -25,10 +26,19 @@ def samples(text: str) -> dict[str, list]:
     return out
 
 
-def test_metrics_match_the_request_records(real_profile):
+def test_metrics_match_the_request_records(real_profile, sidecar_server_bin, monkeypatch):
+    # the v2 sidecar build: a restore of Gemma 3 pays there, so the proxy restores (the stock build's would not)
+    monkeypatch.setenv("KVV_SIDECAR_MODE", "v2")
+    profile = real_profile.replace(name="sidecar", server_binary=str(sidecar_server_bin), proxy=True, metrics=True)
+
     async def go():
-        async with Proxied(real_profile.replace(proxy=True, metrics=True)) as p:
+        async with Proxied(profile) as p:
             await rotate(p)  # A, B, C on two slots, then A back from its park
+            # a client that names its chat, then edits its system prompt: a miss with its cause
+            reply, _ = await p.ask(turn(SYSTEMS["B"], question="What is the last word?"), user="chat-m")
+            _, edited = await p.ask(turn("Be brief. " + SYSTEMS["B"], ("What is the last word?", reply),
+                                         question="And the first?"), user="chat-m")
+            assert edited.explanation is not None
             async with httpx.AsyncClient(timeout=60) as h:
                 direct = (await h.get(p.handle.client.base_url + "/metrics")).text
                 r = await h.get(p.proxy.http.url + "/metrics")
@@ -41,7 +51,7 @@ def test_metrics_match_the_request_records(real_profile):
             assert theirs and head == theirs and theirs[0].startswith("llamacpp:")
             got = samples(text)
             records = [rec for conv in p.proxy.list() for rec in p.proxy.store.requests(conv.id)]
-            assert len(records) == 5
+            assert len(records) == 7
             by_verdict = Counter(rec.verdict.value for rec in records)
             scraped = Counter()
             for s in got["kvvalet_proxy_requests_total"]:
@@ -53,7 +63,7 @@ def test_metrics_match_the_request_records(real_profile):
             for s in got["kvvalet_proxy_requests_total"]:
                 if s.labels["cause"] != "NONE":
                     scraped_causes[s.labels["cause"]] += int(s.value)
-            assert scraped_causes == causes and causes  # the restored A said why it re-processed
+            assert scraped_causes == causes and causes  # the edited chat said why it re-processed
             assert sum(s.value for s in got["kvvalet_proxy_tokens_reused_total"]) == \
                 sum(rec.cache_n or 0 for rec in records)
             assert sum(s.value for s in got["kvvalet_proxy_tokens_processed_total"]) == \

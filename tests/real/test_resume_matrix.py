@@ -16,6 +16,7 @@ import asyncio
 import pytest
 
 from app.core.confirmation import NeedsConfirmation
+from app.sessions.resume import ResumeUseless
 from app.core.profile import LaunchProfile
 from app.core.restore_needs import needs_checkpoints
 from app.core.resume_matrix import BUILDS, CONFIGS, FAMILIES, PROBES, expect, predict
@@ -97,5 +98,14 @@ def test_what_the_app_says_and_judges_agrees_with_the_matrix(family, build, conf
             assert asked is (not resumes)
             name, v = await srv.other_client_query(0, prompt + " And one more thing.")
             assert name == "chat" and v.kind.name == cell.verdict, v.reason
+            # the conversation proxy's restore decision, the call it makes (app.proxy.service.SessionBackend):
+            # it restores where the restore buys the turn something, and leaves the park where it buys nothing
+            try:
+                await srv.svc.resume("chat", 0, force=True, avoid_hazard=True, avoid_useless="chat")
+                restored = True
+            except ResumeUseless as e:
+                restored = False
+                assert f"({cell.verdict})" in e.reasons[0], e.reasons
+            assert restored is (cell.verdict not in ("DISCARDED", "MISS")), cell.verdict
 
     asyncio.run(go())

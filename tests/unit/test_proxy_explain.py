@@ -259,3 +259,24 @@ def test_unchanged_messages_blame_the_server():
 def test_slot_context_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         SlotContext().restarted = True  # type: ignore[misc]
+
+
+def test_a_park_left_because_the_matrix_says_a_restore_buys_nothing():
+    """The proxy did not restore a park where the resume matrix measured a full re-prefill after it
+    (app.sessions.resume.useless_restore): said with the measured cell and the remedy; an edit the
+    messages show stays the cause."""
+    from app.core.resume_matrix import predict
+    from app.proxy.explain import USELESS_RESTORE
+
+    rp = predict("sliding-window", "stock", "default")
+    assert rp.buys_nothing and not predict("sliding-window", "v2", "default").buys_nothing
+    assert not predict("hybrid-conv", "v2", "default").buys_nothing  # PARTIAL: the restore still buys some
+    ctx = SlotContext(avoided=f"{USELESS_RESTORE}: {rp.sentence}; to resume: {rp.remedy}", parked_as="proxy-p")
+    e = explain(V.MISS, PREV, CUR, ctx, cache_n=0, reusable=1000)
+    assert e.cause is Cause.RESTORE_WITHOUT_CHECKPOINTS
+    assert e.detail.startswith("The proxy did not restore 'proxy-p': Measured for a sliding-window attention model on "
+                               "a stock build (default flags): a chat client's first turn after a restart "
+                               "re-prefills everything"), e.detail
+    assert "to resume: " in e.detail and "the park stays" in e.detail
+    e = explain(V.MISS, PREV, conv("changed", "a1", "u2"), ctx, cache_n=0, reusable=1000)
+    assert e.cause is Cause.EARLIER_MESSAGE_EDITED and "did not restore 'proxy-p'" in e.detail
