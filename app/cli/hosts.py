@@ -138,8 +138,10 @@ def remote_profiles(name: str, as_json: bool) -> int:
     profiles = _remote(name, lambda h: h.profiles())
     if as_json:
         _print_json(profiles)
+    from app.remote.listing import model_note
+
     for p in profiles if not as_json else ():
-        print(f"{p.get('name', '?'):<20} {p.get('url', ''):<28} {p.get('model', '')}")
+        print(f"{p.get('name', '?'):<20} {p.get('url', ''):<28} {p.get('model', '')}{model_note(p)}")
     return Exit.OK
 
 
@@ -160,15 +162,20 @@ def remote_sessions(name: str, profile: str | None, as_json: bool) -> int:
 
 
 def remote_status(name: str, profile: str, as_json: bool) -> int:
+    """The host's ``kv-valet status PROFILE``: its output, and its exit status (1: the server is down)."""
     if as_json:
         data = _remote(name, lambda h: h.status(profile))
         _print_json(data)
         from app.core.states import Health
 
         return Exit.OK if Health.parse(data.get("health"))[0] is Health.OK else Exit.FAIL
-    text = _remote(name, lambda h: h.run_cli_text(["status", profile], ok_exits=(0, 1)))
+    status, text, err = _remote(name, lambda h: h.run_cli_as_is(["status", profile]))
     sys.stdout.write(text)
-    return Exit.OK
+    if err:
+        print(err, file=sys.stderr)
+    if status not in (Exit.OK, Exit.FAIL):
+        raise CliError(f"`kv-valet status {profile}` on {name} exited {status}")
+    return status
 
 
 def cmd_hosts(args) -> int:
@@ -205,14 +212,15 @@ def cmd_hosts(args) -> int:
     if args.action == "status":
         return remote_status(args.name, args.profile, args.json)
     if args.action in ("start", "stop"):
+        from app.remote.unit import service_line
+
         data = _remote(args.name, lambda h: h.systemd(args.action, args.profile))
         if args.json:
             _print_json(data)
         else:
             if data.get("note"):
                 print(f"note: {data['note']}")
-            print(f"{data.get('unit')} on {args.name}: {data.get('state')}"
-                  + (f" (pid {data['pid']})" if data.get("pid") else ""))
+            print(f"{args.name}: {service_line(data)}")
         return Exit.OK
     return Exit.USAGE
 
@@ -223,9 +231,15 @@ def _check(name: str) -> int:
         profiles = await host.profiles()
         return version, profiles
 
+    from app.remote.listing import model_note
+
     version, profiles = _remote(name, check)
     print(f"{name}: host key verified, logged in, {version}, {len(profiles)} profile(s): "
           + ", ".join(p.get("name", "?") for p in profiles))
+    for p in profiles:
+        note = model_note(p)
+        if note:
+            print(f"note: profile '{p.get('name', '?')}' on {name}: model {p.get('model', '')}{note}")
     return Exit.OK
 
 
@@ -239,7 +253,9 @@ def cmd_service(args) -> int:
     if args.json:
         _print_json(data)
     else:
+        from app.remote.unit import service_line
+
         if data.get("note"):
             print(f"note: {data['note']}", file=sys.stderr)
-        print(f"{data['unit']}: {data['state']}" + (f" (pid {data['pid']})" if data.get("pid") else ""))
+        print(service_line(data))
     return Exit.OK

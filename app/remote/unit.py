@@ -42,6 +42,20 @@ def _run(argv: list[str]) -> "subprocess.CompletedProcess[str]":
         return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: not found")
 
 
+def service_line(data: dict) -> str:
+    """One line for a person from :meth:`UnitControl.do`'s answer: a systemd unit is named only where one
+    is installed; the detached ``serve`` says it is one."""
+    pid = f" (pid {data['pid']})" if data.get("pid") else ""
+    profile = data.get("profile", "?")
+    if data.get("manager") == "detached":
+        state = "running" if data.get("active") else "not running"
+        return f"kv-valet serve {profile} (detached, no systemd unit): {state}{pid}"
+    if not data.get("installed"):
+        return (f"{data.get('unit')}: not installed (kv-valet install-service {profile} writes it)"
+                + (f", {data.get('state')}{pid}" if data.get("active") else ""))
+    return f"{data.get('unit')}: {data.get('state')}{pid}"
+
+
 class UnitError(Exception):
     """Start or stop failed; the message says why and what to do."""
 

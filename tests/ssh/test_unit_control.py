@@ -72,3 +72,18 @@ def test_the_hosts_file_keeps_the_users_comments(tmp_path):
         store.get("gpu")
     with pytest.raises(HostsError):
         HostConfig("x", "-oProxyCommand=evil")  # never an ssh option in disguise
+
+
+def test_the_status_line_names_a_unit_only_where_one_is_installed():
+    from app.remote.unit import service_line
+
+    detached = {"unit": "kv-valet-p.service", "manager": "detached", "profile": "p", "installed": False,
+                "active": True, "state": "active", "pid": 42}
+    assert service_line(detached) == "kv-valet serve p (detached, no systemd unit): running (pid 42)"
+    assert service_line(dict(detached, active=False, pid=None)) == \
+        "kv-valet serve p (detached, no systemd unit): not running"
+    unit = {"unit": "kv-valet-p.service", "manager": "systemd", "profile": "p", "installed": True,
+            "active": True, "state": "active", "pid": 7}
+    assert service_line(unit) == "kv-valet-p.service: active (pid 7)"
+    assert service_line(dict(unit, installed=False, active=False, state="inactive", pid=None)) == \
+        "kv-valet-p.service: not installed (kv-valet install-service p writes it)"
