@@ -38,7 +38,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from aiohttp import web
 
@@ -256,6 +256,7 @@ class ProxyServer:
         self._slot_actions = slot_actions
         self._metrics = metrics  # KV Valet's own families, served after the server's at /metrics
         self._runner: web.AppRunner | None = None
+        self.addresses: list[tuple[str, int]] = []  # (address, port) it listens on, once started
         self._url: str | None = None
         self._stopping = False
         self._inflight = TaskGroup("the proxy's request handlers")  # the handlers running now (stop() ends them)
@@ -271,12 +272,16 @@ class ProxyServer:
             raise RuntimeError("the proxy is not started")
         return self._url
 
-    async def start(self, host: str, port: int) -> None:
-        if not is_loopback_host(host) and not self._api_key:
-            raise ProxyRefused(
-                f"The proxy will not listen on {host or 'every interface'} without an API key: anyone on the "
-                "network could send prompts to the model and read, save, overwrite or restore its slots "
-                "through it. Give it an API key, or listen on 127.0.0.1.")
+    async def start(self, host: str | Sequence[str], port: int) -> None:
+        """Listen on ``port`` of each address of ``host`` (one, a list, or llama-server's comma-separated
+        ``--host`` value: ``127.0.0.1,::1``); port 0 takes a free port on the first and the same on the rest."""
+        hosts = [h.strip() for h in (host.split(",") if isinstance(host, str) else host) if h.strip()] or [""]
+        for h in hosts:
+            if not is_loopback_host(h) and not self._api_key:
+                raise ProxyRefused(
+                    f"The proxy will not listen on {h or 'every interface'} without an API key: anyone on the "
+                    "network could send prompts to the model and read, save, overwrite or restore its slots "
+                    "through it. Give it an API key, or listen on 127.0.0.1.")
         if self._runner is not None:
             raise RuntimeError("the proxy is already started")
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
@@ -285,17 +290,22 @@ class ProxyServer:
                                shutdown_timeout=_SHUTDOWN_S)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
-            await site.start()
+            for h in hosts:
+                site = web.TCPSite(runner, h or None, port)
+                await site.start()
+                port = port or runner.addresses[0][1]  # the first address's port, for the others too
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
         self._stopping = False
+        self.addresses = [a[:2] for a in runner.addresses]
+        host = hosts[0]
         bound_host, bound_port = runner.addresses[0][:2]
         shown = host if host and host not in ("0.0.0.0", "::") else bound_host
         self._url = f"http://[{shown}]:{bound_port}" if ":" in shown else f"http://{shown}:{bound_port}"
-        log.info("proxy listening on %s for %s", self._url, self._upstream.base_url)
+        log.info("proxy listening on %s for %s", ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
+                                                          for h, p in self.addresses), self._upstream.base_url)
 
     async def stop(self) -> None:
         """Stop listening, and end the requests still running at once: their clients are cut off,

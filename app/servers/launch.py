@@ -61,8 +61,9 @@ async def launch_profile(servers, profile: LaunchProfile):
     handle = await servers.launch(behind)
     if handle is None:
         return None, None
-    front = await servers.front.start(servers, handle, profile.host.split(",")[0].strip() or "127.0.0.1",
-                                      profile.port, resolve_api_key(profile))
+    # every address of the profile's --host (llama-server takes several, comma-separated)
+    front = await servers.front.start(servers, handle, profile.host or "127.0.0.1", profile.port,
+                                      resolve_api_key(profile))
     handle.before_park.append(front.park_before_stop)
     handle.proxy = front
     servers.notify(ProxyChanged(handle.id, front))

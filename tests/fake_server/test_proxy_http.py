@@ -347,6 +347,28 @@ async def test_a_public_host_without_a_key_is_refused():
     assert all(is_loopback_host(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
 
 
+async def test_every_listen_address_is_served(tmp_path):
+    """llama-server's ``--host 127.0.0.1,::1``: the proxy listens on both, on the one port; a list with a
+    public address in it still needs a key."""
+    with run_fake_server(tmp_path) as (url, proc):
+        client = LlamaClient(url)
+        proxy = ProxyServer(client)
+        try:
+            with pytest.raises(ProxyRefused):
+                await ProxyServer(client).start("127.0.0.1,192.168.1.20", 0)
+            await proxy.start("127.0.0.1,::1", 0)
+            assert [h for h, _ in proxy.addresses] == ["127.0.0.1", "::1"]
+            port = proxy.addresses[0][1]
+            assert proxy.addresses[1][1] == port and proxy.url == f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient() as h:
+                for base in (f"http://127.0.0.1:{port}", f"http://[::1]:{port}"):
+                    r = await h.get(base + "/health")
+                    assert r.status_code == 200 and r.json()["status"] == "ok", base
+        finally:
+            await proxy.stop()
+            await client.aclose()
+
+
 async def test_the_key_is_required_and_never_shown(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     key, upstream_key = "proxy-sekrit-42", "upstream-sekrit-7"
