@@ -23,7 +23,9 @@ so the upstream's own rule decides. The key is never logged, nor shown in ``repr
 upstream either (the upstream client's own key replaces the client's ``Authorization``).
 ``slot_actions=False``: ``POST /slots/{id}?action=save|restore|erase`` is refused with llama-server's
 own 501 "not supported" answer (the proxy's own ``--slot-save-path`` must not give clients what the
-user's profile did not). Response headers keep the case the server wrote them in.
+user's profile did not); ``slots_endpoint=False`` (the profile's ``--no-slots``) answers ``GET /slots``
+the same way, while the server behind keeps the endpoint the proxy itself reads. Response headers keep
+the case the server wrote them in.
 
 No Qt here: the server runs on whatever asyncio loop is running (qasync's in the window), started
 with ``web.AppRunner`` + ``web.TCPSite``.
@@ -57,6 +59,8 @@ PUBLIC_IF_UPSTREAM = frozenset({"/"})
 #: llama-server's answer to a slot action when it runs without --slot-save-path (build 11434, verbatim)
 SLOT_ACTIONS_OFF = ("This server does not support slots action. Start it with `--slot-save-path`",
                     "not_supported_error")
+#: its answer to ``GET /slots`` under --no-slots (verbatim)
+SLOTS_OFF = ("This server does not support slots endpoint. Start it with `--slots`", "not_supported_error")
 #: response headers not copied from upstream (aiohttp frames the body itself)
 _NOT_COPIED = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "trailers", "upgrade",
                          "content-length", "proxy-authenticate", "proxy-connection"})
@@ -247,13 +251,14 @@ class ProxyServer:
     """An HTTP server on the running asyncio loop that passes every request on to ``upstream``."""
 
     def __init__(self, upstream: LlamaClient, *, interceptor: Interceptor | None = None,
-                 api_key: str | None = None, slot_actions: bool = True,
+                 api_key: str | None = None, slot_actions: bool = True, slots_endpoint: bool = True,
                  metrics: Callable[[], bytes] | None = None):
         self._upstream = upstream
         self._interceptor = interceptor
         self._api_key = api_key or None
         # False: the proxy's own --slot-save-path must not turn /slots/{id}?action=… on for clients
         self._slot_actions = slot_actions
+        self._slots_endpoint = slots_endpoint  # False: the user's --no-slots, said to clients as the server says it
         self._metrics = metrics  # KV Valet's own families, served after the server's at /metrics
         self._runner: web.AppRunner | None = None
         self.addresses: list[tuple[str, int]] = []  # (address, port) it listens on, once started
@@ -347,6 +352,8 @@ class ProxyServer:
             return _error(400, "the request target must be a path", "invalid_request_error")
         if not self._slot_actions and request.method == "POST" and request.path.startswith("/slots/"):
             return _error(501, *SLOT_ACTIONS_OFF)
+        if not self._slots_endpoint and request.method == "GET" and request.path == "/slots":
+            return _error(501, *SLOTS_OFF)
         if self._metrics is not None and request.method == "GET" and request.path == "/metrics":
             return await self._serve_metrics(request, target)
         body = await request.read()

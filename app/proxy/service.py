@@ -242,8 +242,9 @@ class ProxyService:
         h = self.handle
         return h.profile.name if h.profile is not None else h.url
 
-    async def start(self, host: str, port: int, *, api_key: str | None = None) -> str:
-        """Read the serving setup, recover the conversations, listen on ``host:port``."""
+    async def start(self, host: str, port: int, *, api_key: str | None = None, slots_endpoint: bool = True) -> str:
+        """Read the serving setup, recover the conversations, listen on ``host:port`` (``slots_endpoint``
+        False: the user's ``--no-slots``, kept for the clients; the server behind serves /slots to the proxy)."""
         h = self.handle
         props = await h.client.props()
         slots = await h.client.slots()
@@ -280,7 +281,7 @@ class ProxyService:
         if h.supervisor is not None:
             h.supervisor.on_state(self._on_server_state)
         self.http = ProxyServer(h.client, interceptor=self, api_key=api_key, slot_actions=slot_actions_on(p),
-                                metrics=self.metrics.exposition)
+                                slots_endpoint=slots_endpoint, metrics=self.metrics.exposition)
         await self.http.start(host, port)
         return self.http.url
 
@@ -693,13 +694,13 @@ class ProxyFront:
     their :class:`ServerService`; :func:`app.servers.launch.launch_profile` decides the rest."""
 
     async def start(self, servers: ServerService, handle: ServerHandle, host: str, port: int,
-                    api_key: str | None) -> ProxyService:
+                    api_key: str | None, *, slots_endpoint: bool = True) -> ProxyService:
         from app.settings import load_or_defaults
 
         prefs, _problem = load_or_defaults()  # a broken settings file is said by the window and `settings`
         proxy = ProxyService(servers, handle.id, disk_budget_bytes=prefs.proxy_disk_budget_bytes(),
                              save_before_idle_clear=prefs.proxy_save_before_idle_clear)
-        await proxy.start(host, port, api_key=api_key)
+        await proxy.start(host, port, api_key=api_key, slots_endpoint=slots_endpoint)
         return proxy
 
     async def save_leftover(self, servers: ServerService, handle: ServerHandle, profile, rec) -> list[str]:

@@ -35,8 +35,10 @@ class FrontService(Protocol):
 class Front(Protocol):
     """What stands in front of a server whose profile asks for it (the conversation proxy)."""
 
-    async def start(self, servers, handle, host: str, port: int, api_key: str | None) -> FrontService:
-        """Start listening on ``host:port`` in front of ``handle``'s server."""
+    async def start(self, servers, handle, host: str, port: int, api_key: str | None, *,
+                    slots_endpoint: bool = True) -> FrontService:
+        """Start listening on ``host:port`` in front of ``handle``'s server (``slots_endpoint`` False: answer
+        clients' ``GET /slots`` as a server started with ``--no-slots`` does)."""
 
     async def save_leftover(self, servers, handle, profile: LaunchProfile, rec) -> list[str]:
         """Save what the front kept in a leftover server's slots under its own names; what was saved."""
@@ -57,13 +59,18 @@ async def launch_profile(servers, profile: LaunchProfile):
         servers.notify(LaunchRefused(tid, "this profile runs behind the conversation proxy (proxy = true), "
                                           "which this program does not start: use the window or 'kv-valet serve'"))
         return None, None
-    behind = profile.replace(host="127.0.0.1", port=free_loopback_port())
+    # the proxy reads /slots itself: a --no-slots of the profile is kept for the clients, at the front
+    extra = tuple(profile.extra_args or ())
+    no_slots = profile.slots_endpoint is False or "--no-slots" in extra
+    behind = profile.replace(host="127.0.0.1", port=free_loopback_port(),
+                             slots_endpoint=None if no_slots else profile.slots_endpoint,
+                             extra_args=tuple(a for a in extra if a != "--no-slots"))
     handle = await servers.launch(behind)
     if handle is None:
         return None, None
     # every address of the profile's --host (llama-server takes several, comma-separated)
     front = await servers.front.start(servers, handle, profile.host or "127.0.0.1", profile.port,
-                                      resolve_api_key(profile))
+                                      resolve_api_key(profile), slots_endpoint=not no_slots)
     handle.before_park.append(front.park_before_stop)
     handle.proxy = front
     servers.notify(ProxyChanged(handle.id, front))

@@ -197,3 +197,20 @@ async def test_metrics_without_the_servers_own(profile):
         [req] = [s for f in text_string_to_metric_families(text) for s in f.samples
                  if s.name == "kvvalet_proxy_requests_total"]
         assert req.value == 1 and req.labels["verdict"] == "NEW"
+
+
+async def test_no_slots_is_kept_for_the_clients_while_the_proxy_reads_them(profile):
+    """A profile with ``--no-slots``: the proxy's server keeps /slots for the proxy (it could not lease
+    slots otherwise), and the proxy answers the clients' ``GET /slots`` as llama-server answers it
+    under --no-slots; chats go on and are judged."""
+    async with Proxied(profile.replace(slots_endpoint=False)) as p:
+        assert len(await p.handle.client.slots()) >= 1  # the server behind serves them to the proxy
+        async with httpx.AsyncClient(base_url=p.proxy.http.url) as h:
+            r = await h.get("/slots")
+        assert r.status_code == 501 and r.json() == {"error": {
+            "code": 501, "message": "This server does not support slots endpoint. Start it with `--slots`",
+            "type": "not_supported_error"}}
+        _, rec = await p.ask(chat("A", "hello"))
+        assert rec.verdict is VerdictKind.NEW
+        _, rec = await p.ask(chat("A", "hello", "hi", "more"))
+        assert rec.verdict is VerdictKind.HIT, rec
