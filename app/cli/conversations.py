@@ -49,7 +49,7 @@ def request_dict(rec) -> dict:
     return {"at": rec.at, "slot": rec.slot, "path": rec.path, "stream": rec.stream, "cache_n": rec.cache_n,
             "prompt_n": rec.prompt_n, "prompt_ms": rec.prompt_ms, "expected_reuse": rec.expected_reuse,
             "verdict": rec.verdict.value, "cause": why.cause.name if why else None,
-            "why": why.detail if why else None,
+            "client_words": why.cause.client_words if why else None, "why": why.detail if why else None,
             "first_divergent_token": why.first_divergent_token if why else None,
             "held_token": why.held_token if why else None, "sent_token": why.sent_token if why else None, "restored_from": rec.restored_from, "wasted_ms": rec.wasted_ms}
 
@@ -113,7 +113,8 @@ def cmd_show(args) -> int:
             line += f" (restored from '{r.restored_from}' first)"
         print(line)
         if r.explanation is not None:
-            print(f"      why: {r.explanation.cause.value}: {r.explanation.detail}"
+            print(f"      why: {r.explanation.cause.value} [{r.explanation.cause.client_words}]: "
+                  f"{r.explanation.detail}"
                   + (f" (cost {fmt_duration(r.wasted_ms / 1000.0)})" if r.wasted_ms else ""))
             if r.explanation.first_divergent_token is not None:
                 print(f"      first divergent token: {r.explanation.first_divergent_token:,} (the slot held "

@@ -33,6 +33,33 @@ class Cause(enum.StrEnum):
     CLIENT_CHOSE = "the client chose its own slot or caching (passed through untouched)"
     UNKNOWN = "not known"
 
+    @property
+    def client_words(self) -> str:
+        """The cause in the words chat clients and hosted APIs already show for a prompt-cache miss
+        (system, tools or messages changed; previous not found), or, for what only llama-server
+        does, its own short name (reasoning dropped by the template, a restore without checkpoints...)."""
+        return CLIENT_WORDS[self]
+
+
+#: every cause in the vocabulary clients show for a cache miss (:attr:`Cause.client_words`)
+CLIENT_WORDS: dict[Cause, str] = {
+    Cause.SYSTEM_PROMPT_CHANGED: "system changed",
+    Cause.EARLIER_MESSAGE_EDITED: "messages changed",
+    Cause.CLIENT_TRUNCATION: "messages changed",
+    Cause.TOOL_RESULT_CHANGED: "messages changed (a tool result)",
+    Cause.REASONING_STRIPPED: "reasoning dropped by the client or its template",
+    Cause.TEMPLATE_CHANGED: "template renders differently",
+    Cause.SLOT_TAKEN: "previous not found (slot reused)",
+    Cause.IDLE_SLOT_CLEARED: "previous not found (idle-slot clearing)",
+    Cause.SERVER_RESTARTED: "previous not found (server restarted)",
+    Cause.SERVER_SLEPT: "previous not found (server slept)",
+    Cause.RESTORE_WITHOUT_CHECKPOINTS: "no checkpoints (sliding-window or hybrid model)",
+    Cause.RESTORE_FAILED: "previous not found (restore failed)",
+    Cause.PARK_NOT_ITS_OWN: "previous not found (park was another prompt's)",
+    Cause.CLIENT_CHOSE: "client's own slot or caching",
+    Cause.UNKNOWN: "previous not found",
+}
+
 
 @dataclass(frozen=True)
 class Message:

@@ -136,7 +136,7 @@ def explain_messages(previous: list[Message], current: list[Message]) -> Explana
 #: prompts longer than this (characters) are not tokenized to find the first divergent token: the
 #: explanation then stays by message and character (two /tokenize calls of a long prompt cost the server)
 TOKEN_DIFF_MAX_CHARS = 256_000
-#: tokens shown before the first divergent one, for context
+#: tokens shown before the first divergent one, and after it on each side, for context
 TOKEN_CONTEXT = 3
 
 
@@ -162,9 +162,12 @@ def with_divergent_token(ex: Explanation, held: list[tuple[int, str]], sent: lis
         text = (f"By tokens, the slot's previous prompt ({len(held):,} tokens) is unchanged at the start of this one: "
                 f"what differed came after it (the reply as sent back, or the server's own doing).")
     else:
+        held_next = "".join(p for _, p in held[i + 1:i + 1 + TOKEN_CONTEXT])
+        sent_next = "".join(p for _, p in sent[i + 1:i + 1 + TOKEN_CONTEXT])
         text = (f"By tokens, the prompt first differs from the slot's previous prompt at token {i:,} of {len(sent):,}"
                 + (f", after {before!r}" if before else "")
-                + f": the slot held {_show(held_piece)}, this request has {_show(sent_piece)}.")
+                + f": the slot held {_show(held_piece)}" + (f" (then {held_next!r})" if held_next else "")
+                + f", this request has {_show(sent_piece)}" + (f" (then {sent_next!r})" if sent_next else "") + ".")
     detail = f"{ex.detail} {text}" if ex.detail else text
     return dataclasses.replace(ex, detail=detail, first_divergent_token=i, held_token=held_piece,
                                sent_token=sent_piece)

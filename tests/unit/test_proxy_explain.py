@@ -280,3 +280,25 @@ def test_a_park_left_because_the_matrix_says_a_restore_buys_nothing():
     assert "to resume: " in e.detail and "the park stays" in e.detail
     e = explain(V.MISS, PREV, conv("changed", "a1", "u2"), ctx, cache_n=0, reusable=1000)
     assert e.cause is Cause.EARLIER_MESSAGE_EDITED and "did not restore 'proxy-p'" in e.detail
+
+
+def test_every_cause_has_the_words_clients_show():
+    """Misses said in the vocabulary users meet elsewhere (system, tools or messages changed; previous
+    not found), the llama.cpp-specific causes kept by their own short names; the Conversations tab and
+    `conversations show` give both."""
+    from app.core.conversation import CLIENT_WORDS
+    from app.core.conversation import RequestRecord
+    from app.ui.conversations.model import why_text
+
+    assert set(CLIENT_WORDS) == set(Cause)
+    assert Cause.SYSTEM_PROMPT_CHANGED.client_words == "system changed"
+    assert Cause.EARLIER_MESSAGE_EDITED.client_words == Cause.CLIENT_TRUNCATION.client_words == "messages changed"
+    assert all(c.client_words.startswith("previous not found") for c in (
+        Cause.SLOT_TAKEN, Cause.SERVER_RESTARTED, Cause.IDLE_SLOT_CLEARED, Cause.RESTORE_FAILED))
+    assert "reasoning dropped" in Cause.REASONING_STRIPPED.client_words
+    assert "no checkpoints" in Cause.RESTORE_WITHOUT_CHECKPOINTS.client_words
+    e = explain(V.MISS, PREV, conv("changed", "a1", "u2"), SlotContext())
+    rec = RequestRecord(at=0.0, conversation="c", slot=0, path="/v1/chat/completions", stream=False, cache_n=0,
+                        prompt_n=100, prompt_ms=10.0, predicted_n=1, expected_reuse=100, verdict=V.MISS,
+                        explanation=e)
+    assert why_text(rec).startswith("an earlier message was edited [messages changed]: "), why_text(rec)

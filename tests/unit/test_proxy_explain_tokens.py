@@ -32,6 +32,8 @@ def test_the_first_divergent_token_is_the_shared_prefix_length_with_both_texts()
     assert ex.cause is Cause.EARLIER_MESSAGE_EDITED and ex.first_divergent_message == 1  # the part kept
     assert ex.detail.startswith(EDITED.detail)
     assert "token 7 of 10" in ex.detail and "after 'Tell me about'" in ex.detail and "' cats'" in ex.detail
+    # a few decoded tokens on each side: before the divergence, and after it in each prompt
+    assert "the slot held ' cats' (then '.'), this request has ' dogs' (then '. Now')." in ex.detail, ex.detail
 
 
 def test_a_previous_prompt_kept_whole_says_the_change_came_after_it():

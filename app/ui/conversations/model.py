@@ -58,7 +58,8 @@ def why_text(r: RequestRecord) -> str:
     e = r.explanation
     if e is None:
         return "first request" if r.verdict is VerdictKind.NEW else ""
-    return f"{e.cause.value}: {e.detail}" if e.detail else str(e.cause.value)
+    head = f"{e.cause.value} [{e.cause.client_words}]"
+    return f"{head}: {e.detail}" if e.detail else head
 
 
 def _clock(ts: float) -> str:
