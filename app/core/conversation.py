@@ -21,6 +21,7 @@ class Cause(enum.StrEnum):
     EARLIER_MESSAGE_EDITED = "an earlier message was edited"
     REASONING_STRIPPED = "the client sent the reply back without its reasoning"
     TOOL_RESULT_CHANGED = "a tool result changed"
+    TOOLS_CHANGED = "the tool definitions changed"
     CLIENT_TRUNCATION = "the client dropped old turns"
     TEMPLATE_CHANGED = "the chat template renders the same messages differently"
     SLOT_TAKEN = "another conversation used the slot meanwhile"
@@ -35,29 +36,31 @@ class Cause(enum.StrEnum):
 
     @property
     def client_words(self) -> str:
-        """The cause in the words chat clients and hosted APIs already show for a prompt-cache miss
-        (system, tools or messages changed; previous not found), or, for what only llama-server
-        does, its own short name (reasoning dropped by the template, a restore without checkpoints...)."""
+        """The cause in the words clients already show for a prompt-cache miss (Anthropic's cache
+        diagnostics: ``system_changed``, ``tools_changed``, ``messages_changed``,
+        ``previous_message_not_found``), with what only llama-server does said by its own short name
+        (reasoning dropped by the template, a restore without checkpoints...)."""
         return CLIENT_WORDS[self]
 
 
 #: every cause in the vocabulary clients show for a cache miss (:attr:`Cause.client_words`)
 CLIENT_WORDS: dict[Cause, str] = {
-    Cause.SYSTEM_PROMPT_CHANGED: "system changed",
-    Cause.EARLIER_MESSAGE_EDITED: "messages changed",
-    Cause.CLIENT_TRUNCATION: "messages changed",
-    Cause.TOOL_RESULT_CHANGED: "messages changed (a tool result)",
+    Cause.SYSTEM_PROMPT_CHANGED: "system_changed",
+    Cause.TOOLS_CHANGED: "tools_changed",
+    Cause.EARLIER_MESSAGE_EDITED: "messages_changed",
+    Cause.CLIENT_TRUNCATION: "messages_changed (old turns dropped)",
+    Cause.TOOL_RESULT_CHANGED: "messages_changed (a tool result)",
     Cause.REASONING_STRIPPED: "reasoning dropped by the client or its template",
-    Cause.TEMPLATE_CHANGED: "template renders differently",
-    Cause.SLOT_TAKEN: "previous not found (slot reused)",
-    Cause.IDLE_SLOT_CLEARED: "previous not found (idle-slot clearing)",
-    Cause.SERVER_RESTARTED: "previous not found (server restarted)",
-    Cause.SERVER_SLEPT: "previous not found (server slept)",
-    Cause.RESTORE_WITHOUT_CHECKPOINTS: "no checkpoints (sliding-window or hybrid model)",
-    Cause.RESTORE_FAILED: "previous not found (restore failed)",
-    Cause.PARK_NOT_ITS_OWN: "previous not found (park was another prompt's)",
-    Cause.CLIENT_CHOSE: "client's own slot or caching",
-    Cause.UNKNOWN: "previous not found",
+    Cause.TEMPLATE_CHANGED: "the template renders it differently",
+    Cause.SLOT_TAKEN: "previous_message_not_found (slot reused)",
+    Cause.IDLE_SLOT_CLEARED: "previous_message_not_found (idle-slot clearing)",
+    Cause.SERVER_RESTARTED: "previous_message_not_found (server restarted)",
+    Cause.SERVER_SLEPT: "previous_message_not_found (server slept)",
+    Cause.RESTORE_WITHOUT_CHECKPOINTS: "no checkpoints (sliding window without a full cache, or hybrid)",
+    Cause.RESTORE_FAILED: "previous_message_not_found (restore failed)",
+    Cause.PARK_NOT_ITS_OWN: "previous_message_not_found (park was another prompt's)",
+    Cause.CLIENT_CHOSE: "the client's own slot or caching",
+    Cause.UNKNOWN: "previous_message_not_found",
 }
 
 

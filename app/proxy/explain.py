@@ -290,6 +290,19 @@ def _slot_or_messages(previous: list[Message] | None, current: list[Message], ct
                        "model rolled back past its last context checkpoint).")
 
 
+def tools_changed(ex: Explanation, before: object, now: object) -> Explanation:
+    """A re-process the messages do not explain, of a request whose tool definitions differ from the
+    conversation's previous request's: the template renders the tools into the prompt ahead of the
+    messages, so the prompt changed there."""
+    def names(tools) -> list[str]:
+        return [str((t.get("function") or t).get("name", "?")) for t in tools or () if isinstance(t, dict)]
+
+    text = (f"The tool definitions changed ({', '.join(names(before)) or 'none'} before, "
+            f"{', '.join(names(now)) or 'none'} now): the chat template renders them into the prompt ahead of "
+            f"the messages, so everything after them was processed again.")
+    return Explanation(Cause.TOOLS_CHANGED, text)
+
+
 #: how a park the proxy did not restore, because the resume matrix says the restore buys nothing, is said
 USELESS_RESTORE = "a restore buys nothing on this server"
 

@@ -499,6 +499,9 @@ class ProxyService:
             hazard=p.restore_hazard)
         why = explain_mod.explain(verdict, p.previous, p.messages, ctx_slot, cache_n=t.cache_n,
                                   reusable=p.expected_reuse)
+        if why is not None and why.cause in (Cause.TEMPLATE_CHANGED, Cause.UNKNOWN) and p.previous_body is not None \
+                and p.body is not None and p.previous_body.get("tools") != p.body.get("tools"):
+            why = explain_mod.tools_changed(why, p.previous_body.get("tools"), p.body.get("tools"))
         rate = self._prefill_ms_per_token()
         wasted = None
         if verdict in WASTEFUL and rate:

@@ -67,3 +67,30 @@ def test_a_park_holding_another_chats_tokens_is_explained_park_not_its_own(real_
             assert "did not restore" in back.explanation.detail
 
     asyncio.run(go())
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+TOOL_2 = {"type": "function", "function": {"name": "get_time", "description": "The time in a city.",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}
+
+
+def test_changed_tool_definitions_are_explained_tools_changed(real_profile):
+    """A client that adds a tool between two turns: the template renders the tools ahead of the messages,
+    so the server re-processes what follows; the messages only grew, so the cause is the tools."""
+    async def go():
+        async with Proxied(real_profile.replace(proxy=True)) as p:
+            reply, first = await p.ask(turn(SYSTEMS["A"], question=Q), tools=[TOOL])
+            _, same = await p.ask(turn(SYSTEMS["A"], (Q, reply), question="And the second?"), tools=[TOOL])
+            assert same.conversation == first.conversation and same.verdict is VerdictKind.HIT, same
+            _, more = await p.ask(turn(SYSTEMS["A"], (Q, reply), ("And the second?", "x"), question="And then?"),
+                                  tools=[TOOL, TOOL_2])
+            assert more.conversation == first.conversation, more
+            assert more.verdict in (VerdictKind.MISS, VerdictKind.PARTIAL), more
+            assert more.explanation is not None and more.explanation.cause is Cause.TOOLS_CHANGED, more.explanation
+            assert more.explanation.cause.client_words == "tools_changed"
+            assert "get_weather before, get_weather, get_time now" in more.explanation.detail, more.explanation
+
+    asyncio.run(go())

@@ -291,9 +291,11 @@ def test_every_cause_has_the_words_clients_show():
     from app.ui.conversations.model import why_text
 
     assert set(CLIENT_WORDS) == set(Cause)
-    assert Cause.SYSTEM_PROMPT_CHANGED.client_words == "system changed"
-    assert Cause.EARLIER_MESSAGE_EDITED.client_words == Cause.CLIENT_TRUNCATION.client_words == "messages changed"
-    assert all(c.client_words.startswith("previous not found") for c in (
+    assert Cause.SYSTEM_PROMPT_CHANGED.client_words == "system_changed"
+    assert Cause.TOOLS_CHANGED.client_words == "tools_changed"
+    assert Cause.EARLIER_MESSAGE_EDITED.client_words == "messages_changed"
+    assert Cause.CLIENT_TRUNCATION.client_words.startswith("messages_changed")
+    assert all(c.client_words.startswith("previous_message_not_found") for c in (
         Cause.SLOT_TAKEN, Cause.SERVER_RESTARTED, Cause.IDLE_SLOT_CLEARED, Cause.RESTORE_FAILED))
     assert "reasoning dropped" in Cause.REASONING_STRIPPED.client_words
     assert "no checkpoints" in Cause.RESTORE_WITHOUT_CHECKPOINTS.client_words
@@ -301,4 +303,4 @@ def test_every_cause_has_the_words_clients_show():
     rec = RequestRecord(at=0.0, conversation="c", slot=0, path="/v1/chat/completions", stream=False, cache_n=0,
                         prompt_n=100, prompt_ms=10.0, predicted_n=1, expected_reuse=100, verdict=V.MISS,
                         explanation=e)
-    assert why_text(rec).startswith("an earlier message was edited [messages changed]: "), why_text(rec)
+    assert why_text(rec).startswith("an earlier message was edited [messages_changed]: "), why_text(rec)
