@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 #: the endpoints whose JSON POSTs go through the interceptor
 INTERCEPTED = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-                         "/completion"})
+                         "/completion", "/v1/messages", "/v1/responses"})
 #: paths a client reaches without the proxy's key (like llama-server's public endpoints)
 PUBLIC = frozenset({"/health", "/v1/health"})
 #: paths a client without the proxy's key may GET when the upstream serves them without a key (the web UI)
@@ -158,8 +158,8 @@ def _error_message(final: dict | None, status: int) -> str:
 class _Collector:
     """Reads along the answer, without changing a byte, to find ``Result.final``: the whole body
     of a JSON answer, or for a server-sent event stream its ``data:`` lines (split anywhere by the
-    chunks) of which it keeps the raw text of the last one and of the last carrying "timings", and
-    parses only those at the end."""
+    chunks) of which it keeps the raw text of the last one, of the last carrying "timings" and of the
+    last carrying a route's usage (Anthropic's ``message_start``), and parses only those at the end."""
 
     def __init__(self, stream: bool):
         self.stream = stream
@@ -171,6 +171,7 @@ class _Collector:
         self._tail = b""
         self._last: bytes | None = None
         self._last_timed: bytes | None = None
+        self._last_usage: bytes | None = None  # Anthropic's message_start, a Responses event with usage
         self._event_error: str | None = None
         self._overflow = False
 
@@ -206,6 +207,8 @@ class _Collector:
             self._last = value
             if b'"timings"' in value:
                 self._last_timed = value
+            elif b'"cache_read_input_tokens"' in value or b'"input_tokens_details"' in value:
+                self._last_usage = value
             if b'"error"' in value:
                 self._note_error(value)
         elif field == b"error":  # an error event
@@ -235,7 +238,7 @@ class _Collector:
             if self._tail and not self.disconnected:  # a last line without its newline
                 self._line(self._tail)
                 self._tail = b""
-            final = self._json(self._last_timed) or self._json(self._last)
+            final = self._json(self._last_timed) or self._json(self._last_usage) or self._json(self._last)
         else:
             final = self._json(self._body)
         error = self.error

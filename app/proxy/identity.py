@@ -374,3 +374,102 @@ def hint_from(headers: Mapping[str, str], body: Any) -> str | None:
         if _CONV_HEADER.match(k) and (h := _hint(v)) is not None:
             return h
     return _hint(body.get("user")) if isinstance(body, Mapping) else None
+
+
+# -- the other chat routes -------------------------------------------------------
+
+#: Anthropic's Messages API and OpenAI's Responses API, as llama-server serves them
+MESSAGES_PATH = "/v1/messages"
+RESPONSES_PATH = "/v1/responses"
+ROUTED_PATHS = (MESSAGES_PATH, RESPONSES_PATH)
+
+
+def _blocks_text(blocks: Any, text_types: tuple[str, ...] = ("text",)) -> Any:
+    """A content value as OpenAI chat content: a string stays; a list of blocks keeps its text blocks
+    as text parts and any other block as it is (:func:`normalise` hashes it); anything else as it is."""
+    if not isinstance(blocks, list):
+        return blocks
+    out = []
+    for b in blocks:
+        if isinstance(b, Mapping) and b.get("type") in text_types and isinstance(b.get("text"), str):
+            out.append({"type": "text", "text": b["text"]})
+        else:
+            out.append(b)
+    return out
+
+
+def _anthropic(body: Mapping) -> list | None:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    out: list = []
+    system = body.get("system")
+    if system:
+        out.append({"role": "system", "content": _blocks_text(system)})
+    for m in messages:
+        if not isinstance(m, Mapping) or not isinstance(m.get("content"), list):
+            out.append(m)
+            continue
+        blocks = m["content"]
+        calls = [{"id": b.get("id"), "type": "function",
+                  "function": {"name": b.get("name"), "arguments": canonical(b.get("input"))}}
+                 for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+        results = [b for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_result"]
+        rest = [b for b in blocks if not (isinstance(b, Mapping) and b.get("type") in ("tool_use", "tool_result"))]
+        for r in results:  # a tool's answer: a message of its own, as OpenAI's chat has it
+            out.append({"role": "tool", "tool_call_id": r.get("tool_use_id"), "content": _blocks_text(r.get("content"))})
+        if rest or calls or not results:
+            msg = {"role": m.get("role"), "content": _blocks_text(rest)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def _responses(body: Mapping) -> list | None:
+    given = body.get("input")
+    if given is None:
+        return None
+    out: list = []
+    if body.get("instructions"):
+        out.append({"role": "system", "content": body.get("instructions")})
+    if isinstance(given, str):
+        return out + [{"role": "user", "content": given}]
+    if not isinstance(given, list):
+        return out + [given]
+    for item in given:
+        kind = item.get("type") if isinstance(item, Mapping) else None
+        if isinstance(item, Mapping) and "role" in item and kind in (None, "message"):
+            out.append({"role": item.get("role"),
+                        "content": _blocks_text(item.get("content"), ("input_text", "output_text", "text"))})
+        elif kind == "function_call":
+            out.append({"role": "assistant", "content": "", "tool_calls": [
+                {"id": item.get("call_id"), "type": "function",
+                 "function": {"name": item.get("name"), "arguments": item.get("arguments")}}]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")})
+        else:
+            out.append(item)  # reasoning items and the rest: kept, hashed as they are
+    return out
+
+
+def chat_body(path: str, body: Mapping) -> dict | None:
+    """A request of another chat route as the OpenAI chat request it amounts to (its messages, the
+    system prompt or instructions first; its other keys kept), for the conversation's identity, its
+    explanation and the token comparison; None when ``path`` is not such a route or the body holds no
+    conversation. Anthropic's content blocks and OpenAI Responses' input items become chat messages:
+    text blocks their text, ``tool_use`` / ``function_call`` the assistant's tool calls,
+    ``tool_result`` / ``function_call_output`` tool messages."""
+    if path == MESSAGES_PATH:
+        messages = _anthropic(body)
+        dropped = ("messages", "system")
+    elif path == RESPONSES_PATH:
+        messages = _responses(body)
+        dropped = ("input", "instructions")
+    else:
+        return None
+    if messages is None:
+        return None
+    out = {k: v for k, v in body.items() if k not in dropped}
+    out["messages"] = messages
+    return out

@@ -135,7 +135,7 @@ class SessionBackend:
             return
         try:
             saved = await asyncio.to_thread(read_state_tokens, rec.state_path)
-            if path in CHAT_PATHS:
+            if path in CHAT_PATHS or path in identity.ROUTED_PATHS:  # (the chat request they amount to)
                 text = await self.handle.client.apply_template(
                     {k: v for k, v in body.items() if k in ("messages", "tools", "chat_template_kwargs")})
             else:
@@ -167,6 +167,36 @@ class SessionBackend:
 
 #: who took an idle slot when a request the proxy passed through untouched ran in it
 OUTSIDE = explain_mod.OUTSIDE
+
+
+def answer_timings(final: dict | None) -> Timings | None:
+    """What an answer says of its prompt: llama-server's ``timings``, else the route's usage: Anthropic's
+    (``cache_read_input_tokens``, and ``input_tokens`` the ones processed) or the Responses API's
+    (``input_tokens`` all of them, ``input_tokens_details.cached_tokens`` the ones reused); a stream's
+    usage is in its ``message_start`` / ``response.completed`` event. None when it says neither."""
+    if not final:
+        return None
+    t = Timings.from_json(final.get("timings"))
+    if t is not None:
+        return t
+    usage = final.get("usage")
+    for outer in ("message", "response"):  # a stream's event wraps the answer
+        if not isinstance(usage, dict) and isinstance(final.get(outer), dict):
+            usage = final[outer].get("usage")
+    if not isinstance(usage, dict):
+        return None
+    n_in, out_n = usage.get("input_tokens"), usage.get("output_tokens")
+    if not isinstance(n_in, int):
+        return None
+    if isinstance(usage.get("cache_read_input_tokens"), int):
+        cache_n, prompt_n = usage["cache_read_input_tokens"], n_in
+    elif isinstance(usage.get("input_tokens_details"), dict) and isinstance(
+            usage["input_tokens_details"].get("cached_tokens"), int):
+        cache_n = usage["input_tokens_details"]["cached_tokens"]
+        prompt_n = max(0, n_in - cache_n)
+    else:
+        return None
+    return Timings(cache_n=cache_n, prompt_n=prompt_n, predicted_n=out_n if isinstance(out_n, int) and out_n else None)
 
 
 def client_choice(path: str, body: dict) -> str | None:
@@ -228,6 +258,7 @@ class ProxyService:
         self._bodies: OrderedDict[str, dict] = OrderedDict()
         self._explaining = TaskGroup("the proxy's token comparisons")
         self.metrics: ProxyMetrics | None = None  # its cache reuse in Prometheus (started with the proxy)
+        self._profile_name: str | None = None  # kept from the server's handle (see ``profile``)
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -239,8 +270,14 @@ class ProxyService:
 
     @property
     def profile(self) -> str:
-        h = self.handle
-        return h.profile.name if h.profile is not None else h.url
+        """The server's profile name (its URL when it has none); still known once the server is gone
+        (a request that ends as the server stops is stored under it all the same)."""
+        h = self.servers.get(self.target_id)
+        if h is not None:
+            self._profile_name = h.profile.name if h.profile is not None else h.url
+        if self._profile_name is None:
+            raise RuntimeError(f"no server {self.target_id}")
+        return self._profile_name
 
     async def start(self, host: str, port: int, *, api_key: str | None = None, slots_endpoint: bool = True) -> str:
         """Read the serving setup, recover the conversations, listen on ``host:port`` (``slots_endpoint``
@@ -355,8 +392,16 @@ class ProxyService:
         hint = identity.hint_from(headers, body)
         stream = bool(body.get("stream"))
         own = client_choice(path, body)
-        if path in CHAT_PATHS and isinstance(body.get("messages"), list):
-            messages = identity.normalise(body["messages"])
+        # Anthropic's /v1/messages and OpenAI's /v1/responses: the same conversation as the chat request
+        # they amount to (what identity, explanations and the token comparison read; the server gets the
+        # client's own body)
+        chat = identity.chat_body(path, body) if path in identity.ROUTED_PATHS else None
+        if chat is not None:
+            body_seen = chat
+        else:
+            body_seen = body
+        if (path in CHAT_PATHS or chat is not None) and isinstance(body_seen.get("messages"), list):
+            messages = identity.normalise(body_seen["messages"])
             chain = identity.chain(self.setup, messages)
             key = chain[:identity.cut_at_last_assistant(messages)]
             conv_id, matched = self.index.find(key, hint) if key or hint else (None, 0)
@@ -384,23 +429,23 @@ class ProxyService:
             if hint:
                 self.index.add_hint(hint, conv.id)
         previous = list(conv.messages) if not new else None
-        previous_body = self._remember(conv.id, body)
+        previous_body = self._remember(conv.id, body_seen)
         if own is not None and not self.steps_aside:  # what the client asked for wins: no lease, no pinning
             conv.messages, conv.chain = messages, chain
             tasks = await self._slot_tasks()
             return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
-                                  body=body, previous_body=previous_body, own=own, tasks_before=tasks,
+                                  body=body_seen, previous_body=previous_body, own=own, tasks_before=tasks,
                                   slots_before=self.leases.snapshot() if self.leases is not None else None)
         if self.steps_aside:  # the server keeps prompts itself: no pinning, no parks; judged all the same
             conv.messages, conv.chain = messages, chain
             return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
-                                  body=body, previous_body=previous_body)
+                                  body=body_seen, previous_body=previous_body)
 
         def estimate() -> int:  # only when a restore is weighed: a whole history serialised again costs
-            return max(1, len(json.dumps(body.get("messages") or body.get("prompt") or "")) // CHARS_PER_TOKEN)
+            return max(1, len(json.dumps(body_seen.get("messages") or body.get("prompt") or "")) // CHARS_PER_TOKEN)
         held_before = conv.n_tokens  # what it held after its last reply, wherever that is now
         assert self.leases is not None
-        self._backend.requests[park_name(conv.id)] = (path, body)  # for the final check of a restore
+        self._backend.requests[park_name(conv.id)] = (path, body_seen)  # for the final check of a restore
         try:
             lease = await self.leases.acquire(conv, estimate)
         finally:
@@ -420,7 +465,7 @@ class ProxyService:
         out["id_slot"] = lease.slot
         out["cache_prompt"] = True
         conv.messages, conv.chain = messages, chain
-        return out, _Pending(conv, lease, messages, previous, expected, new, path, stream, body=body,
+        return out, _Pending(conv, lease, messages, previous, expected, new, path, stream, body=body_seen,
                              previous_body=previous_body, restore_hazard=hazard)
 
     def _remember(self, conv_id: str, body: dict) -> dict | None:
@@ -452,7 +497,7 @@ class ProxyService:
         if p.lease is None:
             return await self._after_passthrough(p, result)
         conv, lease = p.conv, p.lease
-        t = Timings.from_json((result.final or {}).get("timings")) if result.final else None
+        t = answer_timings(result.final)
         ok = result.status == 200 and result.error is None
         n_tokens = None
         if t is not None and t.prompt_n is not None:
@@ -545,7 +590,7 @@ class ProxyService:
         conv = p.conv
         assert conv is not None
         final = result.final or {}
-        t = Timings.from_json(final.get("timings")) if result.final else None
+        t = answer_timings(result.final)
         conv.last_used = time.time()
         conv.requests += 1
         self.index.add(conv.id, conv.chain)
@@ -594,7 +639,7 @@ class ProxyService:
         conv.requests += 1
         self.index.add(conv.id, conv.chain)
         final = result.final or {}
-        t = Timings.from_json(final.get("timings")) if result.final else None
+        t = answer_timings(result.final)
         judged = t is not None and result.status == 200 and result.error is None and t.prompt_n is not None
         verdict = (judge(Reuse(p.expected_reuse, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, new=p.new)).kind
                    if judged else VerdictKind.NEW)

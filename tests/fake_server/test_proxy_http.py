@@ -545,4 +545,4 @@ async def test_forward_says_unreachable():
 
 def test_the_intercepted_paths():
     assert INTERCEPTED == {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-                           "/completion"}
+                           "/completion", "/v1/messages", "/v1/responses"}

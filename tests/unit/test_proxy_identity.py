@@ -368,3 +368,44 @@ def test_memoised_chain_and_messages_are_the_computed_ones(monkeypatch):
     assert chain("s3", first) == _uncached_chain("s3", first)
     assert normalise([dict(m, content=m["content"] + "!") for m in raw])[1] == Message("user", "hi!")
     assert identity._chain_memo.chars <= 10 + max(len(m.content) + len(m.role) for m in first)
+
+
+def test_the_other_chat_routes_are_the_chat_request_they_amount_to():
+    """Anthropic's /v1/messages and OpenAI's /v1/responses as chat messages: the same conversation,
+    hashed the same, whichever route a client uses for it."""
+    from app.proxy.identity import chat_body, normalise
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
+    anthropic = chat_body("/v1/messages", {"model": "m", "max_tokens": 4, "system": "Be brief.", "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]},
+        {"role": "user", "content": [{"type": "text", "text": "More"}]}]})
+    responses = chat_body("/v1/responses", {"model": "m", "instructions": "Be brief.", "input": [
+        {"type": "message", "role": "user", "content": "Hi"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "More"}]}]})
+    assert normalise(anthropic["messages"]) == normalise(responses["messages"]) == normalise(chat)
+    assert anthropic["max_tokens"] == 4 and "system" not in anthropic and "input" not in responses
+    # tool calls and their results: the assistant's call, then a tool message
+    tools = chat_body("/v1/messages", {"messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "42"}]}]})
+    assert [m["role"] for m in tools["messages"]] == ["assistant", "tool"]
+    assert tools["messages"][1]["tool_call_id"] == "t1"
+    assert chat_body("/v1/responses", {"input": "Hi"})["messages"] == [{"role": "user", "content": "Hi"}]
+    assert chat_body("/v1/messages", {"model": "m"}) is None and chat_body("/v1/chat/completions", {}) is None
+
+
+def test_a_routes_usage_is_its_timings():
+    from app.proxy.service import answer_timings
+
+    t = answer_timings({"usage": {"cache_read_input_tokens": 155, "input_tokens": 37, "output_tokens": 4}})
+    assert (t.cache_n, t.prompt_n, t.predicted_n) == (155, 37, 4)
+    t = answer_timings({"type": "message_start", "message": {"usage": {"cache_read_input_tokens": 155,
+                                                                        "input_tokens": 5, "output_tokens": 0}}})
+    assert (t.cache_n, t.prompt_n, t.predicted_n) == (155, 5, None)
+    t = answer_timings({"usage": {"input_tokens": 160, "output_tokens": 4, "input_tokens_details": {"cached_tokens": 154}}})
+    assert (t.cache_n, t.prompt_n) == (154, 6)
+    t = answer_timings({"usage": {"input_tokens": 1}, "timings": {"cache_n": 3, "prompt_n": 2}})
+    assert (t.cache_n, t.prompt_n) == (3, 2)  # the server's own timings first
+    assert answer_timings({"usage": {"prompt_tokens": 3}}) is None and answer_timings(None) is None
