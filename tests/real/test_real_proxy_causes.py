@@ -77,11 +77,22 @@ TOOL_2 = {"type": "function", "function": {"name": "get_time", "description": "T
                                                           "required": ["city"]}}}
 
 
-def test_changed_tool_definitions_are_explained_tools_changed(real_profile):
+#: a chat template that renders the tools ahead of the messages, as Qwen's and Llama 3.1's do (Gemma 3's
+#: own leaves them out, so a tool change costs Gemma nothing)
+TOOLS_FIRST = ("{% if tools %}<start_of_turn>tools\n{% for t in tools %}{{ t.function.name }}: "
+               "{{ t.function.description }}\n{% endfor %}<end_of_turn>\n{% endif %}"
+               "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+               "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def test_changed_tool_definitions_are_explained_tools_changed(real_profile, tmp_path):
     """A client that adds a tool between two turns: the template renders the tools ahead of the messages,
     so the server re-processes what follows; the messages only grew, so the cause is the tools."""
+    template = tmp_path / "tools-first.jinja"
+    template.write_text(TOOLS_FIRST)
+
     async def go():
-        async with Proxied(real_profile.replace(proxy=True)) as p:
+        async with Proxied(real_profile.replace(proxy=True, extra_args=("--chat-template-file", str(template)))) as p:
             reply, first = await p.ask(turn(SYSTEMS["A"], question=Q), tools=[TOOL])
             _, same = await p.ask(turn(SYSTEMS["A"], (Q, reply), question="And the second?"), tools=[TOOL])
             assert same.conversation == first.conversation and same.verdict is VerdictKind.HIT, same
