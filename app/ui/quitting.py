@@ -105,6 +105,9 @@ class QuitsInOrder:
         await self.shutdown()
 
     async def shutdown(self) -> None:
+        guard = getattr(self, "shutdown_guard", None)
+        if guard is not None:
+            guard.close()  # the lock, its signals and its bus connection: nothing of the window left on D-Bus
         for name in ("loadcheck_dialog", "build_dialog"):  # a build in progress is cancelled (nothing cached)
             dialog = getattr(self, name, None)
             if dialog is not None:

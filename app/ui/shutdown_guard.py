@@ -24,14 +24,22 @@ log = logging.getLogger(__name__)
 LOGIN1 = "org.freedesktop.login1"
 PATH = "/org/freedesktop/login1"
 IFACE = "org.freedesktop.login1.Manager"
+#: the logind signals the guard hears, and its slots for them
+SIGNALS = (("PrepareForShutdown", "_on_shutdown(bool)"), ("PrepareForSleep", "_on_sleep(bool)"))
+
+
+def logind_bus_name() -> str | None:
+    """The name of the private connection to ``$KV_VALET_LOGIND_BUS`` (None: the system bus)."""
+    address = os.environ.get("KV_VALET_LOGIND_BUS")
+    return f"kv-valet-logind {address}" if address else None
 
 
 def logind_bus() -> QDBusConnection:
     """The system bus, or the bus at ``$KV_VALET_LOGIND_BUS`` (tests: a private bus with a fake logind)."""
-    address = os.environ.get("KV_VALET_LOGIND_BUS")
-    if address:
+    name = logind_bus_name()
+    if name:
         # Qt keeps named connections for the process: one name per address, never a stale bus
-        return QDBusConnection.connectToBus(address, f"kv-valet-logind {address}")
+        return QDBusConnection.connectToBus(os.environ["KV_VALET_LOGIND_BUS"], name)
     return QDBusConnection.systemBus()
 
 
@@ -40,14 +48,26 @@ class ShutdownGuard(QObject):
 
     def __init__(self, bus: QDBusConnection | None = None, parent=None):
         super().__init__(parent)
+        self._own_name = logind_bus_name() if bus is None else None  # a private connection made here
         self.bus = bus if bus is not None else logind_bus()
         self._fd: int | None = None
         self.connected = False
         if self.bus.isConnected():
             self.connected = all(
-                self.bus.connect(LOGIN1, PATH, IFACE, name, self, SLOT(slot))
-                for name, slot in (("PrepareForShutdown", "_on_shutdown(bool)"),
-                                   ("PrepareForSleep", "_on_sleep(bool)")))
+                self.bus.connect(LOGIN1, PATH, IFACE, name, self, SLOT(slot)) for name, slot in SIGNALS)
+
+    def close(self) -> None:
+        """Let go of everything: the lock, the two signals, and a private bus connection made here (Qt
+        keeps a named connection for the life of the process otherwise, its socket and its thread's
+        hooks with it). The window's shutdown does this, before this object goes."""
+        self.release()
+        if self.connected:
+            for name, slot in SIGNALS:
+                self.bus.disconnect(LOGIN1, PATH, IFACE, name, self, SLOT(slot))
+            self.connected = False
+        if self._own_name is not None:
+            QDBusConnection.disconnectFromBus(self._own_name)
+            self._own_name = None
 
     @property
     def held(self) -> bool:

@@ -128,6 +128,9 @@ def test_prepare_for_shutdown_parks_the_filled_slot_then_releases_the_lock(qtbot
     server_pid, seconds = run(qloop, scenario(), 240)
     assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
     assert not w.shutdown_guard.held
+    # the window's shutdown let go of D-Bus: its signals and its private connection to the bus
+    assert not w.shutdown_guard.connected
+    assert not QDBusConnection(f"kv-valet-logind {address}").isConnected()
     with Catalog(paths.catalog_path()) as cat:
         recs = sorted(cat.list("real"), key=lambda r: r.slot_id)
     assert [r.slot_id for r in recs] == [0, 1] and all(r.n_tokens > 600 and r.state_path.is_file() for r in recs)
