@@ -125,6 +125,45 @@ def isolated_dirs(tmp_path, monkeypatch):
 QT_FIXTURES = {"qapp", "qtbot", "qloop"}
 
 
+def _uses_qt(item) -> bool:
+    return bool(QT_FIXTURES & set(getattr(item, "fixturenames", ()))) or item.get_closest_marker("gui") is not None
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """pytest-qt processes the application's events around every test once a QApplication exists, a
+    Qt-free test too (a real server driven by asyncio.run, a subprocess): there nothing of Qt has work
+    to do, and an event for an object an earlier test left behind would be dispatched in the middle of
+    another test's sockets and threads. Its event processing runs for the tests that use Qt only."""
+    import pytestqt.plugin as qt_plugin
+
+    qt_plugin.kvv_qt_test = _uses_qt(item)  # on pytest-qt's module: this file is imported twice
+    try:
+        return (yield)
+    finally:
+        qt_plugin.kvv_qt_test = False
+
+
+def _patch_pytest_qt() -> None:
+    try:
+        import pytestqt.plugin as qt_plugin
+    except ImportError:  # pytest-qt is a test dependency: without it no Qt test runs at all
+        return
+    if getattr(qt_plugin, "kvv_patched", False):
+        return
+    original = qt_plugin._process_events
+
+    def process() -> None:
+        if getattr(qt_plugin, "kvv_qt_test", True):
+            original()
+
+    qt_plugin._process_events = process
+    qt_plugin.kvv_patched = True
+
+
+_patch_pytest_qt()
+
+
 @pytest.fixture(autouse=True)
 def qt_garbage_on_the_main_thread(request):
     """A test with Qt objects collects its garbage on the GUI thread, as the app does

@@ -152,7 +152,7 @@ def test_selecting_a_conversation_shows_its_requests_and_why(qtbot, panel):
     assert shown(r, RCOL_RESTORED) == ["-", "-", "proxy-a1b2"]
     why = shown(r, RCOL_WHY)
     assert why[0] == "first request" and why[1] == "-"
-    assert why[2] == ("the system prompt changed: message 0 (system) differs from what the slot held, "
+    assert why[2] == ("the system prompt changed [system_changed]: message 0 (system) differs from what the slot held, "
                       "at character 120")
     assert "at character 120" in cell(r, 2, RCOL_WHY, Qt.ToolTipRole)
     assert r.isColumnHidden(RCOL_CONV)  # all one conversation's
@@ -161,8 +161,8 @@ def test_selecting_a_conversation_shows_its_requests_and_why(qtbot, panel):
 
     click_row(qtbot, panel.table, 2)
     assert shown(r, RCOL_VERDICT) == ["PARTIAL"]
-    assert shown(r, RCOL_WHY) == ["the client sent the reply back without its reasoning: message 2 (assistant) "
-                                  "lost its reasoning"]
+    assert shown(r, RCOL_WHY) == ["the client sent the reply back without its reasoning [reasoning dropped by the "
+                                  "client or its template]: message 2 (assistant) lost its reasoning"]
 
 
 def test_the_filter_box_filters(qtbot, panel):
