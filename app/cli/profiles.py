@@ -44,11 +44,10 @@ def cmd_profiles(args) -> int:
             from app.remote.listing import profile_summary
 
             print(json.dumps([profile_summary(p) for p in profiles], indent=1, ensure_ascii=False))
-        from app.remote.listing import model_note
-        from app.server.discovery import model_state
+        from app.remote.listing import model_note, profile_summary
 
         for prof in profiles if not args.json else ():
-            print(f"{prof.name:<20} {prof.url:<28} {prof.model}{model_note({'model_state': model_state(prof.model)})}")
+            print(f"{prof.name:<20} {prof.url:<28} {prof.model}{model_note(profile_summary(prof))}")
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         return EXIT_OK if not errors else EXIT_FAIL
