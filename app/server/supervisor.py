@@ -33,6 +33,7 @@ import psutil
 from app.core.background import TaskGroup
 from app.core.observers import Observers
 from app.core.states import ServerState
+from app.serverbuild import MODE_ENV
 from app.server.client import LlamaClient
 from app.server.logfile import ServerLogFile
 from app.server.logparse import LogEvent, SidecarMode, parse_line
@@ -231,6 +232,7 @@ class Supervisor:
         self.argv = list(argv)
         self.url = url
         self.env = env
+        self.launch_sidecar_mode: str | None = None  # $KVV_SIDECAR_MODE of its last start (see start())
         self.profile_name = profile_name
         self.pid_record_path = pid_record_path
         self.auto_restart = auto_restart
@@ -327,6 +329,8 @@ class Supervisor:
             env.update(self.env)
             if "LLAMA_API_KEY" not in self.env:
                 env.pop("LLAMA_API_KEY", None)
+        # the sidecar mode a KV Valet build was started in (its start line says it too, once read)
+        self.launch_sidecar_mode = env.get(MODE_ENV)
         # The server's output goes to a pipe that a thread of ours reads and parses
         # (a flood of -lv 4 lines must not cost the GUI thread anything but batches).
         read_fd, write_fd = os.pipe()

@@ -34,7 +34,7 @@ from app.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
-MODE_ENV = "KVV_SIDECAR_MODE"
+from app.serverbuild import MODE_ENV  # noqa: E402,F401  (the launch environment's sidecar mode)
 BUILD_INFO = "build-info.json"
 
 

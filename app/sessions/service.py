@@ -168,7 +168,9 @@ class SessionService:
         target.model_kind_from_log = kind.value if kind is not None else None
         if mode:
             target.build = f"{target.build} +sidecars-{mode}"  # KV Valet's build: not the stock one's key
-        target.behaviour = identify_target(target, mode_line=mode, binary=binary)
+        # a start line the reader has not reached yet (a loaded machine): the mode it was launched in
+        env_mode = getattr(supervisor, "launch_sidecar_mode", None) if supervisor is not None else None
+        target.behaviour = identify_target(target, mode_line=mode, binary=binary, env_mode=env_mode)
         if restarter is None and supervisor is not None and stopper is not None:
             async def restarter() -> None:
                 await supervisor.restart()

@@ -213,3 +213,29 @@ def test_v2_empty_list_predicted(mode_profile, monkeypatch):
             assert p.loads is False and "empty list" in p.refusal
 
     asyncio.run(go())
+
+
+def test_a_start_line_not_read_yet_is_the_mode_it_was_launched_in(mode_profile, monkeypatch):
+    """On a loaded machine the log reader can be behind when the session service connects: the
+    ``checkpoint sidecars: fork`` start line is not in the log yet. The build is still identified as
+    the mode it was launched in (``KVV_SIDECAR_MODE``), not as the build's default (v2)."""
+    import app.server.supervisor as supervisor_mod
+    import app.sessions.behaviour as behaviour_mod
+    import app.sessions.service as service_mod
+    from app.core.sidecar_behaviour import Behaviour
+
+    class NotReadYet:  # the supervisor's reader has not met the start line
+        pass
+
+    mode(monkeypatch, "fork")
+    monkeypatch.setattr(supervisor_mod, "SidecarMode", NotReadYet)
+    monkeypatch.setattr(service_mod, "mode_from_log_file", lambda *a, **k: None)  # not in the file yet
+    monkeypatch.setattr(service_mod, "mode_from_log", lambda lines: None)  # nor in the ring buffer
+    monkeypatch.setattr(behaviour_mod, "mode_from_log", lambda lines: None)
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            assert srv.sup.sidecar_mode is None and srv.sup.launch_sidecar_mode == "fork"
+            assert srv.svc.target.behaviour is Behaviour.FORK, srv.svc.target.behaviour
+
+    asyncio.run(go())
