@@ -167,4 +167,6 @@ def test_the_faces_show_the_token(tmp_path, capsys, monkeypatch):
     cli.cmd_show(SimpleNamespace(id="c1", json=False, last=5))
     out = capsys.readouterr().out
     assert "first divergent token: 1 (the slot held 'b', the request had 'c')" in out
+    assert "why: an earlier message was edited [messages_changed]: " in out  # with the words clients use
     assert cli.request_dict(record(refined))["first_divergent_token"] == 1
+    assert cli.request_dict(record(refined))["client_words"] == "messages_changed"
