@@ -396,10 +396,7 @@ class ProxyService:
         # they amount to (what identity, explanations and the token comparison read; the server gets the
         # client's own body)
         chat = identity.chat_body(path, body) if path in identity.ROUTED_PATHS else None
-        if chat is not None:
-            body_seen = chat
-        else:
-            body_seen = body
+        body_seen = chat if chat is not None else body
         if (path in CHAT_PATHS or chat is not None) and isinstance(body_seen.get("messages"), list):
             messages = identity.normalise(body_seen["messages"])
             chain = identity.chain(self.setup, messages)

@@ -139,3 +139,54 @@ def test_explain_messages_answers_any_pair(a, b):
     if e is not None:
         assert 0 <= e.first_divergent_message < min(len(a), len(b))
         assert e.detail and "\n" not in e.detail
+
+
+ROUTE_BODY = st.one_of(
+    st.fixed_dictionaries({}, optional={"system": st.one_of(st.text(max_size=20), st.lists(PART, max_size=3), JSON),
+                                        "messages": st.one_of(st.lists(st.one_of(MESSAGE_LIKE, st.fixed_dictionaries(
+                                            {"role": ROLES, "content": st.lists(st.one_of(PART, st.fixed_dictionaries(
+                                                {"type": st.sampled_from(["tool_use", "tool_result"]),
+                                                 "id": JSON, "name": JSON, "input": JSON, "tool_use_id": JSON,
+                                                 "content": JSON})), max_size=3)})), max_size=5), JSON),
+                                        "instructions": JSON,
+                                        "input": st.one_of(st.text(max_size=20), st.lists(st.one_of(
+                                            MESSAGE_LIKE, st.fixed_dictionaries(
+                                                {"type": st.sampled_from(["message", "function_call",
+                                                                          "function_call_output", "reasoning"]),
+                                                 "role": ROLES, "content": CONTENT, "call_id": JSON, "name": JSON,
+                                                 "arguments": JSON, "output": JSON})), max_size=5), JSON),
+                                        "tools": JSON, "model": JSON}),
+    st.dictionaries(st.text(max_size=10), JSON, max_size=5))
+
+
+@given(st.sampled_from(["/v1/messages", "/v1/responses"]), ROUTE_BODY)
+@example("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": [1, {}]}]}]})
+@example("/v1/responses", {"input": [{"type": "function_call"}, 3, None], "instructions": ["x"]})
+def test_another_routes_body_is_a_chat_request_or_none_and_never_raises(path, body):
+    """Anthropic's and the Responses API's bodies, whatever JSON a client sends: the chat request they
+    amount to (messages that normalise and hash like any chat's), or None; never an exception."""
+    from app.proxy.identity import chat_body
+
+    kind, value = outcome("proxy routes", lambda: chat_body(path, body))
+    assert kind == "parsed"
+    if value is not None:
+        assert isinstance(value["messages"], list)
+        chain("setup", normalise(value["messages"]))
+
+
+USAGE = st.one_of(JSON, st.fixed_dictionaries({}, optional={
+    "cache_read_input_tokens": st.one_of(st.integers(), JSON), "input_tokens": st.one_of(st.integers(), JSON),
+    "output_tokens": st.one_of(st.integers(), JSON),
+    "input_tokens_details": st.one_of(JSON, st.fixed_dictionaries({"cached_tokens": st.one_of(st.integers(), JSON)}))}))
+
+
+@given(st.one_of(st.none(), st.dictionaries(st.sampled_from(["usage", "timings", "message", "response", "x"]),
+                                            st.one_of(USAGE, st.fixed_dictionaries({"usage": USAGE}), JSON),
+                                            max_size=3)))
+def test_an_answers_usage_is_timings_or_none_and_never_raises(final):
+    """What the proxy reads of any answer's usage (app.proxy.service.answer_timings): timings or None."""
+    from app.core.timings import Timings
+    from app.proxy.service import answer_timings
+
+    kind, value = outcome("proxy usage", lambda: answer_timings(final))
+    assert kind == "parsed" and (value is None or isinstance(value, Timings))
