@@ -64,6 +64,25 @@ def test_a_near_tie_on_both_sides_is_not_a_difference():
     assert r.short() == "same to a tie at 5"
 
 
+def test_the_ci_machines_flip_is_a_tie_and_a_bigger_swing_is_not():
+    """The fork's correct resume on the CI machine: the cold side chose ' So' by 0.30 nats, the
+    resumed side moved ' So' by 0.207 and took ' This'. Each token moved less than TIE_NATS, so the
+    swap is drift; the same cold margin with the resumed side sure of its token is not."""
+    cold, warm = same(), same()
+    cold[2] = step(4324, -2.009, (2094, -2.309))
+    warm[2] = step(2094, -2.150, (4324, -2.216))
+    r = compare(cont(*warm), cont(*cold))
+    assert r.status is Status.TIE and r.compared == 2, r.reason
+    assert "0.37 nats apart over both sides" in r.reason
+    warm[2] = step(2094, -1.600, (4324, -2.216))  # 0.30 + 0.62: the resumed side is sure
+    assert compare(cont(*warm), cont(*cold)).status is Status.DIFFERS
+    # just within the bound a tie; just past it not
+    warm[2] = step(2094, -2.216 + 2 * TIE_NATS - 0.301, (4324, -2.216))
+    assert compare(cont(*warm), cont(*cold)).status is Status.TIE
+    warm[2] = step(2094, -2.216 + 2 * TIE_NATS - 0.299, (4324, -2.216))
+    assert compare(cont(*warm), cont(*cold)).status is Status.DIFFERS
+
+
 def test_a_tie_on_one_side_only_is_a_difference():
     """The wrong restore seen on the real fork build: near-tied on the resumed side, a clear
     choice on the cold side."""
