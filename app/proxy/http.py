@@ -62,6 +62,8 @@ SLOT_ACTIONS_OFF = ("This server does not support slots action. Start it with `-
 #: its answer to ``GET /slots`` under --no-slots (verbatim)
 SLOTS_OFF = ("This server does not support slots endpoint. Start it with `--slots`", "not_supported_error")
 #: response headers not copied from upstream (aiohttp frames the body itself)
+#: KV Valet's families alone, whatever the server's ``--metrics`` (``/metrics`` follows the server)
+OWN_METRICS_PATH = "/kv-valet/metrics"
 _NOT_COPIED = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "trailers", "upgrade",
                          "content-length", "proxy-authenticate", "proxy-connection"})
 #: request bodies the proxy takes (a chat with a long history and images is megabytes, not gigabytes)
@@ -357,6 +359,8 @@ class ProxyServer:
             return _error(501, *SLOT_ACTIONS_OFF)
         if not self._slots_endpoint and request.method == "GET" and request.path == "/slots":
             return _error(501, *SLOTS_OFF)
+        if self._metrics is not None and request.method == "GET" and request.path == OWN_METRICS_PATH:
+            return web.Response(body=self._metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE})
         if self._metrics is not None and request.method == "GET" and request.path == "/metrics":
             return await self._serve_metrics(request, target)
         body = await request.read()
@@ -399,19 +403,31 @@ class ProxyServer:
             if broken:
                 _cut(request)  # only now: closing the connection cancels this handler
 
-    async def _serve_metrics(self, request: web.Request, target: str) -> web.Response:
-        """The server's own metrics unchanged (when it runs with ``--metrics``), then KV Valet's."""
+    async def _serve_metrics(self, request: web.Request, target: str) -> web.StreamResponse:
+        """The server's own metrics unchanged, with its headers, then KV Valet's families. A server
+        without ``--metrics`` answers for itself (its 501): the profile said no metrics, and a
+        client written for llama-server expects that; KV Valet's families alone stay at
+        :data:`OWN_METRICS_PATH`."""
         assert self._metrics is not None
-        theirs = b""
         try:
             async with self._upstream.forward("GET", target, headers=request.headers, content=None) as up:
-                if up.status_code == 200:
-                    theirs = await up.aread()
-                    if theirs and not theirs.endswith(b"\n"):
-                        theirs += b"\n"
+                theirs = await up.aread()
+                headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in up.headers.raw
+                           if k.decode("latin-1").lower() not in _NOT_COPIED]
+                if up.status_code != 200:
+                    resp = web.Response(status=up.status_code, reason=up.reason_phrase or None, body=theirs)
+                    for k, v in headers:
+                        resp.headers.add(k, v)
+                    return resp
         except ServerUnreachable as e:
-            log.info("proxy: /metrics without the server's own: %s", e.reason)
-        return web.Response(body=theirs + self._metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+            return _error(502, f"the server at {self._upstream.base_url} is unreachable: {e.reason}",
+                          "unavailable_error")
+        if theirs and not theirs.endswith(b"\n"):
+            theirs += b"\n"
+        resp = web.Response(body=theirs + self._metrics())
+        for k, v in headers:
+            resp.headers.add(k, v)
+        return resp
 
     async def _after(self, ctx: object, collector: _Collector, method: str, path: str) -> None:
         assert self._interceptor is not None

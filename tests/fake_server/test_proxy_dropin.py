@@ -183,15 +183,19 @@ async def test_header_case_and_a_public_root():
 
 
 async def test_metrics_without_the_servers_own(profile):
-    """A server without --metrics: the proxy's /metrics serves KV Valet's families alone, parsed by
-    prometheus_client's own parser, its request counter the proxy's records."""
+    """A server without --metrics: the proxy's /metrics answers as the server does (its 501: the
+    profile said no metrics, llama.cpp's own metrics tests expect it); /kv-valet/metrics serves KV
+    Valet's families alone, parsed by prometheus_client's own parser, its request counter the
+    proxy's records."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with Proxied(profile) as p:
         await p.ask(chat("A", "hello"))
         async with httpx.AsyncClient(base_url=p.proxy.http.url) as h:
-            assert (await h.get("/metrics")).status_code == 200
-            text = (await h.get("/metrics")).text
+            off = await h.get("/metrics")
+            assert off.status_code == 501 and "--metrics" in off.text and "kvvalet_" not in off.text
+            assert (await h.get("/kv-valet/metrics")).status_code == 200
+            text = (await h.get("/kv-valet/metrics")).text
         names = {f.name for f in text_string_to_metric_families(text)}
         assert names and all(n.startswith("kvvalet_") for n in names)
         [req] = [s for f in text_string_to_metric_families(text) for s in f.samples

@@ -43,6 +43,7 @@ def test_metrics_match_the_request_records(real_profile, sidecar_server_bin, mon
                 direct = (await h.get(p.handle.client.base_url + "/metrics")).text
                 r = await h.get(p.proxy.http.url + "/metrics")
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            assert any(k == b"Process-Start-Time-Unix" for k, _ in r.headers.raw)  # the server's headers, its case
             text = r.text
             # the server's own families first, unchanged (values move between two scrapes: names compared)
             theirs = [line.split(" ")[0] for line in direct.splitlines() if line and not line.startswith("#")]

@@ -1,0 +1,77 @@
+"""tests/upstream: the launcher that maps llama.cpp's server tests onto the models here, and the
+runner's verdict (a test that passes directly and fails through the proxy fails CI)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "upstream"
+
+
+def _load(name: str, path: Path):
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # its dataclasses look their module up
+    loader.exec_module(mod)
+    return mod
+
+
+launcher = _load("kvv_upstream_launcher", UPSTREAM / "launcher.py")
+runner = _load("kvv_upstream_run", UPSTREAM / "run")
+
+
+def test_the_suites_downloads_become_the_local_model_once_and_the_rest_stays():
+    argv = ["--port", "8080", "--hf-repo", "ggml-org/models", "--hf-file", "tinyllamas/stories260K.gguf",
+            "--alias", "tinyllama-2", "--no-slots", "--mmproj-url", "http://x/mm.gguf", "--offline"]
+    assert launcher.mapped(argv, "/m/gemma.gguf") == [
+        "-m", "/m/gemma.gguf", "--port", "8080", "--alias", "tinyllama-2", "--no-slots", "--offline"]
+    # the = form and the short names
+    assert launcher.mapped(["-hf=ggml-org/x:Q8_0", "-c", "512"], "/m/g.gguf") == ["-m", "/m/g.gguf", "-c", "512"]
+    assert launcher.mapped(["--model-url", "http://x/y.gguf"], "/m/g.gguf") == ["-m", "/m/g.gguf"]
+    # a model the suite names itself stays; a router start (no model at all) stays without one
+    assert launcher.mapped(["--model", "/own.gguf", "--hf-file", "f"], "/m/g.gguf") == ["--model", "/own.gguf"]
+    assert launcher.mapped(["--port", "8080", "--models-max", "2"], "/m/g.gguf") == ["--port", "8080", "--models-max", "2"]
+
+
+def _junit(tmp_path: Path, name: str, cases: dict[str, str]) -> Path:
+    body = []
+    for test, outcome in cases.items():
+        module, _, fn = test.partition("::")
+        inner = {"passed": "", "failed": "<failure message='x'/>", "error": "<error message='x'/>",
+                 "skipped": "<skipped message='x'/>"}[outcome]
+        body.append(f'<testcase classname="unit.{module}" name="{fn}" time="1">{inner}</testcase>')
+    path = tmp_path / name
+    path.write_text(f'<testsuites><testsuite name="pytest">{"".join(body)}</testsuite></testsuites>')
+    return path
+
+
+def test_a_direct_pass_that_fails_through_the_proxy_is_the_one_thing_that_fails(tmp_path):
+    direct = runner.Run("direct", runner.read_junit(_junit(tmp_path, "d.xml", {
+        "test_basic::test_health": "passed", "test_basic::test_ui": "failed",
+        "test_completion::test_a[x]": "passed", "test_router::test_models": "passed"})))
+    proxy = runner.Run("proxy", runner.read_junit(_junit(tmp_path, "p.xml", {
+        "test_basic::test_health": "passed", "test_basic::test_ui": "failed",
+        "test_completion::test_a[x]": "error"})))
+    text, worse = runner.report(direct, proxy)
+    assert worse == ["test_completion::test_a[x]"]
+    assert "| test_basic | 2 | 1 | 1 | 1 | 0 |" in text and "| test_completion | 1 | 1 | 0 | 0 | 1 |" in text
+    assert "| **all** | 3 | 2 | 1 | 1 | 1 |" in text
+    # the router's tests ran directly only: listed apart, never counted as passing through the proxy
+    assert "| test_router (router mode: not through the proxy) | 1 | 1 | – | – | – |" in text
+    assert "`test_basic::test_ui`: direct failed, proxy failed" in text
+    # all the same both ways: nothing worse
+    assert runner.report(direct, runner.Run("proxy", dict(direct.outcomes)))[1] == []
+
+
+def test_a_teardown_error_after_a_failure_keeps_the_failure(tmp_path):
+    path = tmp_path / "j.xml"
+    path.write_text('<testsuites><testsuite>'
+                    '<testcase classname="unit.test_x" name="t"><failure message="a"/></testcase>'
+                    '<testcase classname="unit.test_x" name="t"><error message="teardown"/></testcase>'
+                    '<testcase classname="unit.test_x" name="u"><skipped message="s"/></testcase>'
+                    '</testsuite></testsuites>')
+    assert runner.read_junit(path) == {"test_x::t": "failed", "test_x::u": "skipped"}
