@@ -107,8 +107,17 @@ async def adopt_leftovers(servers, profile: LaunchProfile) -> list[str]:
             await servers.stop_leftover(rec)
             said.append(f"stopped the unreachable leftover server pid {rec.pid}")
             continue
-        saved = await servers.front.save_leftover(servers, handle, profile, rec) if servers.front else []
-        report = await servers.park_then_stop(handle.id, StopTrigger.SERVE)
+        try:
+            saved = await servers.front.save_leftover(servers, handle, profile, rec) if servers.front else []
+            report = await servers.park_then_stop(handle.id, StopTrigger.SERVE)
+        except Exception as e:  # report: it went away while being adopted (it was stopping): stopped as before
+            log.warning("the leftover server %s went away while being adopted: %s", rec.url, e)
+            await servers.remove(handle.id)
+            await servers.stop_leftover(rec)
+            msg = f"Leftover server pid {rec.pid} went away while being adopted ({e}): nothing saved from it"
+            servers.notify(Notice(tid, msg, ok=False))
+            said.append(msg)
+            continue
         await servers.remove(handle.id)
         if rec.is_alive():  # the park or the stop failed: it must not run on beside the new one
             await servers.stop_leftover(rec)

@@ -65,6 +65,11 @@ def test_a_direct_pass_that_fails_through_the_proxy_is_the_one_thing_that_fails(
     assert "`test_basic::test_ui`: direct failed, proxy failed" in text
     # all the same both ways: nothing worse
     assert runner.report(direct, runner.Run("proxy", dict(direct.outcomes)))[1] == []
+    # a known difference is counted and listed with its cause, and does not fail the run
+    known = next(iter(runner.KNOWN))
+    text, worse = runner.report(runner.Run("direct", {known: "passed"}), runner.Run("proxy", {known: "failed"}))
+    assert worse == [] and f"- `{known}`: {runner.KNOWN[known]}" in text
+    assert "| 1 | 1 | 0 | 0 | 1 |" in text  # still counted as passing directly and failing through the proxy
 
 
 def test_a_teardown_error_after_a_failure_keeps_the_failure(tmp_path):
