@@ -32,6 +32,7 @@ class Cause(enum.StrEnum):
     RESTORE_FAILED = "the restore failed: the slot was emptied"
     PARK_NOT_ITS_OWN = "its park held other tokens than the request's (not restored)"
     CLIENT_CHOSE = "the client chose its own slot or caching (passed through untouched)"
+    MULTIMODAL = "it carries images, audio or files (passed through untouched: such a slot cannot be parked)"
     UNKNOWN = "not known"
 
     @property
@@ -60,6 +61,7 @@ CLIENT_WORDS: dict[Cause, str] = {
     Cause.RESTORE_FAILED: "previous_message_not_found (restore failed)",
     Cause.PARK_NOT_ITS_OWN: "previous_message_not_found (park was another prompt's)",
     Cause.CLIENT_CHOSE: "the client's own slot or caching",
+    Cause.MULTIMODAL: "multimodal (not parked)",
     Cause.UNKNOWN: "previous_message_not_found",
 }
 

@@ -36,6 +36,10 @@ _MAX_DEPTH = 64
 JUNK_ROLE = "?"
 _IMAGE_TYPES = {"image_url", "input_image", "image"}
 _TEXT_TYPES = {"text", "input_text", "output_text"}
+#: content parts that carry an image, audio or a file (OpenAI chat and Responses, Anthropic), by what they are
+_MEDIA_KINDS = {"image_url": "an image", "input_image": "an image", "image": "an image",
+                "input_audio": "audio", "audio": "audio", "input_file": "a file", "file": "a file",
+                "document": "a document"}
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 #: roles whose plain ``{"role", "content"}`` message is its text as it is (no stripping, no reasoning)
 _PLAIN_ROLES = frozenset({"system", "user", "developer", "tool"})
@@ -473,3 +477,42 @@ def chat_body(path: str, body: Mapping) -> dict | None:
     out = {k: v for k, v in body.items() if k not in dropped}
     out["messages"] = messages
     return out
+
+
+def media_in(body: Mapping) -> str | None:
+    """What media a request carries ("an image", "audio", "a file", "a document"), or None: content
+    parts of its messages (chat, Anthropic) or input items (Responses), and ``/completion``'s
+    ``multimodal_data``. llama-server refuses to save a slot when a multimodal projector is loaded,
+    so such a request cannot be parked and restored: the proxy passes it through."""
+    def parts(content: Any):
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping):
+                    yield part
+                    yield from parts(part.get("content"))  # an Anthropic tool_result holding an image
+
+    def kind_of(part: Mapping) -> str | None:
+        kind = part.get("type")
+        return _MEDIA_KINDS.get(kind) if isinstance(kind, str) else None
+
+    if not isinstance(body, Mapping):
+        return None
+    for key in ("messages", "input"):
+        items = body.get(key)
+        if not isinstance(items, list):
+            continue
+        for item in items:
+            if not isinstance(item, Mapping):
+                continue
+            found = kind_of(item) if key == "input" else None
+            if found:
+                return found
+            for part in parts(item.get("content")):
+                found = kind_of(part)
+                if found:
+                    return found
+    prompts = body.get("prompt")
+    for prompt in (prompts if isinstance(prompts, list) else [prompts]):
+        if isinstance(prompt, Mapping) and prompt.get("multimodal_data"):
+            return "an image or audio (multimodal_data)"
+    return None

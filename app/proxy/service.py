@@ -230,6 +230,7 @@ class _Pending:
     previous_body: dict | None = None  # the conversation's previous request (for the token comparison)
     restore_hazard: str | None = None  # restored into another chat's checkpoints (the fork keeps them)
     own: str | None = None  # passed through untouched: why (client_choice)
+    own_cause: Cause = Cause.CLIENT_CHOSE  # ... and its cause (MULTIMODAL: it carries media)
     tasks_before: dict[int, object] | None = None  # with ``own``: each slot's id_task before the request
     slots_before: list | None = None  # with ``own``: the leases' view of the slots before the request
 
@@ -392,6 +393,11 @@ class ProxyService:
         hint = identity.hint_from(headers, body)
         stream = bool(body.get("stream"))
         own = client_choice(path, body)
+        own_cause = Cause.CLIENT_CHOSE
+        media = identity.media_in(body) if own is None else None
+        if media is not None:
+            own, own_cause = (f"it carries {media}, and llama-server does not save a slot holding media tokens "
+                              "(with a multimodal projector loaded), so it could not be parked"), Cause.MULTIMODAL
         # Anthropic's /v1/messages and OpenAI's /v1/responses: the same conversation as the chat request
         # they amount to (what identity, explanations and the token comparison read; the server gets the
         # client's own body)
@@ -431,7 +437,8 @@ class ProxyService:
             conv.messages, conv.chain = messages, chain
             tasks = await self._slot_tasks()
             return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
-                                  body=body_seen, previous_body=previous_body, own=own, tasks_before=tasks,
+                                  body=body_seen, previous_body=previous_body, own=own, own_cause=own_cause,
+                                  tasks_before=tasks,
                                   slots_before=self.leases.snapshot() if self.leases is not None else None)
         if self.steps_aside:  # the server keeps prompts itself: no pinning, no parks; judged all the same
             conv.messages, conv.chain = messages, chain
@@ -655,7 +662,7 @@ class ProxyService:
                             cache_n=t.cache_n if judged else None, prompt_n=t.prompt_n if judged else None,
                             prompt_ms=t.prompt_ms if judged else None,
                             predicted_n=t.predicted_n if judged else None, expected_reuse=p.expected_reuse,
-                            verdict=verdict, explanation=Explanation(Cause.CLIENT_CHOSE, text))
+                            verdict=verdict, explanation=Explanation(p.own_cause, text))
         if judged:
             conv.last_verdict = verdict
         self._save(conv)

@@ -16,6 +16,7 @@ from aiohttp import web
 from app.core.conversation import Cause
 from app.core.verdict import VerdictKind
 from app.proxy.http import ProxyServer
+from app.proxy.identity import media_in
 from app.proxy.service import ProxyFront, client_choice
 from app.server.client import LlamaClient
 from app.servers.launch import launch_profile
@@ -76,6 +77,44 @@ def test_what_the_client_chose_is_recognised():
     assert client_choice("/completion", {"prompt": [1, 2, 3]}) is None  # one prompt as token ids
     assert client_choice("/completion", {"prompt": [[1, 2], [3]]}) is not None
     assert client_choice("/completion", {"prompt": ["only one"]}) is None
+
+
+def test_media_is_found_in_every_route_shape():
+    img = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert media_in({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, img]}]}) == "an image"
+    assert media_in({"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]}) == "audio"
+    # Anthropic: an image block, also one inside a tool result
+    assert media_in({"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}]}) == "an image"
+    # Responses: an input item's content part, and an input_image item on its own
+    assert media_in({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}) == \
+        "an image"
+    assert media_in({"input": [{"type": "input_file", "file_data": "x"}]}) == "a file"
+    assert media_in({"prompt": {"prompt_string": "<__media__>", "multimodal_data": ["AAAA"]}}).startswith("an image")
+    # text only, in each shape: nothing
+    assert media_in({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}) is None
+    assert media_in({"messages": [{"role": "user", "content": "image_url"}]}) is None
+    assert media_in({"input": "an image please"}) is None
+    assert media_in({"prompt": "hi"}) is None and media_in({"prompt": {"prompt_string": "hi"}}) is None
+
+
+async def test_a_request_with_an_image_passes_through_and_says_why(profile):
+    async with Proxied(profile.replace(cache_ram=0)) as p:
+        _, first = await p.ask(chat("A", "hello"))
+        leased = p.proxy.leases.snapshot()
+        msgs = chat("B", "hello")
+        msgs[-1]["content"] = [{"type": "text", "text": "what is this?"},
+                               {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+        _, seen = await p.ask(msgs)
+        assert seen.conversation != first.conversation
+        assert seen.explanation is not None and seen.explanation.cause is Cause.MULTIMODAL
+        assert "an image" in seen.explanation.detail and "passed this request through untouched" in \
+            seen.explanation.detail
+        # the Conversations tab's row says why, and no slot was leased to it
+        assert why_text(seen).startswith(Cause.MULTIMODAL.value)
+        assert all(v.conversation != seen.conversation for v in p.proxy.leases.snapshot())
+        assert [v.conversation for v in p.proxy.leases.snapshot()] == [v.conversation for v in leased]
 
 
 async def test_a_pinned_request_passes_through_and_the_slot_it_took_is_said(profile):

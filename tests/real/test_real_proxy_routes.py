@@ -12,6 +12,7 @@ import json
 import httpx
 import pytest
 
+from app.core.conversation import Cause
 from app.core.verdict import VerdictKind, tolerance
 from tests.real.test_real_proxy import SYSTEMS, Proxied
 
@@ -90,5 +91,25 @@ def test_openai_responses_are_one_conversation_judged_by_their_own_usage(real_pr
             assert kinds[-1] == "response.completed", kinds
             r3 = await asyncio.wait_for(p.judged.get(), 30)
             assert r3.conversation == r1.conversation and r3.stream and r3.verdict is VerdictKind.HIT, r3
+
+    asyncio.run(go())
+
+
+def test_a_request_with_an_image_is_passed_through_and_said_so(real_profile):
+    """A model without a projector answers an image as it would directly (its own error); the proxy
+    leases no slot for it and its record says why (llama-server does not save a slot holding media)."""
+    async def go():
+        async with Proxied(real_profile.replace(proxy=True)) as p:
+            body = {"model": "gemma", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "What is in this picture?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}
+            async with httpx.AsyncClient(timeout=60) as h:
+                direct = await h.post(p.handle.url + "/v1/chat/completions", json=body)
+                proxied = await h.post(p.proxy.http.url + "/v1/chat/completions", json=body)
+            assert (proxied.status_code, proxied.json()) == (direct.status_code, direct.json())
+            rec = await asyncio.wait_for(p.judged.get(), 30)
+            assert rec.explanation is not None and rec.explanation.cause is Cause.MULTIMODAL, rec
+            assert "an image" in rec.explanation.detail
+            assert all(v.conversation != rec.conversation for v in p.proxy.leases.snapshot())
 
     asyncio.run(go())
