@@ -17,7 +17,8 @@ EXIT_OK, EXIT_FAIL = Exit.OK, Exit.FAIL
 def add_commands(sub) -> None:
     sv = sub.add_parser("serve", help="start a profile's server and supervise it in the foreground "
                                       "(Ctrl-C stops it)")
-    sv.add_argument("profile")
+    sv.add_argument("profile", help="a profile here, or HOST:PROFILE (a host of `kv-valet hosts`, with --proxy: "
+                                    "the proxy here in front of that host's server, over SSH)")
     sv.add_argument("--quiet", action="store_true", help="do not echo the server log")
     sv.add_argument("--park-timeout", type=float, default=None, metavar="SECONDS",
                     help="on SIGTERM, SIGHUP or Ctrl-C, park every slot that holds tokens before stopping, "
@@ -28,6 +29,9 @@ def add_commands(sub) -> None:
                     help="put the conversation proxy on the profile's host and port (the server moves to a "
                          "private loopback port): every request pinned to a slot, conversations parked and "
                          "restored by themselves, each request judged (also: proxy = true in the profile)")
+    sv.add_argument("--port", type=int, default=None, metavar="PORT",
+                    help="with HOST:PROFILE: the port the proxy listens on here, on 127.0.0.1 (default: the "
+                         "host profile's own port)")
     sv.set_defaults(run=lambda args: asyncio.run(cmd_serve(args)))
 
 
@@ -47,6 +51,17 @@ async def cmd_serve(args) -> int:
     from app.servers.service import ServerService, load_profile, profile_target_id
     from app.servers.events import LaunchPlanned, LaunchRefused, Notice, Progress, SessionsChanged, StateChanged
 
+    host_name, _sep, remote_profile = args.profile.rpartition(":")
+    if host_name:
+        if not getattr(args, "proxy", False):
+            print(f"error: '{args.profile}' is a host's profile: `kv-valet serve {args.profile} --proxy` puts the "
+                  f"conversation proxy here in front of its server; `kv-valet hosts start {host_name} "
+                  f"{remote_profile}` starts that server there", file=sys.stderr)
+            return EXIT_FAIL
+        return await serve_remote(args, host_name, remote_profile)
+    if getattr(args, "port", None) is not None:
+        print("error: --port is for HOST:PROFILE (a profile here listens where it says)", file=sys.stderr)
+        return EXIT_FAIL
     profile = load_profile(args.profile)
     if getattr(args, "proxy", False):
         profile = profile.replace(proxy=True)
@@ -161,6 +176,72 @@ async def cmd_serve(args) -> int:
         return EXIT_OK
     _say("server stopped")
     return EXIT_OK
+
+
+async def serve_remote(args, host_name: str, profile: str) -> int:
+    """``kv-valet serve HOST:PROFILE --proxy``: the conversation proxy here, on 127.0.0.1, in front of the
+    host's server over SSH (app.proxy.remote); Ctrl-C parks its conversations on the host and stops the
+    proxy, the host's server keeps running."""
+    from app.core.background import track
+    from app.proxy.remote import RemoteProxyError, start_remote_proxy
+    from app.remote.host import RemoteError, RemoteHost
+    from app.settings import load_or_defaults
+    from app.store.hosts import HostsError, HostStore
+
+    if not profile:
+        print(f"error: '{args.profile}': give HOST:PROFILE", file=sys.stderr)
+        return EXIT_FAIL
+    try:
+        host = RemoteHost(HostStore().get(host_name))
+    except HostsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    stop, now = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        (now if stop.is_set() else stop).set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        try:
+            front = await start_remote_proxy(host, host_name, profile, port=args.port, say=_say)
+        except (RemoteError, RemoteProxyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_FAIL
+        except OSError as e:  # the port here is taken
+            print(f"error: the proxy cannot listen here: {e.strerror or e}", file=sys.stderr)
+            return EXIT_FAIL
+        front.proxy.on_record(_print_request)
+        _say(f"conversation proxy at {front.proxy.url}, in front of '{profile}' on {host_name} "
+             f"({front.server_url} there, reached through SSH)")
+        _say(f"ready at {front.proxy.url}; Ctrl-C parks the conversations on {host_name} and stops the proxy "
+             "(the host's server keeps running)")
+        await stop.wait()
+        if args.no_park:
+            await front.stop(park=False)
+        else:
+            prefs, _problem = load_or_defaults()
+            timeout = args.park_timeout if args.park_timeout is not None else prefs.park_timeout_s
+            _say(f"parking the proxy's conversations on {host_name} (a second signal stops at once)")
+            stopping = track(front.stop(timeout=timeout), f"parking the proxy's conversations on {host_name}")
+            interrupt = track(now.wait(), "waiting for a second signal")
+            await asyncio.wait({stopping, interrupt}, return_when=asyncio.FIRST_COMPLETED)
+            interrupt.cancel()
+            if not stopping.done():
+                _say("parking interrupted: stopping now")
+                stopping.cancel()  # its own finally stops the proxy
+                await asyncio.gather(stopping, return_exceptions=True)
+            elif stopping.exception() is not None:
+                raise stopping.exception()
+            elif stopping.result():
+                _say(f"not every conversation was parked: {stopping.result()}")
+        _say(f"proxy stopped; the server of '{profile}' on {host_name} keeps running "
+             f"(kv-valet hosts stop {host_name} {profile} stops it)")
+        return EXIT_OK
+    finally:
+        await host.close()
 
 
 def _print_request(rec) -> None:

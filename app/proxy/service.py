@@ -237,7 +237,12 @@ class _Pending:
 
 class ProxyService:
     def __init__(self, servers: ServerService, target_id: str, *, store: ConversationStore | None = None,
-                 disk_budget_bytes: int | None = None, save_before_idle_clear: bool = True):
+                 disk_budget_bytes: int | None = None, save_before_idle_clear: bool = True,
+                 profile_name: str | None = None,
+                 backend: Callable[[ServerHandle], SessionBackend] | None = None):
+        """``profile_name``: the name its conversations are kept under (default: the server's profile);
+        ``backend``: makes the leases' slot operations for the server's handle (default: the server's
+        session service here; app.proxy.remote's for a host's server)."""
         self.servers = servers
         self.target_id = target_id
         self.store = store if store is not None else ConversationStore()
@@ -259,7 +264,9 @@ class ProxyService:
         self._bodies: OrderedDict[str, dict] = OrderedDict()
         self._explaining = TaskGroup("the proxy's token comparisons")
         self.metrics: ProxyMetrics | None = None  # its cache reuse in Prometheus (started with the proxy)
-        self._profile_name: str | None = None  # kept from the server's handle (see ``profile``)
+        self._profile_name: str | None = profile_name  # kept from the server's handle (see ``profile``)
+        self._fixed_name = profile_name is not None
+        self._make_backend = backend
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -274,7 +281,7 @@ class ProxyService:
         """The server's profile name (its URL when it has none); still known once the server is gone
         (a request that ends as the server stops is stored under it all the same)."""
         h = self.servers.get(self.target_id)
-        if h is not None:
+        if h is not None and not self._fixed_name:
             self._profile_name = h.profile.name if h.profile is not None else h.url
         if self._profile_name is None:
             raise RuntimeError(f"no server {self.target_id}")
@@ -298,7 +305,7 @@ class ProxyService:
                 if conv.hint:
                     self.index.add_hint(conv.hint, conv.id)
         self._started_at = h.started_at
-        self._backend = SessionBackend(h, self.servers)
+        self._backend = self._make_backend(h) if self._make_backend is not None else SessionBackend(h, self.servers)
         self._backend.disk_budget_bytes = self.disk_budget_bytes
         self.metrics = ProxyMetrics(self.profile, self._prefill_ms_per_token)
         self._backend.metrics = self.metrics

@@ -322,6 +322,13 @@ class ServerService:
         self.servers[spec.id] = handle
         return handle
 
+    def reach_through(self, spec: TargetSpec, client: LlamaClient) -> ServerHandle:
+        """A server reached through a client of the caller's (a host's server through SSH channels,
+        app.proxy.remote): its handle, not watched, with no session service here."""
+        handle = ServerHandle(spec, client)
+        self.servers[spec.id] = handle
+        return handle
+
     # -- sessions --------------------------------------------------------------------------
     async def sessions(self, target_id: str, *, recover: bool = True, log_buffer=None) -> SessionService:
         """The server's session service (connected once, shared by every face). Raises ServiceError."""

@@ -58,3 +58,14 @@ def test_start_opens_the_window_only_so_it_is_refused_with_a_command(capsys):
         main(["--start", "default", "profiles", "list"])
     assert e.value.code == 2
     assert "--start opens the window: give it without a command" in capsys.readouterr().err
+
+
+def test_serve_of_a_hosts_profile_says_what_it_needs():
+    """``serve HOST:PROFILE`` is the proxy here in front of a host's server: without --proxy, with an
+    unknown host, or --port for a profile here, each is a clear error (exit 1), never a traceback."""
+    r = _run(["serve", "box:there"])
+    assert r.returncode == 1 and "--proxy" in r.stderr and "kv-valet hosts start box there" in r.stderr
+    r = _run(["serve", "nohost:there", "--proxy"])
+    assert r.returncode == 1 and "no host named 'nohost'" in r.stderr and "Traceback" not in r.stderr
+    r = _run(["serve", "default", "--port", "9000"])
+    assert r.returncode == 1 and "--port is for HOST:PROFILE" in r.stderr
