@@ -51,10 +51,19 @@ CHARS_PER_TOKEN = 4
 #: The last request bodies kept (one per conversation, most recent): the previous prompt a token
 #: comparison renders. Past them (and after an app restart) it is rebuilt from the stored messages.
 BODIES_KEPT = 256
-#: After a request cut short, /slots is read until the slot stops processing: this many reads at most,
-#: this far apart (the server stops the task at its next token, a few milliseconds)
+#: After a streamed request cut short, /slots is read until the slot stops processing: this many reads
+#: at most, this far apart (the server stops a stream's task when its next chunk meets the closed
+#: connection, a few milliseconds)
 CUT_SHORT_READS = 50
 CUT_SHORT_READ_EVERY_S = 0.02
+#: ... and after a non-streamed one, fewer reads, further apart. llama-server (b11434, server-queue.cpp
+#: ``recv_with_timeout``) looks at a non-streamed request's connection only when no result has reached
+#: its waiting handler for HTTP_POLLING_SECONDS (1 s), and every other task's result, a /slots read's
+#: included, starts that second again: reads closer than a second would keep the abandoned generation
+#: running (measured: still generating 8 s after the client left, polled every 0.1 s; stopped within
+#: 1.1 s when polled every second). The first read waits that quiet second out.
+CUT_SHORT_QUIET_READS = 6
+CUT_SHORT_QUIET_EVERY_S = 1.25
 
 
 class SessionBackend:
@@ -514,7 +523,7 @@ class ProxyService:
         if t is not None and t.prompt_n is not None:
             n_tokens = (t.cache_n or 0) + t.prompt_n + (t.predicted_n or 0)
         if result.disconnected or n_tokens is None:
-            n_tokens = await self._tokens_in(lease.slot)  # what the server kept of a cut-short request
+            n_tokens = await self._tokens_in(lease.slot, streamed=p.stream)  # what a cut-short request left
         assert self.leases is not None
         self.leases.release(lease, n_tokens or 0, ok=ok and bool(n_tokens))
         if self.metrics is not None:
@@ -679,14 +688,17 @@ class ProxyService:
     def _save(self, conv: Conversation) -> None:
         self.store.save(conv, self.profile)
 
-    async def _tokens_in(self, slot: int) -> int | None:
-        """What the slot holds after a request cut short. The server stops the task only when it next
-        writes to the closed connection: while /slots still shows it processing, its count grows, so it
-        is read again (at most ``CUT_SHORT_READS`` times) before it is taken."""
+    async def _tokens_in(self, slot: int, *, streamed: bool = True) -> int | None:
+        """What the slot holds after a request cut short. The server stops the task only when it notices
+        the closed connection: while /slots still shows it processing, its count grows, so it is read
+        again (``CUT_SHORT_READS`` times at most; a non-streamed request's ``CUT_SHORT_QUIET_READS``, a
+        quiet second apart, so that the server gets to look at the connection) before it is taken."""
         row = None
-        for attempt in range(CUT_SHORT_READS):
-            if attempt:
-                await asyncio.sleep(CUT_SHORT_READ_EVERY_S)
+        reads, every = (CUT_SHORT_READS, CUT_SHORT_READ_EVERY_S) if streamed else \
+            (CUT_SHORT_QUIET_READS, CUT_SHORT_QUIET_EVERY_S)
+        for attempt in range(reads):
+            if attempt or not streamed:
+                await asyncio.sleep(every)
             try:
                 svc = await self.servers.sessions(self.target_id)
                 rows = await svc.slot_rows()

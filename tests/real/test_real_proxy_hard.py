@@ -417,3 +417,32 @@ def test_plain_serve_adopts_a_killed_apps_server(real_profile):
             await app.end(profile.name, leftover)
 
     asyncio.run(go())
+
+
+def test_a_non_streamed_request_whose_client_left_stops_on_the_server(real_profile):
+    """llama.cpp's own test_cancel_request through the proxy: a non-streamed /completion with no token
+    limit whose client gives up at once. llama-server looks at such a request's connection only after a
+    quiet second (no other task's result, a /slots read's included, reaching its handler): the proxy's
+    reads of the slot after the cut must leave it that second, or the generation runs on. When the
+    proxy gives the slot's lease back, the slot has stopped."""
+    async def go():
+        async with Proxied(real_profile.replace(proxy=True, parallel=1)) as p:
+            released = asyncio.Event()  # the proxy gives the slot's lease back once it has read what it holds
+            give_back = p.proxy.leases.release
+
+            def release(*args, **kwargs):
+                try:
+                    return give_back(*args, **kwargs)
+                finally:
+                    released.set()
+            p.proxy.leases.release = release
+            async with httpx.AsyncClient() as h:
+                with pytest.raises(httpx.TimeoutException):
+                    await h.post(p.proxy.http.url + "/completion", timeout=0.5,
+                                 json={"prompt": "I believe the meaning of life is", "n_predict": -1,
+                                       "ignore_eos": True})
+            await asyncio.wait_for(released.wait(), 60)
+            [slot] = await p.handle.client.slots()
+            assert slot["is_processing"] is False, slot
+
+    asyncio.run(go())
