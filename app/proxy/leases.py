@@ -77,6 +77,9 @@ from app.sessions.journal import JournalKind, Recovery, recovers
 from app.store.conversations import ConversationStore, ConversationStoreError, JournalEntry
 
 log = logging.getLogger(__name__)
+#: a conversation holding fewer tokens is not parked before a stop, a sleep or idle-slot clearing: it
+#: re-processes them in less time than a park and a restore take (a state file's fixed cost, tens of ms)
+MIN_PARK_TOKENS = 32
 
 PARK_PREFIX = "proxy-"
 #: The journal is rewritten as a snapshot of the slots after this many entries.
@@ -393,13 +396,15 @@ class SlotLeases:
     async def save_dirty(self, all: bool = False) -> list[str]:
         """Save every IDLE_DIRTY slot (park before a server stop or sleep); the conversations saved.
         ``all``: also wait for the requests running now, and save their slots when they end. A slot
-        whose save fails stays IDLE_DIRTY (logged and journaled) and is not tried twice."""
+        whose save fails stays IDLE_DIRTY (logged and journaled) and is not tried twice. A slot that
+        holds fewer than ``MIN_PARK_TOKENS`` is not saved: re-processing them costs less than a park
+        and a restore."""
         waiting_for = set(self._leases) if all else set()
         tried: dict[int, int] = {}
         saved: list[str] = []
         while True:
             dirty = next((s for s in self._slots if s.state is SlotState.IDLE_DIRTY
-                          and tried.get(s.index) != s.version), None)
+                          and tried.get(s.index) != s.version and s.n_tokens >= MIN_PARK_TOKENS), None)
             if dirty is not None:
                 holder = dirty.holder
                 if await self._save(dirty, claimant=None):

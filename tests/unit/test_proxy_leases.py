@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from app.proxy.leases import (RestoreAvoided, 
+from app.proxy.leases import (MIN_PARK_TOKENS, RestoreAvoided, 
     SlotLeases,
     SlotState,
     open_conversation_store,
@@ -398,6 +398,20 @@ async def test_save_dirty_parks_every_dirty_slot(store):
     leases.release(lc, 300, ok=True)
     assert await task == ["C"]
     assert leases.state(2) is SlotState.IDLE_CLEAN and be.parks["proxy-C"] == 300
+
+
+async def test_save_dirty_leaves_a_conversation_of_a_few_tokens_unparked(store):
+    """Re-processing a handful of tokens costs less than a park and a restore (llama.cpp's own sleep test
+    reads /metrics around a sleep and expects nothing to have happened for a 6-token prompt)."""
+    be = FakeBackend(store)
+    leases = make(2, backend=be, store=store)
+    tiny, big = conv("tiny"), conv("big")
+    await turn(leases, be, tiny, MIN_PARK_TOKENS - 1)
+    await turn(leases, be, big, MIN_PARK_TOKENS)
+    assert await leases.save_dirty() == ["big"]
+    assert tiny.parked_as is None and big.parked_as == "proxy-big"
+    assert [leases.state(i) for i in range(2)] == [SlotState.IDLE_DIRTY, SlotState.IDLE_CLEAN]
+    assert await leases.save_dirty() == []  # and it is not tried again and again
 
 
 async def test_save_dirty_leaves_a_slot_whose_save_fails_dirty():
