@@ -625,19 +625,25 @@ class ProxyService:
         after = await self._slot_tasks()
         ran = [i for i, task in (after or {}).items() if p.tasks_before is not None and task is not None
                and task != p.tasks_before.get(i)]
+        final = result.final or {}
+        t = answer_timings(result.final)
+        judged = t is not None and result.status == 200 and result.error is None and t.prompt_n is not None
+        # what it left in the one slot it ran in (a batch of prompts ran in several: not noted)
+        left = (t.cache_n or 0) + (t.prompt_n or 0) + (t.predicted_n or 0) if judged and len(ran) == 1 else 0
         if self.leases is not None and p.tasks_before is not None and after is not None:
             before_views = {v.index: v for v in p.slots_before or []}
             for view in self.leases.snapshot():
                 was = before_views.get(view.index)
                 if after.get(view.index) != p.tasks_before.get(view.index) and was == view:
                     # a task ran there and the proxy's own leases did not touch the slot meanwhile
-                    self.leases.note_slot_used_outside(view.index, OUTSIDE)
+                    self.leases.note_slot_used_outside(view.index, OUTSIDE, conv_id=conv.id,
+                                                       n_tokens=left if ran == [view.index] else 0)
+        if self.watch is not None:
+            self.watch.note_activity()
+            await self.watch.check_cleared()  # its task too makes the server clear idle slots
         conv.last_used = time.time()
         conv.requests += 1
         self.index.add(conv.id, conv.chain)
-        final = result.final or {}
-        t = answer_timings(result.final)
-        judged = t is not None and result.status == 200 and result.error is None and t.prompt_n is not None
         verdict = (judge(Reuse(p.expected_reuse, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, new=p.new)).kind
                    if judged else VerdictKind.NEW)
         text = f"The proxy passed this request through untouched: {p.own}. It leased no slot for it."
