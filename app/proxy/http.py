@@ -107,6 +107,11 @@ class Interceptor(Protocol):
         (the client has its last byte) or failed. An exception here is logged, nothing more."""
         ...
 
+    def ended(self, ctx: object) -> None:
+        """Told at once, synchronously, when that answer has ended, before ``after`` is scheduled (a
+        request the client sends next may reach ``before`` ahead of ``after``)."""
+        ...
+
 
 def is_loopback_host(host: str) -> bool:
     """True only for a host that listens on loopback alone ("" and 0.0.0.0 listen everywhere)."""
@@ -397,6 +402,7 @@ class ProxyServer:
             collector.error = collector.error or f"{type(e).__name__}: {e}"
             raise
         finally:
+            self._interceptor.ended(ctx)
             # shielded: a second cancellation (the proxy stopping) does not cut ``after`` short
             await asyncio.shield(track(self._after(ctx, collector, request.method, request.path),
                                        f"the proxy's after() for {request.method} {request.path}"))

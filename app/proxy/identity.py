@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -516,3 +517,55 @@ def media_in(body: Mapping) -> str | None:
         if isinstance(prompt, Mapping) and prompt.get("multimodal_data"):
             return "an image or audio (multimodal_data)"
     return None
+
+
+class TextPrompts:
+    """The last text prompt of each conversation sent as text (``/completion``, ``/v1/completions``),
+    for finding it again without a client-given key: a prompt that starts with a conversation's last
+    prompt continues it (a script appends to its text), the longest such prompt wins; the same prompt
+    sent again is the same conversation. A prompt shorter than ``PREFIX_MIN_CHARS`` is matched only when
+    sent again as it is ("Hello" is the start of too many texts to say whose). With each prompt, the
+    tokens it came to (the server's count), which is what its next turn can reuse. Kept least recently
+    used first out, up to ``max_chars`` of text."""
+
+    PREFIX_MIN_CHARS = 64
+
+    def __init__(self, max_chars: int = MEMO_CHARS):
+        self._texts: OrderedDict[str, tuple[str, int | None]] = OrderedDict()
+        self._chars = 0
+        self._max = max_chars
+
+    def note(self, conv_id: str, text: str) -> None:
+        if not text:
+            return
+        old = self._texts.pop(conv_id, None)
+        if old is not None:
+            self._chars -= len(old[0])
+        self._texts[conv_id] = (text, old[1] if old is not None and old[0] == text else None)
+        self._chars += len(text)
+        while self._chars > self._max and len(self._texts) > 1:
+            _cid, (dropped, _n) = self._texts.popitem(last=False)
+            self._chars -= len(dropped)
+
+    def set_tokens(self, conv_id: str, n_tokens: int) -> None:
+        """The prompt of ``conv_id``'s last request came to ``n_tokens`` tokens."""
+        if conv_id in self._texts:
+            self._texts[conv_id] = (self._texts[conv_id][0], n_tokens)
+
+    def tokens(self, conv_id: str) -> int | None:
+        entry = self._texts.get(conv_id)
+        return entry[1] if entry is not None else None
+
+    def find(self, text: str) -> str | None:
+        """The conversation whose last prompt ``text`` starts with (the longest), or None."""
+        best, best_len = None, -1
+        for conv_id, (known, _n) in self._texts.items():
+            if len(known) > best_len and (text == known or len(known) >= self.PREFIX_MIN_CHARS
+                                          and text.startswith(known)):
+                best, best_len = conv_id, len(known)
+        return best
+
+    def forget(self, conv_id: str) -> None:
+        old = self._texts.pop(conv_id, None)
+        if old is not None:
+            self._chars -= len(old[0])

@@ -287,6 +287,10 @@ class SlotLeases:
         self.ram_cache = False
         self.idle_slots_cleared = False
         self._ram: OrderedDict[str, int] = OrderedDict()
+        # FREE slots (to the proxy) that hold the prompt of a request passed through untouched: slot ->
+        # (its conversation, tokens); the server saves that prompt to its RAM cache when it clears the
+        # slot or a task is pinned over it, and the conversation, back, finds it there or in the slot
+        self._outside: dict[int, tuple[str, int]] = {}
         self._park_tokens: dict[str, int] = {}
         self.ram_chosen = 0
 
@@ -295,6 +299,10 @@ class SlotLeases:
     @property
     def backend(self) -> SlotBackend:
         return self._backend
+
+    def outside_prompts(self) -> dict[int, tuple[str, int]]:
+        """FREE slots holding a prompt of a request passed through untouched: slot -> (conversation, tokens)."""
+        return dict(self._outside)
 
     def snapshot(self) -> list[SlotView]:
         return [SlotView(s.index, s.state, s.holder, s.n_tokens, s.last_holder, s.claimant) for s in self._slots]
@@ -330,12 +338,21 @@ class SlotLeases:
                     return self._lease_held(own, conv)
                 await self._changed()  # its own slot is busy, saving or restoring: after that one
                 continue
-            slot = next((s for s in self._slots if s.state is SlotState.FREE), None)
+            free = [s for s in self._slots if s.state is SlotState.FREE]
+            # its own prompt still in a slot a request passed through untouched left it in, else any FREE one
+            slot = next((s for s in free if self._outside.get(s.index, ("",))[0] == conv.id), None) or \
+                next(iter(free), None)
             evicted = None
             dropped = False
             idle = sorted((s for s in self._slots if s.state in _IDLE), key=self._lru_key)
             candidates = [s for s in idle if tried.get(s.index) != s.version]
-            if slot is not None and self.idle_slots_cleared and self.ram_longer(conv):
+            foreign = [s for s in free if s.index in self._outside and self._outside[s.index][0] != conv.id]
+            if slot is not None and self._outside.get(slot.index, ("",))[0] != conv.id and foreign \
+                    and self.ram_longer(conv):
+                # a FREE slot that holds another prompt costs nothing to take and makes the server look in its
+                # RAM cache (an empty one does not)
+                slot = foreign[0]
+            elif slot is not None and self.idle_slots_cleared and self.ram_longer(conv):
                 # only pinned to a slot that holds a prompt does the server look in its RAM cache; the server
                 # clears that idle slot when this task starts anyway
                 holding = [s for s in candidates if s.n_tokens > 0]
@@ -420,6 +437,10 @@ class SlotLeases:
         """The server emptied an idle slot (idle-slot caching saves it to its RAM cache and clears it
         when another task starts): its conversation is in no slot now."""
         s = self._slots[slot]
+        outside = self._outside.pop(slot, None) if s.state is SlotState.FREE else None
+        if outside is not None:
+            self._note_ram(*outside)  # a prompt passed through untouched, saved to the RAM cache
+            return
         if s.state not in _IDLE:
             return  # a slot in use is not idle: idle-slot caching leaves it alone
         conv_id, n = s.holder, s.n_tokens
@@ -429,10 +450,18 @@ class SlotLeases:
         self._journal("cleared", s, conv_id=conv_id, touched=[conv])
         self._wake()
 
-    def note_slot_used_outside(self, slot: int, by: str) -> None:
+    def note_slot_used_outside(self, slot: int, by: str, *, conv_id: str | None = None, n_tokens: int = 0) -> None:
         """A request the proxy passed through untouched (its client chose the slot, or turned prompt
-        caching off) ran in ``slot``: an idle conversation there lost its tokens, taken by ``by``."""
+        caching off) ran in ``slot``: an idle conversation there lost its tokens, taken by ``by``.
+        ``conv_id``/``n_tokens``: that request's conversation and the tokens it left in the slot, noted
+        (the slot stays FREE to the proxy): when the server clears the slot or a task is pinned over it,
+        that prompt goes to the server's RAM cache, where the conversation, back, is looked for."""
         s = self._slots[slot]
+        if s.state is SlotState.FREE:
+            self._outside.pop(slot, None)
+            if conv_id is not None and n_tokens > 0:
+                self._outside[slot] = (conv_id, n_tokens)
+            return
         if s.state not in _IDLE:
             return  # leased or being saved: the proxy's own request owns it now
         conv_id = s.holder
@@ -440,6 +469,8 @@ class SlotLeases:
         if conv_id is not None:
             self._note_lost(conv_id, Cause.SLOT_TAKEN, by)
         self._journal("cleared", s, conv_id=conv_id, touched=[conv], detail=by)
+        if s.state is SlotState.FREE and conv_id is not None and n_tokens > 0:
+            self._outside[slot] = (conv_id, n_tokens)
         self._wake()
 
     def note_server_restarted(self) -> None:
@@ -457,6 +488,7 @@ class SlotLeases:
             if self._lost.get(conv_id, (None, None))[0] is Cause.IDLE_SLOT_CLEARED:
                 self._note_lost(conv_id, cause, None)
         self._ram.clear()  # a new server process, or a slept one: its RAM cache is empty too
+        self._outside.clear()
         for conv_id in self._failed:  # failed just before: the restart emptied their slot all the same
             if self._lost.get(conv_id, (None, None))[0] is Cause.UNKNOWN:
                 self._note_lost(conv_id, cause, None)
@@ -580,7 +612,11 @@ class SlotLeases:
     async def _lease_new(self, slot: _Slot, conv: Conversation, prompt_tokens: int | Callable[[], int],
                          evicted: str | None, dropped: bool) -> Lease:
         touched = [conv]
-        held_prompt = slot.n_tokens > 0 and slot.holder not in (None, conv.id)  # what the server sees pinned
+        outside = self._outside.pop(slot.index, None)  # a prompt passed through untouched, in this FREE slot
+        held_prompt = (slot.n_tokens > 0 and slot.holder not in (None, conv.id)  # what the server sees pinned
+                       or outside is not None and outside[0] != conv.id)
+        if outside is not None and outside[0] != conv.id:
+            self._note_ram(*outside)  # pinned over it: the server saves that prompt to its RAM cache first
         ram = self.ram_longer(conv)
         if evicted is not None and evicted != conv.id:
             other = self._conv(evicted)

@@ -62,6 +62,8 @@ CUT_SHORT_READ_EVERY_S = 0.02
 #: included, starts that second again: reads closer than a second would keep the abandoned generation
 #: running (measured: still generating 8 s after the client left, polled every 0.1 s; stopped within
 #: 1.1 s when polled every second). The first read waits that quiet second out.
+#: the longest a request waits for the bookkeeping of one passed through untouched that has just ended
+SETTLE_WAIT_S = 2.0
 CUT_SHORT_QUIET_READS = 6
 CUT_SHORT_QUIET_EVERY_S = 1.25
 
@@ -240,6 +242,7 @@ class _Pending:
     restore_hazard: str | None = None  # restored into another chat's checkpoints (the fork keeps them)
     own: str | None = None  # passed through untouched: why (client_choice)
     own_cause: Cause = Cause.CLIENT_CHOSE  # ... and its cause (MULTIMODAL: it carries media)
+    settled: asyncio.Future | None = None  # with ``own``: done once ``after`` has seen what it did to the slots
     tasks_before: dict[int, object] | None = None  # with ``own``: each slot's id_task before the request
     slots_before: list | None = None  # with ``own``: the leases' view of the slots before the request
 
@@ -258,6 +261,8 @@ class ProxyService:
         self._owns_store = store is None
         self.disk_budget_bytes = disk_budget_bytes
         self.index = identity.ConversationIndex()
+        self._unsettled: set[asyncio.Future] = set()  # see ``ended``
+        self.texts = identity.TextPrompts()  # text prompts (/completion) without a client key, by conversation
         self.conversations: dict[str, Conversation] = {}
         self.leases: SlotLeases | None = None
         self.http: ProxyServer | None = None
@@ -402,7 +407,23 @@ class ProxyService:
         return 20.0 + n_tokens * 0.01
 
     # -- the interceptor -----------------------------------------------------------------------
+    def ended(self, ctx: object) -> None:
+        """A request passed through untouched has ended: until its ``after`` has read what it did to the
+        slots (a slot it took, a prompt the server moved to its RAM cache), the next request waits for it
+        (``before``): a client that sends its next request at once must find the slots as they are."""
+        if isinstance(ctx, _Pending) and ctx.own is not None:
+            ctx.settled = asyncio.get_running_loop().create_future()
+            self._unsettled.add(ctx.settled)
+
+    def _settled(self, p: _Pending) -> None:
+        if p.settled is not None:
+            self._unsettled.discard(p.settled)
+            if not p.settled.done():
+                p.settled.set_result(None)
+
     async def before(self, path: str, headers: Mapping[str, str], body: dict) -> tuple[dict, object]:
+        if self._unsettled:  # a request passed through untouched has just ended: see what it did first
+            await asyncio.wait(set(self._unsettled), timeout=SETTLE_WAIT_S)
         self._check_restart()
         if self.watch is not None:
             await self.watch.before_request()
@@ -432,6 +453,10 @@ class ProxyService:
             messages = [Message("prompt", text)]
             chain = [hashlib.sha256(f"{self.setup}\0{text}".encode()).hexdigest()[:32]]
             conv_id, matched = (self.index.find([], hint) if hint else (None, 0))
+            if conv_id is None and hint is None and isinstance(prompt, str):
+                # no client key: the conversation whose last prompt this one continues, or repeats (also
+                # after a restart: its stored chain is the prompt's hash)
+                conv_id = self.texts.find(prompt) or self.index.find(chain, None)[0]
         else:
             return body, _Pending(None, None, [], None, 0, True, path, stream)
         conv = self.conversations.get(conv_id) if conv_id else None
@@ -447,6 +472,11 @@ class ProxyService:
             self.conversations[conv.id] = conv
             if hint:
                 self.index.add_hint(hint, conv.id)
+        if path in TEXT_PATHS and isinstance(body.get("prompt"), str):
+            prompt_tokens = self.texts.tokens(conv.id)  # what its last prompt came to: what a continuation reuses
+            self.texts.note(conv.id, body["prompt"])
+        else:
+            prompt_tokens = None
         previous = list(conv.messages) if not new else None
         previous_body = self._remember(conv.id, body_seen)
         if own is not None and not self.steps_aside:  # what the client asked for wins: no lease, no pinning
@@ -481,6 +511,10 @@ class ProxyService:
         # what this request could have reused: what the conversation held after its last reply (a slot
         # taken meanwhile, a failed restore or a restart do not lower it: they are the causes said)
         expected = 0 if new else max(lease.slot_context.expected_tokens, held_before)
+        if prompt_tokens is not None and not new:
+            # a text prompt continues its last prompt, not always its generated text: that prompt is what
+            # the server can reuse for sure (a HIT reuses at least that)
+            expected = min(expected, prompt_tokens) if expected else prompt_tokens
         out = dict(body)
         out["id_slot"] = lease.slot
         out["cache_prompt"] = True
@@ -513,11 +547,15 @@ class ProxyService:
         if p.conv is None:
             return
         if p.own is not None:
-            return await self._after_own(p, result)
+            try:
+                return await self._after_own(p, result)
+            finally:
+                self._settled(p)
         if p.lease is None:
             return await self._after_passthrough(p, result)
         conv, lease = p.conv, p.lease
         t = answer_timings(result.final)
+        self._note_prompt_tokens(p, t)
         ok = result.status == 200 and result.error is None
         n_tokens = None
         if t is not None and t.prompt_n is not None:
@@ -611,6 +649,7 @@ class ProxyService:
         assert conv is not None
         final = result.final or {}
         t = answer_timings(result.final)
+        self._note_prompt_tokens(p, t)
         conv.last_used = time.time()
         conv.requests += 1
         self.index.add(conv.id, conv.chain)
@@ -648,19 +687,26 @@ class ProxyService:
         after = await self._slot_tasks()
         ran = [i for i, task in (after or {}).items() if p.tasks_before is not None and task is not None
                and task != p.tasks_before.get(i)]
+        final = result.final or {}
+        t = answer_timings(result.final)
+        self._note_prompt_tokens(p, t)
+        judged = t is not None and result.status == 200 and result.error is None and t.prompt_n is not None
+        # what it left in the one slot it ran in (a batch of prompts ran in several: not noted)
+        left = (t.cache_n or 0) + (t.prompt_n or 0) + (t.predicted_n or 0) if judged and len(ran) == 1 else 0
         if self.leases is not None and p.tasks_before is not None and after is not None:
             before_views = {v.index: v for v in p.slots_before or []}
             for view in self.leases.snapshot():
                 was = before_views.get(view.index)
                 if after.get(view.index) != p.tasks_before.get(view.index) and was == view:
                     # a task ran there and the proxy's own leases did not touch the slot meanwhile
-                    self.leases.note_slot_used_outside(view.index, OUTSIDE)
+                    self.leases.note_slot_used_outside(view.index, OUTSIDE, conv_id=conv.id,
+                                                       n_tokens=left if ran == [view.index] else 0)
+        if self.watch is not None:
+            self.watch.note_activity()
+            await self.watch.check_cleared()  # its task too makes the server clear idle slots
         conv.last_used = time.time()
         conv.requests += 1
         self.index.add(conv.id, conv.chain)
-        final = result.final or {}
-        t = answer_timings(result.final)
-        judged = t is not None and result.status == 200 and result.error is None and t.prompt_n is not None
         verdict = (judge(Reuse(p.expected_reuse, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, new=p.new)).kind
                    if judged else VerdictKind.NEW)
         text = f"The proxy passed this request through untouched: {p.own}. It leased no slot for it."
@@ -684,6 +730,11 @@ class ProxyService:
         self._save(conv)
         self.store.add_request(conv.id, rec)
         self._record_cbs.emit(rec)
+
+    def _note_prompt_tokens(self, p: _Pending, t: Timings | None) -> None:
+        """A text prompt's size in tokens, as the server counted it: what its continuation can reuse."""
+        if p.conv is not None and p.path in TEXT_PATHS and t is not None and t.prompt_n is not None:
+            self.texts.set_tokens(p.conv.id, (t.cache_n or 0) + t.prompt_n)
 
     def _save(self, conv: Conversation) -> None:
         self.store.save(conv, self.profile)
@@ -738,6 +789,7 @@ class ProxyService:
         """Forget a conversation: its slot is erased, its park deleted, its records dropped."""
         self.conversations.pop(conv_id, None)
         self.index.forget(conv_id)
+        self.texts.forget(conv_id)
         if self.leases is not None:
             return await self.leases.forget(conv_id)
         return self.store.forget(conv_id)

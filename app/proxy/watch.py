@@ -110,6 +110,8 @@ class ServerWatch:
             return []
         held = {v.index: v for v in self.leases.snapshot() if v.conversation and v.n_tokens > 0
                 and v.state.value in ("idle-dirty", "idle-clean")}
+        outside = self.leases.outside_prompts()  # FREE slots holding a prompt passed through untouched
+        held.update({v.index: v for v in self.leases.snapshot() if v.index in outside and v.state.value == "free"})
         if not held:
             return []
         try:
@@ -121,7 +123,8 @@ class ServerWatch:
         cleared = []
         for row in rows:
             i = row.get("id")
-            if i not in held or row.get("is_processing") or now.get(i) != held[i]:
+            if i not in held or row.get("is_processing") or now.get(i) != held[i] \
+                    or (i in outside and self.leases.outside_prompts().get(i) != outside[i]):
                 continue  # in use meanwhile, or changed since: /slots may be older than the lease
             if "n_prompt_tokens" in row and int(row.get("n_prompt_tokens") or 0) == 0:
                 self.leases.note_slot_cleared(i)

@@ -48,6 +48,9 @@ class Recorder:
         out["cache_prompt"] = True
         return out, f"ctx-{len(self.seen)}"
 
+    def ended(self, ctx):
+        pass
+
     async def after(self, ctx, result):
         self.results.append((ctx, result))
         self._done.put_nowait((ctx, result))

@@ -113,3 +113,28 @@ def test_a_request_with_an_image_is_passed_through_and_said_so(real_profile):
             assert all(v.conversation != rec.conversation for v in p.proxy.leases.snapshot())
 
     asyncio.run(go())
+
+
+def test_a_text_prompt_continued_is_one_conversation_judged_by_what_its_prompt_held(real_profile):
+    """``/completion`` without a client key: a prompt that continues the last one (a script appending to
+    its text) is the same conversation, in the same slot, expected to reuse what that prompt came to."""
+    async def go():
+        async with Proxied(real_profile.replace(proxy=True)) as p:
+            async with httpx.AsyncClient(timeout=60) as h:
+                async def complete(prompt: str):
+                    r = await h.post(p.proxy.http.url + "/completion",
+                                     json={"prompt": prompt, "n_predict": 4, "temperature": 0})
+                    assert r.status_code == 200, r.text
+                    return r.json(), await asyncio.wait_for(p.judged.get(), 30)
+
+                first, r1 = await complete(SYSTEMS["A"])
+                assert r1.verdict is VerdictKind.NEW
+                _, r2 = await complete(SYSTEMS["A"] + " The knight finally reached the castle gates.")
+                assert r2.conversation == r1.conversation and r2.slot == r1.slot, r2
+                held = first["timings"]["cache_n"] + first["timings"]["prompt_n"]
+                assert r2.expected_reuse == held and r2.verdict is VerdictKind.HIT, r2
+                # another text is another conversation
+                _, r3 = await complete("Hello")
+                assert r3.conversation != r1.conversation and r3.verdict is VerdictKind.NEW
+
+    asyncio.run(go())

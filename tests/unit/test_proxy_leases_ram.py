@@ -164,3 +164,33 @@ def test_the_ram_cache_is_read_from_the_argv_and_the_help_text():
     assert server_caching(["--cache-ram", "64"], HELP_11434).ram_cache
     assert not server_caching(["-cram", "0"], HELP_11434).ram_cache
     assert not server_caching([], "no such flag here").ram_cache
+
+
+async def test_a_prompt_passed_through_untouched_is_looked_for_in_the_ram_cache_when_it_comes_back():
+    """llama.cpp's own test_clear_and_restore through the proxy: X pinned by its client to slot 0, Y to
+    slot 1 (the server clears idle slot 0 into its RAM cache), then X again without a slot. The proxy
+    knows X's prompt went to the RAM cache and pins X to slot 1, which holds Y's prompt (the server
+    looks in its RAM cache only then), not to the empty slot 0."""
+    leases, backend = ram_leases(cleared=True)
+    leases.note_slot_used_outside(0, "outside", conv_id="X", n_tokens=120)
+    assert leases.outside_prompts() == {0: ("X", 120)} and leases.state(0) is SlotState.FREE
+    leases.note_slot_used_outside(1, "outside", conv_id="Y", n_tokens=10)
+    leases.note_slot_cleared(0)  # Y's task made the server save X to its RAM cache and clear slot 0
+    assert leases.outside_prompts() == {1: ("Y", 10)}
+    x = conv("X")
+    assert leases.ram_longer(x)
+    lease = await leases.acquire(x, 125)
+    assert lease.slot == 1 and lease.slot_context.ram_tokens == 120 and lease.restored_from is None
+    assert leases.outside_prompts() == {} and leases.ram_longer(conv("Y"))  # pinned over: Y went to RAM
+    assert [c for c in backend.calls if c[0] in ("save", "restore")] == []  # nothing parked or restored
+
+
+async def test_its_own_prompt_still_in_a_free_slot_is_where_it_goes_back():
+    leases, backend = ram_leases(cleared=True)
+    leases.note_slot_used_outside(1, "outside", conv_id="X", n_tokens=120)
+    lease = await leases.acquire(conv("X"), 125)
+    assert lease.slot == 1 and leases.outside_prompts() == {}
+    # a restart empties the server: the notes go with it
+    leases.note_slot_used_outside(0, "outside", conv_id="Z", n_tokens=50)
+    leases.note_server_restarted()
+    assert leases.outside_prompts() == {}
