@@ -235,8 +235,12 @@ async def serve_remote(args, host_name: str, profile: str) -> int:
                 await asyncio.gather(stopping, return_exceptions=True)
             elif stopping.exception() is not None:
                 raise stopping.exception()
-            elif stopping.result():
-                _say(f"not every conversation was parked: {stopping.result()}")
+            else:
+                parked, why = stopping.result()
+                if parked:
+                    _say(f"parked on {host_name}: " + ", ".join(f"conversation {c} as 'proxy-{c}'" for c in parked))
+                if why:
+                    _say(f"not every conversation was parked: {why}")
         _say(f"proxy stopped; the server of '{profile}' on {host_name} keeps running "
              f"(kv-valet hosts stop {host_name} {profile} stops it)")
         return EXIT_OK

@@ -93,21 +93,23 @@ class RemoteFront:
     started_server: bool  # the host's server was started for this proxy
     tasks: TaskGroup
 
-    async def stop(self, *, park: bool = True, timeout: float | None = None) -> str | None:
+    async def stop(self, *, park: bool = True, timeout: float | None = None) -> tuple[list[str], str | None]:
         """Park the conversations the proxy holds on the host (for at most ``timeout`` s), then stop
-        listening. What kept the parks from finishing (None: they did, or none were asked)."""
+        listening. The conversations parked, and what kept the parks from finishing (None: they did,
+        or none were asked)."""
+        parked: list[str] = []
         why = None
         try:
-            if park:
+            if park and self.proxy.leases is not None:
                 try:
-                    await asyncio.wait_for(self.proxy.park_before_stop(), timeout)
+                    parked = await asyncio.wait_for(self.proxy.leases.save_dirty(), timeout)
                 except (asyncio.TimeoutError, TimeoutError):
                     why = f"the parks on the host took over {timeout:g} s"
             await self.tasks.wait()  # parks deleted meanwhile
         finally:
             await self.proxy.stop()
             await self.servers.aclose()
-        return why
+        return parked, why
 
 
 async def start_remote_proxy(host, host_name: str, profile: str, *, listen: str = "127.0.0.1",

@@ -104,7 +104,7 @@ def test_a_chat_here_through_the_proxy_comes_back_warm_on_the_host_after_its_ser
         assert "request NEW conversation " in new, new
         conv = new.split("conversation ", 1)[1].split()[0]
         assert serve.stop() == 0
-        assert any("on box" in line and "parking" in line for line in serve.seen), serve.seen
+        assert f"parked on box: conversation {conv} as 'proxy-{conv}'" in serve.seen[-2], serve.seen
     finally:
         serve.kill()
     # parked on the host, under the conversation's own name; the host's server still runs

@@ -1,0 +1,67 @@
+"""The proxy here in front of a host's server (app.proxy.remote): its slot operations are the host's own
+``kv-valet park|resume --json``, argv lists; its refusals say the remedy. A stand-in host answers the
+JSON a host's kv-valet prints (the real one over a real sshd: tests/ssh/test_ssh_proxy.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from app.core.background import TaskGroup
+from app.proxy.remote import HostBackend, RemoteProxyError, start_remote_proxy
+from app.remote.host import RemoteError
+
+
+class Host:
+    name = "box"
+
+    def __init__(self, answers=None, profiles=None):
+        self.answers = answers or {}
+        self.calls: list[list[str]] = []
+        self._profiles = profiles or []
+
+    async def run_cli(self, argv, **kw):
+        self.calls.append(list(argv))
+        return self.answers[argv[0]]
+
+    async def run_cli_as_is(self, argv, **kw):
+        self.calls.append(list(argv))
+        return 0, "", ""
+
+    async def profiles(self):
+        return self._profiles
+
+
+async def test_a_park_and_a_restore_are_the_hosts_own():
+    host = Host({"park": {"ok": True, "sessions": [{"session": "proxy-c1", "slot": 1, "tokens": 300,
+                                                     "state_size": 1000, "sidecar_size": 24}]},
+                 "resume": {"ok": True, "session": "proxy-c1", "slot": 1, "tokens": 300, "restore_ms": 12.0}})
+    tasks = TaskGroup("test")
+    backend = HostBackend(handle=None, host=host, profile="big", tasks=tasks)
+    assert await backend.save(1, "proxy-c1") == 300
+    assert backend.parked_size("proxy-c1") == 1024
+    assert await backend.restore(1, "proxy-c1") == 300
+    backend.delete_park("proxy-c1")
+    await tasks.wait()
+    assert host.calls == [["park", "big", "--slot", "1", "--name", "proxy-c1", "--json"],
+                          ["resume", "big", "proxy-c1", "--slot", "1", "--yes", "--json"],
+                          ["sessions", "rm", "proxy-c1", "--profile", "big"]]
+    assert backend.parked_size("proxy-c1") == 0
+
+
+async def test_a_refused_park_raises_with_the_hosts_reason():
+    host = Host({"park": {"ok": False, "error": "no space left on the host's disk", "exit": 1}})
+    backend = HostBackend(handle=None, host=host, profile="big", tasks=TaskGroup("test"))
+    with pytest.raises(RemoteError, match="no space left"):
+        await backend.save(0, "proxy-c1")
+
+
+@pytest.mark.parametrize("profiles, says", [
+    ([{"name": "other", "url": "http://127.0.0.1:8080"}], "box has no profile 'big' (its profiles: other)"),
+    ([{"name": "big", "url": "http://127.0.0.1:8080", "has_api_key": True}], "asks for an API key"),
+    ([{"name": "big", "url": ""}], "names no URL"),
+])
+async def test_what_cannot_be_fronted_is_refused_with_the_remedy(profiles, says):
+    with pytest.raises(RemoteProxyError, match=re.escape(says)):
+        await start_remote_proxy(Host(profiles=profiles), "box", "big")
