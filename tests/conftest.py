@@ -165,6 +165,31 @@ _patch_pytest_qt()
 
 
 @pytest.fixture(autouse=True)
+def no_collection_off_the_main_thread(request):
+    """Once Qt is loaded, a Qt-free test runs with automatic garbage collection off and collects on the
+    main thread when it ends. Its worker threads (``asyncio.to_thread``, a log reader, an SSH client's)
+    would otherwise run a collection whenever their allocations cross the threshold, freeing a Qt
+    object an earlier test left in a reference cycle off the GUI thread; the next Qt test's
+    ``processEvents`` then dispatches to it and crashes (a segfault in pytest-qt's ``_process_events``,
+    seen in CI at the first Qt test after the Qt-free real-server tests)."""
+    import gc
+    import sys
+
+    if QT_FIXTURES & set(request.fixturenames) or request.node.get_closest_marker("gui") is not None \
+            or "PySide6.QtCore" not in sys.modules:
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect()
+        if was_enabled:
+            gc.enable()
+
+
+@pytest.fixture(autouse=True)
 def qt_garbage_on_the_main_thread(request):
     """A test with Qt objects collects its garbage on the GUI thread, as the app does
     (:class:`app.ui.collector.MainThreadCollector`), and leaves none behind: a Qt object in a reference
