@@ -111,6 +111,8 @@ def _facts_lines(profile, facts) -> list[str]:
         lines.append(f"model: {facts.architecture}, {facts.memory_kind}{swa}")
     elif profile.model:
         lines.append(f"model: {profile.model} could not be read (missing, unreadable or not GGUF)")
+    elif profile.router:
+        lines.append("model: none (router mode: llama-server starts a child server for each model a request names)")
     else:
         lines.append("model: none set")
     if facts.save_dir:

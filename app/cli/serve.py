@@ -141,7 +141,9 @@ async def cmd_serve(args) -> int:
             _say(f"conversation proxy at {proxy.http.url} (the server listens on {handle.url}, loopback only)")
             if proxy.notice():
                 _say(proxy.notice())
-        _say(f"ready at {proxy.http.url if proxy else handle.url}; Ctrl-C parks the slots and stops the server")
+        router = handle.profile is not None and handle.profile.router
+        _say(f"ready at {proxy.http.url if proxy else handle.url}; Ctrl-C "
+             + ("stops the router and its child servers" if router else "parks the slots and stops the server"))
         if proxy is not None:
             # what the start-up made (modules, the stores, the server's plan) stays for the process's life:
             # out of the collector's way, so a full collection does not pause a proxied stream for it

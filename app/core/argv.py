@@ -2,7 +2,7 @@
 
 ``to_argv`` builds the command line the app launches. ``parse_command_line``
 reads what users run today (``llama-server -m x.gguf -ngl 99 -c 32768 ...``)
-into a profile. The pair round-trips: ``parse_argv(to_argv(p)) == p`` and flags
+into a profile (a line without a model is a router's, as llama-server takes it). The pair round-trips: ``parse_argv(to_argv(p)) == p`` and flags
 the app does not model are kept, in order, as ``extra_args``.
 """
 
@@ -93,7 +93,7 @@ def to_argv(
             value = default_verbosity
         if opt.field == "api_key" and not include_secrets:
             continue
-        if value is None:
+        if value is None or (opt.field == "model" and not value):  # no model: a router (or not launchable)
             continue
         if opt.kind == "flag":
             if value:
@@ -155,7 +155,10 @@ def parse_command_line(
         words = shlex.split(text, posix=True)
     except ValueError as e:
         raise CommandLineError(f"cannot split the command line: {e}") from None
-    return parse_argv(words, name, takes_value=takes_value)
+    profile = parse_argv(words, name, takes_value=takes_value)
+    if not profile.model and not any(_names_model(w) for w in profile.extra_args):
+        profile = profile.replace(router=True)  # what llama-server starts from a command line without a model
+    return profile
 
 
 def parse_argv(
@@ -223,6 +226,15 @@ def parse_argv(
     if extra:
         values["extra_args"] = tuple(extra)
     return LaunchProfile(name=name, **values)  # type: ignore[arg-type]
+
+
+#: llama-server's other ways to name its model (a download, a Docker image): with one of them the
+#: server is no router, but KV Valet, which reads the model file, cannot launch it either
+MODEL_SOURCES = ("-hf", "-hfr", "--hf-repo", "-mu", "--model-url", "-dr", "--docker-repo")
+
+
+def _names_model(word: str) -> bool:
+    return word.split("=", 1)[0] in MODEL_SOURCES
 
 
 def _unknown_takes_value(flag: str, nxt: str, takes_value: Callable[[str], bool | None] | None) -> bool:

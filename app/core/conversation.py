@@ -33,6 +33,7 @@ class Cause(enum.StrEnum):
     PARK_NOT_ITS_OWN = "its park held other tokens than the request's (not restored)"
     CLIENT_CHOSE = "the client chose its own slot or caching (passed through untouched)"
     MULTIMODAL = "it carries images, audio or files (passed through untouched: such a slot cannot be parked)"
+    ROUTER = "router mode: the model's own child server holds the slots (passed through untouched)"
     UNKNOWN = "not known"
 
     @property
@@ -62,6 +63,7 @@ CLIENT_WORDS: dict[Cause, str] = {
     Cause.PARK_NOT_ITS_OWN: "previous_message_not_found (park was another prompt's)",
     Cause.CLIENT_CHOSE: "the client's own slot or caching",
     Cause.MULTIMODAL: "multimodal (not parked)",
+    Cause.ROUTER: "router mode (not leased)",
     Cause.UNKNOWN: "previous_message_not_found",
 }
 
@@ -137,6 +139,7 @@ class ServerCaching:
     disk_cache: str | None = None  # the flag of a disk prompt cache the server persists prompts with
     ram_cache: bool = False  # --cache-ram != 0: the server keeps RAM copies of prompts a slot lost (#28276)
     notes: tuple[str, ...] = ()  # how each was decided, for the log and a Notice
+    router: bool = False  # a router: each model's prompts are kept by its own child server
 
     @property
     def steps_aside(self) -> bool:

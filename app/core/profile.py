@@ -81,6 +81,9 @@ class LaunchProfile:
     auto_restart: bool = False
     resume_on_start: bool = False
     proxy: bool = False  # the conversation proxy on host:port, the server behind it on a private port
+    # router mode: no model of its own; llama-server starts a child server per model a request names
+    # ("model"), from its cache, --models-dir or --models-preset. KV Valet leases no slot of a router
+    router: bool = False
     expose_acknowledged: bool = False  # user accepted a non-loopback host without API key
 
     def replace(self, **changes) -> "LaunchProfile":

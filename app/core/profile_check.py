@@ -24,8 +24,13 @@ def validate(profile: LaunchProfile, *, check_files: bool = True) -> list[FieldE
 
     if not NAME_RE.match(profile.name or ""):
         err("name", "use 1-64 letters, digits, spaces, '.', '_' or '-', starting with a letter or digit")
-    if not profile.model:
-        err("model", "no model file given")
+    if profile.router and profile.model:
+        err("model", "a router has no model of its own: clear the model, or turn router mode off")
+    elif not profile.model and not profile.router:
+        err("model", "no model file given (or turn router mode on: llama-server then loads the model "
+            "each request names)")
+    elif profile.router:
+        pass
     elif check_files:
         p = Path(profile.model).expanduser()
         if not p.is_file():

@@ -190,6 +190,9 @@ class SlotsUnavailable:
     # does not support slots endpoint. Start it with `--slots`" (older builds
     # stop after "endpoint.") when started with --no-slots.
     NO_SLOTS = "the server was started with --no-slots: slot monitoring is off"
+    # a router (a server started without a model) answers /slots only for a "model" it is asked of
+    ROUTER = ("the server is a router (started without a model): each model's slots are in its own child "
+              "server, which the router starts and stops; KV Valet does not show, park or resume them")
     FAILED_PREFIX = "GET /slots failed: "
 
     @classmethod
@@ -198,6 +201,8 @@ class SlotsUnavailable:
 
 
 _NO_SLOTS_MARKERS = ("does not support slots endpoint", "not_supported_error")
+#: a router's answer to GET /slots without ?model= (build 11434, server-models.cpp router_validate_model)
+ROUTER_MARKER = "model name is missing from the request"
 
 
 def _message_of(x: Any) -> str:
@@ -237,6 +242,8 @@ def slots_state_from_error(exc_or_status: Any) -> str:
     message = "" if isinstance(x, int) else _message_of(x)
     if status == 501 or any(m in message.lower() for m in _NO_SLOTS_MARKERS):
         return SlotsUnavailable.NO_SLOTS
+    if status == 400 and ROUTER_MARKER in message.lower():
+        return SlotsUnavailable.ROUTER
     if status is not None and message:
         reason = f"HTTP {status}: {message}"
     elif status is not None:

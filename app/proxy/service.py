@@ -178,6 +178,8 @@ class SessionBackend:
 
 #: who took an idle slot when a request the proxy passed through untouched ran in it
 OUTSIDE = explain_mod.OUTSIDE
+#: the start of a router's conversations' setup (each from its model's: ProxyService._setup_of)
+ROUTER_SETUP = "router-"
 
 
 def answer_timings(final: dict | None) -> Timings | None:
@@ -281,6 +283,7 @@ class ProxyService:
         self._profile_name: str | None = profile_name  # kept from the server's handle (see ``profile``)
         self._fixed_name = profile_name is not None
         self._make_backend = backend
+        self.router = False  # the server is a router (read from /props at start)
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -306,14 +309,19 @@ class ProxyService:
         False: the user's ``--no-slots``, kept for the clients; the server behind serves /slots to the proxy)."""
         h = self.handle
         props = await h.client.props()
-        slots = await h.client.slots()
+        # a router (a server started without a model) answers /props itself and routes the rest by the
+        # request's "model" to a child server of that model: its slots are the child's, which it starts
+        # and stops; the proxy passes every request through, judged (see ``router``)
+        self.router = props.get("role") == "router"
+        slots = [] if self.router else await h.client.slots()
         p = h.profile
         self.setup = identity.setup_fingerprint(
             model_id=str(props.get("model_path") or ""), cache_type_k=(p.cache_type_k if p else "") or "f16",
             cache_type_v=(p.cache_type_v if p else "") or "f16", flash_attn=(p.flash_attn if p else "") or "auto",
             swa_full=bool(p.swa_full) if p else False, chat_template=str(props.get("chat_template") or ""))
         for conv in self.store.list(self.profile):
-            if conv.setup == self.setup:
+            # a router's conversations each start from their own model's setup (see ``_setup_of``)
+            if conv.setup == self.setup or self.router and conv.setup.startswith(ROUTER_SETUP):
                 self.conversations[conv.id] = conv
                 self.index.add(conv.id, conv.chain)
                 if conv.hint:
@@ -324,19 +332,22 @@ class ProxyService:
         self.metrics = ProxyMetrics(self.profile, self._prefill_ms_per_token)
         self._backend.metrics = self.metrics
         self.on_record(self.metrics.observe_request)
-        self.leases = SlotLeases(len(slots), self._backend, store=self.store,
-                                 profile=self.profile, prefill_ms_per_token=self._prefill_ms_per_token,
-                                 restore_ms_estimate=self._restore_ms, disk_budget_bytes=self.disk_budget_bytes)
-        for msg in recover_leases(Recovery(subject=self.leases, same_process=False)):
-            log.info("proxy %s after a crash: %s", self.target_id, msg)
-        self.caching = await watch_mod.read_caching(h)
-        # the server's RAM cache as a restore source (#28276): see app.proxy.leases
-        self.leases.ram_cache = self.caching.ram_cache
-        self.leases.idle_slots_cleared = self.caching.idle_slots_cleared
-        self.watch = watch_mod.ServerWatch(h.client, self.leases, self.caching,
-                                           save_before_clear=self.save_before_idle_clear)
-        for note in self.caching.notes:
-            log.info("server %s: %s", self.target_id, note)
+        if not self.router:
+            self.leases = SlotLeases(len(slots), self._backend, store=self.store,
+                                     profile=self.profile, prefill_ms_per_token=self._prefill_ms_per_token,
+                                     restore_ms_estimate=self._restore_ms, disk_budget_bytes=self.disk_budget_bytes)
+            for msg in recover_leases(Recovery(subject=self.leases, same_process=False)):
+                log.info("proxy %s after a crash: %s", self.target_id, msg)
+            self.caching = await watch_mod.read_caching(h)
+            # the server's RAM cache as a restore source (#28276): see app.proxy.leases
+            self.leases.ram_cache = self.caching.ram_cache
+            self.leases.idle_slots_cleared = self.caching.idle_slots_cleared
+            self.watch = watch_mod.ServerWatch(h.client, self.leases, self.caching,
+                                               save_before_clear=self.save_before_idle_clear)
+            for note in self.caching.notes:
+                log.info("server %s: %s", self.target_id, note)
+        else:
+            log.info("server %s is a router: the proxy passes its requests through, judged", self.target_id)
         if h.supervisor is not None:
             h.supervisor.on_state(self._on_server_state)
         self.http = ProxyServer(h.client, interceptor=self, api_key=api_key, slot_actions=slot_actions_on(p),
@@ -356,7 +367,19 @@ class ProxyService:
 
     def notice(self) -> str | None:
         """What the user should know of the server's own caching behind this proxy (None: nothing)."""
+        if self.router:
+            return watch_mod.ROUTER_NOTICE
         return watch_mod.caching_notice(self.caching, self.save_before_idle_clear)
+
+    def _setup_of(self, body: dict) -> str:
+        """The setup a request's conversation starts from: the server's, or for a router the model the
+        request names (the same messages to another model are another conversation)."""
+        if not self.router:
+            return self.setup
+        model = body.get("model")
+        return ROUTER_SETUP + identity.setup_fingerprint(
+            model_id=f"router:{model if isinstance(model, str) else ''}", cache_type_k="", cache_type_v="",
+            flash_attn="", swa_full=False, chat_template="")
 
     def apply_settings(self, prefs) -> None:
         """The preferences (app.settings.Settings) that apply to a running proxy: the disk budget of its
@@ -435,6 +458,13 @@ class ProxyService:
         if media is not None:
             own, own_cause = (f"it carries {media}, and llama-server does not save a slot holding media tokens "
                               "(with a multimodal projector loaded), so it could not be parked"), Cause.MULTIMODAL
+        if self.router:
+            model = body.get("model")
+            own, own_cause = (f"the server is a router: the model {model!r} runs in a child server the router "
+                              "starts and stops, whose slots KV Valet neither leases nor parks"
+                              if isinstance(model, str) and model else
+                              "the server is a router and the request names no model"), Cause.ROUTER
+        setup = self._setup_of(body)
         # Anthropic's /v1/messages and OpenAI's /v1/responses: the same conversation as the chat request
         # they amount to (what identity, explanations and the token comparison read; the server gets the
         # client's own body)
@@ -442,7 +472,7 @@ class ProxyService:
         body_seen = chat if chat is not None else body
         if (path in CHAT_PATHS or chat is not None) and isinstance(body_seen.get("messages"), list):
             messages = identity.normalise(body_seen["messages"])
-            chain = identity.chain(self.setup, messages)
+            chain = identity.chain(setup, messages)
             key = chain[:identity.cut_at_last_assistant(messages)]
             conv_id, matched = self.index.find(key, hint) if key or hint else (None, 0)
             if conv_id is not None and hint is None and self._forks(conv_id, chain, messages):
@@ -451,7 +481,7 @@ class ProxyService:
             prompt = body.get("prompt")
             text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
             messages = [Message("prompt", text)]
-            chain = [hashlib.sha256(f"{self.setup}\0{text}".encode()).hexdigest()[:32]]
+            chain = [hashlib.sha256(f"{setup}\0{text}".encode()).hexdigest()[:32]]
             conv_id, matched = (self.index.find([], hint) if hint else (None, 0))
             if conv_id is None and hint is None and isinstance(prompt, str):
                 # no client key: the conversation whose last prompt this one continues, or repeats (also
@@ -468,7 +498,7 @@ class ProxyService:
                 self.index.add_hint(hint, conv.id)
         new = conv is None
         if conv is None:
-            conv = Conversation(id=secrets.token_hex(6), setup=self.setup, hint=hint)
+            conv = Conversation(id=secrets.token_hex(6), setup=setup, hint=hint)
             self.conversations[conv.id] = conv
             if hint:
                 self.index.add_hint(hint, conv.id)
@@ -481,7 +511,7 @@ class ProxyService:
         previous_body = self._remember(conv.id, body_seen)
         if own is not None and not self.steps_aside:  # what the client asked for wins: no lease, no pinning
             conv.messages, conv.chain = messages, chain
-            tasks = await self._slot_tasks()
+            tasks = None if self.router else await self._slot_tasks()  # a router's /slots are its children's
             return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
                                   body=body_seen, previous_body=previous_body, own=own, own_cause=own_cause,
                                   tasks_before=tasks,
@@ -684,7 +714,7 @@ class ProxyService:
         timings against what the conversation held, the client's choice given as the reason."""
         conv = p.conv
         assert conv is not None and p.own is not None
-        after = await self._slot_tasks()
+        after = None if self.router else await self._slot_tasks()
         ran = [i for i, task in (after or {}).items() if p.tasks_before is not None and task is not None
                and task != p.tasks_before.get(i)]
         final = result.final or {}
@@ -709,7 +739,10 @@ class ProxyService:
         self.index.add(conv.id, conv.chain)
         verdict = (judge(Reuse(p.expected_reuse, t.cache_n, t.prompt_n, prompt_ms=t.prompt_ms, new=p.new)).kind
                    if judged else VerdictKind.NEW)
-        text = f"The proxy passed this request through untouched: {p.own}. It leased no slot for it."
+        if judged and self.router:  # what the child's slot holds now: what its next turn can reuse
+            conv.n_tokens = (t.cache_n or 0) + t.prompt_n + (t.predicted_n or 0)
+        text = (f"The proxy passed this request through untouched: {p.own}. "
+                + ("Its verdict is the child server's reuse." if self.router else "It leased no slot for it."))
         if not judged:
             text += " Not judged: " + ("the answer carried no single timings." if result.status == 200
                                        and result.error is None else f"it failed ({result.error}).")

@@ -63,8 +63,15 @@ async def read_caching(handle) -> ServerCaching:
     return server_caching(list(plan.argv[1:]), await help_text(plan.binary))
 
 
+ROUTER_NOTICE = ("The server is a router (started without a model): each model a request names runs in a child "
+                 "server the router starts and stops. The proxy passes every request through untouched and judges "
+                 "it from the child's timings; it leases and parks no slot of a router.")
+
+
 def caching_notice(c: ServerCaching, save_before_clear: bool) -> str | None:
     """What the user should know of the server's own caching behind the proxy (None: nothing)."""
+    if c.router:
+        return ROUTER_NOTICE
     if c.steps_aside:
         return (f"The server persists prompts on disk itself ({c.disk_cache}): the conversation proxy steps aside. "
                 "Requests pass through unchanged (no slot pinning, no parks); each is still judged.")
@@ -247,6 +254,8 @@ def profile_caching(profile_name: str) -> ServerCaching | None:
 
     try:
         profile = ProfileStore().load(profile_name)
+        if profile.router:
+            return ServerCaching(router=True)
         binary = find_server_binary(profile.server_binary).path
         r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=20,
                            stdin=subprocess.DEVNULL, errors="replace")

@@ -51,7 +51,7 @@ from app.sessions.slots import Purpose, SlotError, default_slot, find_row, held,
 from app.sessions.target import ServerTarget
 from app.sessions.watch import ResumeWatcher
 from app.sessions.wiring import VerdictRelay, attach_verdicts
-from app.monitor.slots import LastTask, RestoredSlot, SlotRow
+from app.monitor.slots import LastTask, RestoredSlot, SlotRow, SlotsUnavailable
 from app.server.client import LlamaClient, ServerError, ServerUnreachable
 from app.server.launcher import resolve_api_key
 from app.server.logparse import Kind, PromptEval, SidecarMode
@@ -327,10 +327,16 @@ class SessionService:
         self._verdicts.add(cb)
 
     # -- park --------------------------------------------------------------------
+    def _refuse_router(self) -> None:
+        """A router's slots are its child servers': nothing here parks, resumes or checks them."""
+        if self.target.router:
+            raise ServiceError(SlotsUnavailable.ROUTER)
+
     async def park(self, slot_id: int | None = None, name: str | None = None, *, on_progress=None,
                    budget_bytes: int | None = None) -> ParkResult:
         """Park ``slot_id`` (None: the default slot) as ``name``; raises ServiceError. ``budget_bytes``:
         the most the park may take (refused before it runs when predicted larger)."""
+        self._refuse_router()
         if slot_id is None:
             rows = await self.slot_rows()
             slot_id = default_slot(rows, Purpose.PARK)
@@ -354,6 +360,8 @@ class SessionService:
         result (``error``) and the others go on. ``remember`` writes the resume
         plan too (before a suspend: if the server does not survive it, the next
         start offers "Resume all")."""
+        if self.target.router:
+            return []  # nothing of a router's is parked: its stop goes on
         try:
             results = await park_all(self.target, prefix=prefix)
         except (ServerError, ServerUnreachable) as e:
@@ -368,7 +376,7 @@ class SessionService:
         chat (the server was restarted, a slot was cleared) stay planned and are returned;
         when every slot still holds its tokens there is nothing to resume and the plan goes."""
         plan = self.resume_plan()
-        if not plan:
+        if not plan or self.target.router:
             return []
         try:
             held = {r.id: r.tokens_held or 0 for r in await self.slot_rows()}
@@ -398,6 +406,7 @@ class SessionService:
         costs: pass force=True), ResumeFailed (the server refused). On success the
         session's verdict is UNKNOWN until the next query on the slot is judged.
         """
+        self._refuse_router()
         result = await resume_session(self.target, name, slot_id, force=force, avoid_hazard=avoid_hazard,
                                       avoid_useless=avoid_useless)
         rec = result.record
@@ -491,6 +500,7 @@ class SessionService:
                     output_check: bool = True, on_progress=None) -> CheckReport:
         """Restore ``name`` and judge a first query twice (exact tokens, text); ``output_check``:
         each probe's output compared with a cold prefill's (DIFFERS when it differs)."""
+        self._refuse_router()
         rec = self.session(name)
         slot = await self.check_slot(rec, slot_id, force=force)
         protocol = self.protocol_for(protocol, check=True)
@@ -512,6 +522,7 @@ class SessionService:
         """The A/B: the same state file with its sidecar and with it hidden, across restarts
         when KV Valet runs the server (``protocol`` None), else in one process; ``output_check``:
         both arms' outputs compared with a cold prefill's; ``on_progress(text)``: where it is."""
+        self._refuse_router()
         rec = self.session(name)
         slot = await self.check_slot(rec, slot_id, force=force)
         protocol = self.protocol_for(protocol)

@@ -60,6 +60,8 @@ class ServerTarget:
     # When the server process started (epoch s; None: not known): parks and restores another
     # KV Valet process recorded since then describe what its slots hold.
     started_at: float | None = None
+    # a router (no model of its own; /props "role": "router"): its slots are its child servers'
+    router: bool = False
 
     async def slot_rows(self) -> list[SlotRow]:
         """``GET /slots`` as typed rows, with what the app knows that /slots does not."""
@@ -98,4 +100,5 @@ class ServerTarget:
             swa_full=bool(p.swa_full) if p else False,
             ctx_checkpoints=(p.ctx_checkpoints if p and p.ctx_checkpoints is not None else 32),
             log=log,
+            router=props.get("role") == "router",
         )

@@ -72,3 +72,23 @@ def test_import_command_line_fills_the_form(window, qtbot, tmp_path):
     assert "-c 102400" in p.preview.toPlainText()
     assert p.import_command_line("llama-server -m 'oops") is None
     assert "Import: cannot split" in p.errors.text()
+
+
+def test_a_command_line_without_a_model_imports_as_a_router_and_saves_as_one(window, qtbot):
+    from PySide6.QtCore import QPoint
+
+    """The user pastes their router's command line: the form ticks Router mode, shows no error for the
+    missing model, previews no -m, and Save writes a router profile; unticking it asks for a model."""
+    p = window.profiles
+    prof = p.import_command_line("llama-server --models-dir /srv/models --models-max 2 --port 8090")
+    assert prof.router and p.w["router"].isChecked()
+    assert p.errors.text() == "" and " -m " not in p.preview.toPlainText()
+    p.w["name"].setText("my-router")
+    qtbot.mouseClick(p.save_button, _left())
+    saved = ProfileStore().load("my-router")
+    assert saved.router and saved.model == "" and "--models-dir" in saved.extra_args
+    box = p.w["router"]
+    box.ensurePolished()
+    qtbot.mouseClick(box, _left(), pos=QPoint(box.style().pixelMetric(box.style().PixelMetric.PM_IndicatorWidth) // 2,
+                                              box.height() // 2))  # on its tick box
+    assert not p.w["router"].isChecked() and "Model file:" in p.errors.text()

@@ -127,3 +127,18 @@ def test_plan_launch_never_puts_a_key_from_extra_arguments_on_argv(tmp_path):
     assert "sekret" not in plan.argv and "--api-key" not in plan.argv and "--jinja" in plan.argv
     assert plan.env["LLAMA_API_KEY"] == "sekret"
     del fake
+
+
+def test_a_command_line_without_a_model_is_a_router():
+    """llama-server started without a model is a router (it starts a child server per model a request
+    names): the import keeps that, and the argv it launches names no model."""
+    p = parse_command_line("llama-server --models-dir /srv/models --models-max 2 --port 8090")
+    assert p.router and p.model == ""
+    assert "-m" not in to_argv(p, "llama-server")
+    assert not parse_command_line("llama-server -m /m.gguf --port 8090").router
+    # a model named another way (a download, a Docker image) is no router: the profile check then
+    # says the model file is missing
+    for other in ("-hf ggml-org/gemma-3-1b-it-GGUF", "--hf-repo=ggml-org/x", "-dr ai/smollm2"):
+        assert not parse_command_line(f"llama-server {other} --port 8090").router, other
+    # the round trip of a launched argv leaves the field alone
+    assert parse_argv(to_argv(p, "llama-server"), "imported").router is False

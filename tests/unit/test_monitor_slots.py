@@ -106,3 +106,12 @@ def test_other_failures():
         status_code = 503
 
     assert slots_state_from_error(StatusCodeError("Loading model")).startswith("GET /slots failed: HTTP 503")
+
+
+def test_a_routers_slots_are_explained_not_failed():
+    """A router answers GET /slots without ?model= with a 400: the slots' state says what a router is."""
+    err = {"error": {"code": 400, "message": "model name is missing from the request",
+                     "type": "invalid_request_error"}}
+    assert slots_state_from_error(err) == SlotsUnavailable.ROUTER
+    assert "router" in SlotsUnavailable.ROUTER
+    assert slots_state_from_error({"error": {"code": 400, "message": "bad"}}) != SlotsUnavailable.ROUTER

@@ -123,3 +123,14 @@ def test_api_key_file_must_be_private(tmp_path, model):
     assert [e.field for e in errs] == ["api_key_file"] and "chmod 600" in errs[0].message
     os.chmod(kf, 0o600)
     assert validate(LaunchProfile(name="x", model=model, api_key_file=str(kf))) == []
+
+
+def test_a_router_has_no_model_and_a_profile_needs_one_or_the_other(tmp_path, model):
+    """Router mode and a model file are exclusive; with neither the check says both ways out; a router
+    profile's file keeps the field."""
+    assert validate(LaunchProfile(name="r", router=True)) == []
+    assert fields(validate(LaunchProfile(name="r", router=True, model=model))) == {"model"}
+    neither = validate(LaunchProfile(name="r"))
+    assert fields(neither) == {"model"} and "router mode" in neither[0].message
+    p = LaunchProfile(name="r", router=True, extra_args=("--models-dir", "/srv/models"))
+    assert "router = true" in to_toml(p) and from_toml(to_toml(p)) == p

