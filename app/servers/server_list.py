@@ -29,6 +29,7 @@ from app.core.observers import Observers
 from app.core.states import Health, ServerState, health_text
 from app.core.units import fmt_bytes, fmt_pct, is_na
 from app.monitor.gpu import NO_GPU_PREFIX, GpuSnapshot
+from app.monitor.slots import SlotsUnavailable
 from app.monitor.snapshot import Snapshot
 from app.servers.service import sampler_for
 
@@ -363,6 +364,8 @@ def _slots_cell(row: ServerRow, running: bool) -> tuple[str, str]:
     if not running:
         return "–", ""
     if row.slots is None:
+        if row.slots_error == SlotsUnavailable.ROUTER:
+            return "router", row.slots_error
         return ("unavailable", f"GET /slots: {row.slots_error}") if row.slots_error else ("…", "not sampled yet")
     s = row.slots
     text = f"{s.held} / {s.total} in use"

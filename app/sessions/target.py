@@ -12,10 +12,20 @@ from pathlib import Path
 from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
 from app.sessions.queue import OperationQueue
-from app.monitor.slots import LastTask, RestoredSlot, SlotRow, slot_rows
-from app.server.client import LlamaClient
+from app.monitor.slots import LastTask, RestoredSlot, SlotRow, SlotsUnavailable, slot_rows
+from app.server.client import LlamaClient, ServerError
 from app.server.supervisor import LogBuffer
 from app.store.catalog import Catalog
+
+
+class RouterSlots(ServerError):
+    """A router's /slots: its children's, by model, none of its own (said in plain words)."""
+
+    def __init__(self):
+        super().__init__(400, SlotsUnavailable.ROUTER, path="/slots")
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,10 @@ class ServerTarget:
     router: bool = False
 
     async def slot_rows(self) -> list[SlotRow]:
-        """``GET /slots`` as typed rows, with what the app knows that /slots does not."""
+        """``GET /slots`` as typed rows, with what the app knows that /slots does not (a router has none
+        of its own: RouterSlots)."""
+        if self.router:
+            raise RouterSlots()
         data = await self.client.slots()
         if not isinstance(data, list):
             from app.server.client import ServerError

@@ -22,7 +22,9 @@ from app.core.conversation import Cause
 from app.core.lifecycle import StopTrigger
 from app.core.profile_check import validate
 from app.core.verdict import VerdictKind
+from app.monitor.slots import SlotsUnavailable
 from app.sessions.service import ServiceError
+from app.sessions.target import RouterSlots
 from tests.conftest import free_port
 from tests.real.test_real_proxy import SYSTEMS, Proxied
 
@@ -100,6 +102,9 @@ def test_the_proxy_passes_a_routers_requests_through_and_judges_them(router_prof
             with pytest.raises(ServiceError, match="router"):
                 await svc.park(0, "nope")
             assert (await svc.park_all()) == []
+            with pytest.raises(RouterSlots) as e:  # what the Sessions tab says instead of a failed /slots
+                await svc.slot_rows()
+            assert str(e.value) == SlotsUnavailable.ROUTER
             children = psutil.Process(p.handle.supervisor.pid).children(recursive=True)
             assert children, "the router started no child server"
             stopped = await p.stop()  # serve's Ctrl-C: nothing to park, the router stops

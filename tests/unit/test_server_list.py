@@ -55,6 +55,11 @@ def test_unsampled_and_unavailable_figures_say_so():
                         gpu_message="no NVIDIA GPU found: NVML Shared Library Not Found"))
     assert c.text[3:5] == ("unavailable", "no GPU")
     assert c.tips[3] == "GET /slots: HTTP 501: slots endpoint disabled" and "NVML Shared Library" in c.tips[4]
+    # a router has no slots of its own: the cell says what it is, the tip why
+    from app.monitor.slots import SlotsUnavailable
+
+    c = cells(ready_row(slots=None, slots_error=SlotsUnavailable.ROUTER, gpus=(), gpu_message="no NVIDIA GPU"))
+    assert c.text[3] == "router" and c.tips[3] == SlotsUnavailable.ROUTER
 
 
 def test_a_remote_row_names_its_host():
