@@ -28,6 +28,8 @@ def profile_summary(profile: LaunchProfile) -> dict[str, Any]:
 
 def model_note(summary: dict[str, Any]) -> str:
     """What a profile listing adds after the model's path: nothing when the file is there."""
+    if summary.get("router"):
+        return "(router: models chosen per request)"
     state = summary.get("model_state", "present")
     if state == "present":
         return ""

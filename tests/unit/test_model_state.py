@@ -32,3 +32,12 @@ def test_the_default_model_is_made_at_first_start_when_its_package_is_there(monk
 
     monkeypatch.setattr(builtins, "__import__", no_package)
     assert model_state(paths.default_model_path()) == "missing"
+
+
+def test_a_router_has_no_model_file_to_miss():
+    """A router profile (no model: models chosen per request) is listed as one, not as a missing file."""
+    from app.core.profile import LaunchProfile
+    from app.remote.listing import profile_summary
+
+    note = model_note(profile_summary(LaunchProfile(name="models", router=True)))
+    assert note == "(router: models chosen per request)"
