@@ -92,6 +92,13 @@ def test_the_proxy_passes_a_routers_requests_through_and_judges_them(router_prof
                 assert {m["id"]: m["status"]["value"] for m in models}["gemma-a"] == "loaded"
                 slots = (await h.get(p.proxy.http.url + "/slots", params={"model": "gemma-a"})).json()
                 assert [s["n_ctx"] for s in slots] == [2048]
+            # bad input: no "model" at all; the router's own 400 reaches the client, and the record says why
+            async with httpx.AsyncClient(timeout=120) as h:
+                r = await h.post(p.proxy.http.url + "/v1/chat/completions",
+                                 json={"messages": question, "max_tokens": 4})
+            assert r.status_code == 400 and "model name is missing" in r.text, r.text
+            nameless = await asyncio.wait_for(p.judged.get(), 120)
+            assert nameless.cache_n is None and "names no model" in nameless.explanation.detail, nameless
             # the same messages to the other model are another conversation
             await p.client.chat.completions.create(model="gemma-b", messages=question, max_tokens=4,
                                                    temperature=0)
