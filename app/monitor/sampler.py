@@ -176,6 +176,9 @@ class Sampler:
         return snap
 
     async def _deliver(self, snap: Snapshot, counted: bool = True) -> None:
+        # The pace the newest snapshot sets (the loop's or one asked by a reader) is known before its
+        # subscribers hear of it: they may read it.
+        self._busy = bool(getattr(snap, "any_busy", False))
         self.last_snapshot = snap
         self.ticks += counted
         cb = self.on_snapshot
@@ -203,8 +206,6 @@ class Sampler:
             self._wake.clear()
             tick_start = loop.time()
             snap = await self._tick()
-            # the pace this snapshot sets is known before its subscribers hear of it (they may read it)
-            self._busy = bool(getattr(snap, "any_busy", False))
             await self._deliver(snap)
 
             interval = self.current_interval

@@ -116,6 +116,27 @@ async def test_busy_slot_shortens_interval():
         await sampler.stop()
 
 
+async def test_a_snapshot_asked_by_a_reader_sets_the_pace_its_subscribers_read():
+    # A paused sampler (the Monitor hidden) asked for one snapshot by the Servers list: the pace
+    # its subscribers read while they hear of it is that snapshot's, never the last loop tick's.
+    state = {"busy": False}
+    sampler, rec = make(busy=lambda: state["busy"], interval=3600, busy_interval=0.02)
+    seen: list[float] = []
+    sampler.on_snapshot = lambda snap: (rec(snap), seen.append(sampler.current_interval))
+    sampler.start()
+    try:
+        await rec.wait_for(1)
+        sampler.pause()
+        state["busy"] = True
+        snap = await sampler.sample_once()
+        assert snap.any_busy and seen[-1] == 0.02 and sampler.current_interval == 0.02
+        state["busy"] = False
+        assert not (await sampler.sample_once()).any_busy
+        assert seen[-1] == 3600 and sampler.current_interval == 3600
+    finally:
+        await sampler.stop()
+
+
 async def test_exception_in_fetch_becomes_an_error_value():
     sampler, rec = make(fail=lambda: True, interval=0.01)
     sampler.start()
