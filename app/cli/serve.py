@@ -159,6 +159,8 @@ async def cmd_serve(args) -> int:
         sup = handle.supervisor
         if stop.is_set() and sup.state == ServerState.READY:
             if args.no_park:
+                if proxy is not None:  # first: none of its requests (a judgment's /slots) still runs at the stop
+                    await proxy.stop()
                 await sup.stop()
             else:
                 # under systemd (the unit `kv-valet install-service` writes) the stop is the unit's

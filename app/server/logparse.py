@@ -25,6 +25,7 @@ class Kind(str, enum.Enum):
     MODEL_LOADED = "model_loaded"
     LISTENING = "listening"
     ALL_IDLE = "all_idle"
+    CLEANING_UP = "cleaning_up"  # "cleaning up before exit": the server's loop has ended (a SIGTERM)
     SLOT_SELECTED = "slot_selected"
     TASK_STARTED = "task_started"
     NEW_PROMPT = "new_prompt"
@@ -246,6 +247,7 @@ _RULES: list[tuple[Kind, re.Pattern]] = [
     (Kind.MODEL_LOADED, re.compile(r"^model loaded")),
     (Kind.LISTENING, re.compile(r"listening on (\S+)")),
     (Kind.ALL_IDLE, re.compile(r"all slots are idle")),
+    (Kind.CLEANING_UP, re.compile(r"cleaning up before exit")),
     (Kind.BIND_FAILED, re.compile(r"couldn't bind HTTP server socket, hostname: (\S+), port: (\d+)")),
     (Kind.MODEL_LOAD_FAILED, re.compile(r"(failed to load model|error loading model|exiting due to model loading error)(.*)")),
     (Kind.OUT_OF_MEMORY, re.compile(r"(out of memory|failed to allocate|unable to allocate|cudaMalloc failed)", re.I)),
@@ -257,7 +259,7 @@ _ASSERT = re.compile(r"(GGML_ASSERT\((.*)\) failed|GGML_ABORT\(?(.*)|ggml_abort|
 _ANY_RULE = re.compile(r"eval time|total time|prompt processing|forcing full|context checkpoint|checkpoint sidecar|idle slot|"
                        r"prompt cache update|stop processing|selected slot|processing task|new prompt|new slot|"
                        r"model loaded|load model|loading model|model loading|listening on|slots are idle|bind|"
-                       r"out of memory|allocate|cudaMalloc|build", re.I)
+                       r"out of memory|allocate|cudaMalloc|build|cleaning up", re.I)
 
 
 def parse_line(line: str) -> LogEvent:

@@ -36,7 +36,7 @@ from app.core.states import ServerState
 from app.serverbuild import MODE_ENV
 from app.server.client import LlamaClient
 from app.server.logfile import ServerLogFile
-from app.server.logparse import LogEvent, SidecarMode, parse_line
+from app.server.logparse import Kind, LogEvent, SidecarMode, parse_line
 from app.server.outcome import Cause, Outcome, classify
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 #: this many lines or this many seconds (a line never waits longer).
 READ_BATCH_LINES = 256
 READ_BATCH_S = 0.03
+#: How long a stopping server may stay after it said "cleaning up before exit" (its loop has ended)
+#: before the second SIGTERM, which llama-server answers with "Received second interrupt, terminating
+#: immediately.": a request that was running at the first one (a client's generation, a /slots read)
+#: keeps one of its HTTP threads waiting for a loop that is gone, and the process with it, for ever.
+CLEANUP_GRACE_S = 2.0
 
 
 class LaunchError(Exception):
@@ -264,6 +269,8 @@ class Supervisor:
         self._start_lock = asyncio.Lock()
         self._exited = asyncio.Event()
         self._exited.set()
+        self._cleaning_up = asyncio.Event()  # the running process said "cleaning up before exit"
+        self.forced_after_cleanup = False  # the last stop needed the second SIGTERM (CLEANUP_GRACE_S)
         self._restart_task: asyncio.Future | None = None
         self.sidecar_mode: str | None = None  # "checkpoint sidecars: MODE" of the running process
 
@@ -321,6 +328,7 @@ class Supervisor:
         self.sidecar_mode = None
         self._stopping_by_user = False
         self._exited.clear()
+        self._cleaning_up.clear()
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._set_state(ServerState.STARTING)
@@ -445,6 +453,8 @@ class Supervisor:
             self.lines_read += 1
             if isinstance(event, SidecarMode):
                 self.sidecar_mode = event.mode  # KV Valet's build says it at start
+            elif event.kind is Kind.CLEANING_UP:
+                self._cleaning_up.set()
             self._line_cbs.emit(item)
 
     async def _watch_health(self, proc: asyncio.subprocess.Process) -> None:
@@ -518,16 +528,41 @@ class Supervisor:
                 self._set_state(ServerState.STOPPED)
             return self.outcome
         self._stopping_by_user = True
+        self.forced_after_cleanup = False
         self._set_state(ServerState.STOPPING)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(self._exited.wait(), self.stop_timeout_s)
+            await asyncio.wait_for(self._exit_after_cleanup(proc), self.stop_timeout_s)
         except asyncio.TimeoutError:
+            log.warning("the server at %s did not stop within %g s of SIGTERM: killed", self.url, self.stop_timeout_s)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await self._exited.wait()
         return self.outcome
+
+    async def _exit_after_cleanup(self, proc: asyncio.subprocess.Process) -> None:
+        """Until the process has exited; once it says "cleaning up before exit" and is still there
+        CLEANUP_GRACE_S later, a second SIGTERM ends it (see CLEANUP_GRACE_S)."""
+        loop = asyncio.get_running_loop()  # both awaited or cancelled below, before this returns
+        exited = loop.create_task(self._exited.wait())
+        cleaning = loop.create_task(self._cleaning_up.wait())
+        try:
+            await asyncio.wait({exited, cleaning}, return_when=asyncio.FIRST_COMPLETED)
+            if not exited.done():
+                done, _ = await asyncio.wait({exited}, timeout=CLEANUP_GRACE_S)
+                if not done and proc.returncode is None:
+                    log.warning("the server at %s still runs %g s after it began cleaning up (a request was "
+                                "running when it was told to stop): a second SIGTERM ends it",
+                                self.url, CLEANUP_GRACE_S)
+                    self.forced_after_cleanup = True
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(proc.pid, signal.SIGTERM)
+            await exited
+        finally:
+            for t in (exited, cleaning):
+                t.cancel()
+            await asyncio.gather(exited, cleaning, return_exceptions=True)
 
     async def restart(self) -> None:
         await self.stop()

@@ -51,6 +51,10 @@ Environment knobs:
   FAKE_COMPLETION_DELAY (0)        seconds a completion really keeps its slot busy, a streamed one
                                    right after its first token (SIGUSR2 ends the delays at once, and
                                    every later one)
+  FAKE_STOP_WAITS (0)               1: as build 11434 does (captured: 04-stop-during-generation.log), a
+                                   SIGTERM while a completion is held (FAKE_COMPLETION_DELAY) says
+                                   "cleaning up before exit" and the process stays until a second
+                                   SIGTERM: "Received second interrupt, terminating immediately.", exit 1
   FAKE_PREFILL_HOLD (0)            1: a prompt past one full batch (-b) stops after that batch, the
                                    slot busy, until SIGUSR2 (as FAKE_COMPLETION_DELAY); meanwhile
                                    /slots answers as build 11434 does between batches (captured:
@@ -650,11 +654,21 @@ def token_probabilities(generated: list[int], n_probs: int) -> list[dict]:
     return out
 
 
+HELD = [0]  # completions held now (FAKE_COMPLETION_DELAY): FAKE_STOP_WAITS waits for a second signal
+HELD_LOCK = threading.Lock()
+
+
 def hold_completion() -> None:
     """FAKE_COMPLETION_DELAY: keep the slot busy (a streamed completion: after its first token)."""
     delay = env_float("FAKE_COMPLETION_DELAY", 0)
     if delay > 0:
-        END_COMPLETION_DELAY.wait(delay)
+        with HELD_LOCK:
+            HELD[0] += 1
+        try:
+            END_COMPLETION_DELAY.wait(delay)
+        finally:
+            with HELD_LOCK:
+                HELD[0] -= 1
 
 
 # ---------------------------------------------------------------- server state
@@ -1902,8 +1916,11 @@ def main(argv: list[str]) -> int:
     host, port = opts["host"], httpd.server_address[1]
 
     stop = threading.Event()
+    second = threading.Event()
 
     def on_signal(signum, frame):
+        if stop.is_set():
+            second.set()
         stop.set()
         END_LOAD.set()
 
@@ -1973,6 +1990,10 @@ def main(argv: list[str]) -> int:
         start_thread(flood_log, env_float("FAKE_LOG_FLOOD", 0), stop)
     stop.wait()
     srv_log("I", "operator()", "operator(): cleaning up before exit...")
+    if env_float("FAKE_STOP_WAITS", 0) > 0 and HELD[0] > 0:
+        second.wait()  # the held request's HTTP thread waits for the ended loop, and the process with it
+        print("Received second interrupt, terminating immediately.", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -71,6 +71,55 @@ async def test_start_reaches_ready_through_loading_and_stop_leaves_no_process(pr
     assert find_leftover_server(pid_record_path("fake")) is None
 
 
+async def stop_while_a_completion_runs(sup, n_predict: int = 4, extra: dict | None = None
+                                       ) -> tuple[asyncio.Task, int | None]:
+    """Stop ``sup`` once its server shows a completion running; the completion's task and the exit code."""
+    from app.server.client import LlamaClient
+
+    async with LlamaClient(sup.url) as client:
+        running = asyncio.ensure_future(client.completion("The quick brown fox", slot_id=1, n_predict=n_predict,
+                                                          extra=extra))
+        while not any(s.get("is_processing") for s in await client.slots()):
+            await asyncio.sleep(0.02)  # polling /slots, as a user's Monitor does; not a timed window
+        proc = sup.proc
+        await sup.stop()
+        await asyncio.gather(running, return_exceptions=True)
+    return running, proc.returncode
+
+
+async def test_a_stop_while_a_request_runs_ends_with_the_servers_second_sigterm_not_a_kill(profile, monkeypatch):
+    # Build 11434 stays after "cleaning up before exit" while a request runs (captured:
+    # 04-stop-during-generation.log): the supervisor ends it with the second SIGTERM the server
+    # answers at once, long before its SIGKILL (a minute here: a kill would fail the test by its code).
+    monkeypatch.setenv("FAKE_COMPLETION_DELAY", "600")
+    monkeypatch.setenv("FAKE_STOP_WAITS", "1")
+    sup = make_supervisor(plan_launch(profile), stop_timeout_s=60)
+    states = recorder(sup)
+    try:
+        await sup.start()
+        _, code = await stop_while_a_completion_runs(sup)
+        await wait_for_line(sup, "Received second interrupt")
+    finally:
+        await sup.aclose()
+    assert code == 1  # the server's own exit(1), not -9
+    assert sup.forced_after_cleanup
+    assert states[-2:] == [ServerState.STOPPING, ServerState.STOPPED]
+    assert sup.outcome.cause == Cause.STOPPED_BY_USER
+
+
+async def test_a_stop_while_idle_needs_no_second_sigterm(profile, monkeypatch):
+    monkeypatch.setenv("FAKE_STOP_WAITS", "1")
+    sup = make_supervisor(plan_launch(profile), stop_timeout_s=3600)
+    try:
+        await sup.start()
+        proc = sup.proc
+        await sup.stop()
+    finally:
+        await sup.aclose()
+    assert proc.returncode == 0 and not sup.forced_after_cleanup
+    assert not any("second interrupt" in line for line in sup.log.tail(50))
+
+
 async def test_kill_9_gives_crashed_with_outcome_and_auto_restart_recovers(profile):
     sup = make_supervisor(plan_launch(profile.replace(auto_restart=True)), backoff_s=(0.05,))
     try:

@@ -47,9 +47,20 @@ async def test_start_ready_crash_autorestart_stop(real_profile):
         await sup.wait_state(ServerState.READY, timeout=120)
         assert sup.pid != first
         second = sup.pid
+
+        # Stopped while a generation runs: the server says "cleaning up before exit" and stays, its
+        # HTTP thread waiting for the loop that ended; the supervisor's second SIGTERM ends it (the
+        # server's own exit 1), long before the SIGKILL (a minute here: a kill fails by its code).
+        from tests.fake_server.test_supervisor_fake import stop_while_a_completion_runs
+
+        sup.stop_timeout_s = 60
+        _, code = await stop_while_a_completion_runs(sup, n_predict=100_000, extra={"ignore_eos": True})
+        await wait_for_line(sup, "Received second interrupt")
+        assert code == 1 and sup.forced_after_cleanup
+        assert any("cleaning up before exit" in line for line in sup.log.tail(200))
     finally:
         await sup.aclose()
-    assert states[-1] == ServerState.STOPPED
+    assert states[-2:] == [ServerState.STOPPING, ServerState.STOPPED]
     assert not psutil.pid_exists(second) or psutil.Process(second).status() == psutil.STATUS_ZOMBIE
     assert sup.outcome.cause == Cause.STOPPED_BY_USER
 
