@@ -16,6 +16,7 @@ from app.server.launcher import make_supervisor, plan_launch
 from app.server.outcome import Cause
 from app.core.states import ServerState
 from app.server.supervisor import LaunchError, StartFailed
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.real_server
 
@@ -94,3 +95,22 @@ def test_flag_the_binary_lacks_is_refused_before_launch(real_profile):
     assert real_profile.server_binary in str(e.value) and "turbo3" in str(e.value)
     with pytest.raises(ProfileError, match="does not accept --turbo-mode"):
         plan_launch(real_profile.replace(extra_args=("--turbo-mode",)))
+
+
+async def test_the_forks_behaviour_of_the_sidecar_build_stops_mid_generation_the_same_way(
+        real_profile, sidecar_server_bin, monkeypatch):
+    """KV Valet's sidecar build (the seed's fork behaviour) changes server-context.cpp only: stopped while a
+    generation runs, it too stays after "cleaning up before exit" until the second SIGTERM."""
+    from tests.fake_server.test_supervisor_fake import stop_while_a_completion_runs, wait_for_line
+
+    monkeypatch.setenv("KVV_SIDECAR_MODE", "fork")
+    sup = make_supervisor(plan_launch(real_profile.replace(server_binary=str(sidecar_server_bin))), stop_timeout_s=60)
+    try:
+        await sup.start()
+        await wait_for_line(sup, "checkpoint sidecars: fork")
+        _, code = await stop_while_a_completion_runs(sup, n_predict=100_000, extra={"ignore_eos": True})
+        await wait_for_line(sup, "Received second interrupt")
+    finally:
+        await sup.aclose()
+    assert code == 1 and sup.forced_after_cleanup
+    assert sup.outcome.cause == Cause.STOPPED_BY_USER
