@@ -165,6 +165,7 @@ class Freezer:
 
     def __init__(self, proc: Proc):
         self.p = proc
+        self._hit: asyncio.Task | None = None
 
     @classmethod
     async def watch(cls, folder: Path, regex: str, events: str, pid: int, *, open_by: int | None = None) -> "Freezer":
@@ -178,13 +179,30 @@ class Freezer:
     async def hit(self, timeout: float = 60) -> dict:
         return json.loads(await self.p.expect("{", timeout=timeout))
 
+    def hit_task(self, timeout: float = 60) -> asyncio.Task:
+        """:meth:`hit` as a task this freezer owns: :meth:`stop` settles it before it reads the
+        watcher's pipes (two readers on one pipe raise "read() called while another coroutine is
+        already waiting")."""
+        self._hit = asyncio.ensure_future(self.hit(timeout))
+        return self._hit
+
     def done(self) -> bool:
         return self.p.proc.returncode is not None
 
-    async def stop(self) -> None:
+    async def stop(self, *, frozen_pid: int | None = None) -> None:
+        """Kill the watcher and read what it left. A pending :meth:`hit_task` is cancelled and
+        awaited first. ``frozen_pid``: the watched process, let go (SIGCONT) if the watcher froze
+        it after all (the test moves on without killing it: the operation had finished first)."""
         if self.p.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.p.proc.kill()
+        if self._hit is not None:
+            self._hit.cancel()
+            await asyncio.wait({self._hit})
+            froze = not self._hit.cancelled() and self._hit.exception() is None
+            if froze and frozen_pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(frozen_pid, signal.SIGCONT)
         await self.p.proc.communicate()
 
 

@@ -78,9 +78,10 @@ async def _kill_mid_save(srv: Server, regex: str, events: str) -> tuple[dict, st
     try:
         for _attempt in range(5):
             files = {f.name: f.read_bytes() for f in srv.save_dir.iterdir()}
-            freezer = await Freezer.watch(srv.save_dir, regex, events, srv.pid, open_by=srv.pid)
+            pid = srv.pid  # gone from the supervisor once the server is killed
+            freezer = await Freezer.watch(srv.save_dir, regex, events, pid, open_by=pid)
             park = asyncio.ensure_future(svc.park(0, "chat"))
-            hit = asyncio.ensure_future(freezer.hit())
+            hit = freezer.hit_task()
             try:
                 done, _ = await asyncio.wait({park, hit}, return_when=asyncio.FIRST_COMPLETED, timeout=60)
                 if park in done:  # the save slipped through before the freeze: again
@@ -92,8 +93,7 @@ async def _kill_mid_save(srv: Server, regex: str, events: str) -> tuple[dict, st
                 assert outcome.summary().startswith(KILLED), outcome.summary()
                 return hit.result(), str(e.value), files
             finally:
-                hit.cancel()
-                await freezer.stop()
+                await freezer.stop(frozen_pid=pid)
         raise AssertionError("five saves in a row finished before the freeze")
     finally:
         await svc.aclose()
@@ -143,23 +143,23 @@ def test_server_killed_mid_restore(stock_profile):
             svc, cat = await srv.service()
             try:
                 for _attempt in range(5):
-                    freezer = await Freezer.watch(srv.save_dir, rf"{rec.state_file}", "open,access", srv.pid,
-                                                  open_by=srv.pid)
+                    pid = srv.pid  # gone from the supervisor once the server is killed
+                    freezer = await Freezer.watch(srv.save_dir, rf"{rec.state_file}", "open,access", pid,
+                                                  open_by=pid)
                     resume = asyncio.ensure_future(svc.resume("chat", 1, force=True))
                     try:
-                        hit = asyncio.ensure_future(freezer.hit())
+                        hit = freezer.hit_task()
                         done, _ = await asyncio.wait({resume, hit}, return_when=asyncio.FIRST_COMPLETED,
                                                      timeout=60)
                         if resume in done:  # finished before the freeze: again
                             resume.result()
-                            hit.cancel()
                             continue
                         outcome = await srv.kill()
                         with pytest.raises(ResumeFailed) as e:
                             await resume
                         break
                     finally:
-                        await freezer.stop()
+                        await freezer.stop(frozen_pid=pid)
                 else:
                     raise AssertionError("five restores in a row finished before the freeze")
             finally:
