@@ -32,12 +32,23 @@ side's token by 0.207 nats and took the runner-up at index 2 (' So' -2.009 / ' T
 cold side's margin for its token plus the resumed side's margin for its own is at most twice that (the
 margins add up to the two log-prob moves). So a first difference whose two margins add up to no more
 than ``2 × TIE_NATS`` is a tie (:data:`Status.TIE`: the check passes, the tokens compared up to there
-matched); any other first difference is :data:`Status.DIFFERS`. A wrong restore (conversation A's
-state with conversation B's sidecar, on the fork build) left the cold continuation at token 2: the
-cold side chose its token by 1.15 nats, the resumed side by 0.06, 1.21 together: one side sure is
-enough to call it. After a first difference the continuations no longer share a prefix, so nothing after it
-is compared. The largest log-prob drift over the matching tokens is kept as a figure
-(``max_logprob_delta``), not judged.
+matched).
+
+A bigger swing is not yet a verdict: on the CI machine a correct resume on the sidecar build took
+``' valet'`` where the cold prefill took ``'\n'`` at token 3 (cold -1.017 / -1.391, 0.37 apart on the
+cold side alone): drift there moves a token by more than 0.3 nats. One step's log-probs cannot tell
+that from a wrong state; what follows can. After the first difference at index ``i`` the two
+continuations no longer share a prefix, so the cold prefill is asked once more (:func:`resync_prompt`):
+the same prompt with the resumed side's first ``i + 1`` tokens appended, cold again, continued for the
+tokens the resumed side has left. A swap by drift changes one token and nothing else, so from the same
+prefix the cold model goes on as the resume did (:func:`after_resync`: the rest matches, or ties: a
+:data:`Status.TIE`, "the same but a swap at i"; ``k - 1`` tokens agree, as many as in a match less the
+swapped one). A wrong state leaves it again (:data:`Status.DIFFERS`, both differences named). A wrong
+restore (conversation A's state with conversation B's sidecar, on the fork build) left the cold
+continuation at token 2 (the cold side sure by 1.15 nats, the resumed side by 0.06) and, given its
+token, left it again. A first difference at the last compared token, or a second cold prefill that
+fails or reuses a cached token, leaves the first rule's DIFFERS standing. The largest log-prob drift
+over the matching tokens is kept as a figure (``max_logprob_delta``), not judged.
 
 :func:`with_output` turns a reuse verdict into :attr:`VerdictKind.DIFFERS` when the output
 differs: "output differs from a cold prefill", with the first differing token on each side.
@@ -47,7 +58,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.verdict import Verdict, VerdictKind
@@ -73,7 +84,7 @@ def sampling() -> dict[str, Any]:
 
 class Status(enum.StrEnum):
     MATCH = "match"  # the first k tokens are the same
-    TIE = "tie"  # the same up to a near-tie, where the two sides took the other of two equal tokens
+    TIE = "tie"  # the same but for one swap: a near-tie, or a swap the tokens after it show to be drift
     DIFFERS = "differs"  # a first difference that is not a tie
     UNKNOWN = "unknown"  # not compared (no tokens, a reference that was not cold, a failed request)
     OFF = "off"  # the output check was turned off
@@ -174,6 +185,7 @@ class OutputCheck:
     k: int = OUTPUT_TOKENS
     compared: int = 0  # tokens that matched before the first difference (k for MATCH)
     first_diff: FirstDiff | None = None  # DIFFERS and TIE
+    resynced: int | None = None  # judged again from the resumed side's tokens: how many then matched
     max_logprob_delta: float | None = None  # over the matching tokens
     warm_text: str = ""
     cold_text: str = ""
@@ -191,6 +203,8 @@ class OutputCheck:
         """A table cell: "same 8/8", "tie at 5", "DIFFERS at 3", "unknown", "off"."""
         if self.status is Status.MATCH:
             return f"same {self.compared}/{self.k}"
+        if self.status is Status.TIE and self.resynced is not None:
+            return f"same but a swap at {self.compared}"
         if self.status is Status.TIE:
             return f"same to a tie at {self.compared}"
         if self.status is Status.DIFFERS and self.first_diff is not None:
@@ -201,7 +215,7 @@ class OutputCheck:
         return {"status": self.status.value, "reason": self.reason, "k": self.k, "compared": self.compared,
                 "first_diff": self.first_diff.to_dict() if self.first_diff is not None else None,
                 "max_logprob_delta": None if self.max_logprob_delta is None else round(self.max_logprob_delta, 4),
-                "warm_text": self.warm_text, "cold_text": self.cold_text}
+                "resynced": self.resynced, "warm_text": self.warm_text, "cold_text": self.cold_text}
 
 
 def off() -> OutputCheck:
@@ -271,6 +285,60 @@ def compare(warm: Continuation, cold: Continuation, k: int = OUTPUT_TOKENS, *, t
     return OutputCheck(Status.MATCH, f"the first {n} tokens match the cold prefill's"
                        + (f" (log-probs within {delta:.3f} nats)" if delta is not None else ""),
                        k=k, compared=n, max_logprob_delta=delta, **texts)
+
+
+def resync_index(check: OutputCheck) -> int | None:
+    """The index after which the cold prefill is asked again (:func:`resync_prompt`): the first
+    difference of a DIFFERS with tokens left after it to compare; None otherwise."""
+    if check.status is not Status.DIFFERS or check.first_diff is None:
+        return None
+    i = check.first_diff.index
+    return i if i + 1 < check.k else None
+
+
+def resync_prompt(prompt: str | list[int], warm: Continuation, index: int) -> list:
+    """The prompt of the second cold prefill: ``prompt`` followed by the resumed side's first
+    ``index + 1`` tokens. A token prompt gets them appended; a text prompt becomes llama-server's
+    mixed prompt (``["text", 12, 34]``: the text tokenized as it would be alone, BOS included, then
+    the ids as they are), so the text is never re-tokenized across the join."""
+    ids = warm.ids[:index + 1]
+    if isinstance(prompt, str):
+        return [prompt, *ids]
+    return [*prompt, *ids]
+
+
+def after_resync(first: OutputCheck, warm: Continuation, resynced: Continuation | str, *,
+                 tie_nats: float = TIE_NATS) -> OutputCheck:
+    """``first`` (a DIFFERS at index ``i``, :func:`resync_index`) judged again with the cold
+    continuation of :func:`resync_prompt` (or why there is none): TIE when the resumed side's
+    tokens after ``i`` match it (or tie), DIFFERS naming both differences when they leave it,
+    ``first`` with the reason added when it could not be compared."""
+    i = resync_index(first)
+    if i is None:
+        return first
+    rest = Continuation(warm.steps[i + 1:first.k])
+    again = resynced if isinstance(resynced, str) else compare(rest, resynced, len(rest.steps), tie_nats=tie_nats)
+    if isinstance(again, str) or again.status is Status.UNKNOWN:
+        why = again if isinstance(again, str) else again.reason
+        return replace(first, reason=f"{first.reason}; a second cold prefill from the resumed side's tokens "
+                                     f"could not say more ({why})")
+    delta = max((d for d in (first.max_logprob_delta, again.max_logprob_delta) if d is not None), default=None)
+    assert first.first_diff is not None
+    w, c = first.first_diff.warm, first.first_diff.cold
+    swing = _swing(w, c)
+    apart = f", {swing:.2f} nats apart over both sides" if swing is not None else ""
+    if again.passed:
+        return replace(first, status=Status.TIE, max_logprob_delta=delta, resynced=again.compared,
+                       reason=f"the first {i} of {first.k} tokens match the cold prefill's; at token {i} the resume "
+                              f"took {_piece(w)} where the cold prefill took {_piece(c)}{apart}; given the "
+                              f"resumed side's token, a second cold prefill went on as the resume did "
+                              f"({again.short()} over the {len(rest.steps)} tokens left): a swap by float drift, "
+                              f"not another state")
+    assert again.first_diff is not None
+    w2, c2 = again.first_diff.warm, again.first_diff.cold
+    return replace(first, max_logprob_delta=delta, resynced=again.compared,
+                   reason=f"{first.reason}; given the resumed side's token, a second cold prefill left the resume "
+                          f"again at token {i + 1 + again.first_diff.index}: {_piece(w2)} resumed, {_piece(c2)} cold")
 
 
 def with_output(verdict: Verdict, check: OutputCheck | None) -> Verdict:

@@ -417,12 +417,13 @@ def _key(prompt: Any) -> Any:
     return tuple(prompt) if isinstance(prompt, list) else prompt
 
 
-async def _cold(ctx: _Ctx, prompt: Any, output: _Output) -> oc.Continuation | str:
-    """The same prompt prefilled cold and continued greedily (or why it could not be): the slot
-    erased, then ``cache_prompt: false``, so the server starts at ``n_past`` 0 (it removes the
-    slot's cells and processes every token; checkpoints are consulted only when ``n_past`` > 0):
-    nothing the restore brought, not even the checkpoints the fork keeps across an erase, takes
-    part. Asked once per prompt."""
+async def _cold(ctx: _Ctx, prompt: Any, output: _Output, n_predict: int | None = None,
+                what: str = "the same prompt") -> oc.Continuation | str:
+    """The prompt prefilled cold and continued greedily for ``n_predict`` tokens (``k`` by
+    default), or why it could not be: the slot erased, then ``cache_prompt: false``, so the server
+    starts at ``n_past`` 0 (it removes the slot's cells and processes every token; checkpoints are
+    consulted only when ``n_past`` > 0): nothing the restore brought, not even the checkpoints the
+    fork keeps across an erase, takes part. Asked once per prompt."""
     key = _key(prompt)
     if key in output.cold:
         return output.cold[key]
@@ -430,10 +431,11 @@ async def _cold(ctx: _Ctx, prompt: Any, output: _Output) -> oc.Continuation | st
     try:
         await client.erase_slot(ctx.slot_id)
         ctx.target.restored.pop(ctx.slot_id, None)
-        n = len(prompt) if isinstance(prompt, list) else None
-        ctx.say("output check: a cold prefill of the same prompt" + (f" ({n:,} tokens)" if n else ""))
+        n = len(prompt) if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) else None
+        ctx.say(f"output check: a cold prefill of {what}" + (f" ({n:,} tokens)" if n else ""))
         resp = await _with_progress(ctx, "output check, cold prefill", n, client.completion(
-            prompt, slot_id=ctx.slot_id, n_predict=output.k, cache_prompt=False, extra=oc.sampling()))
+            prompt, slot_id=ctx.slot_id, n_predict=output.k if n_predict is None else n_predict,
+            cache_prompt=False, extra=oc.sampling()))
         cold: oc.Continuation | str = oc.continuation(resp)
     except ServerError as exc:
         cold = f"the cold prefill failed: {exc.message}"
@@ -442,11 +444,20 @@ async def _cold(ctx: _Ctx, prompt: Any, output: _Output) -> oc.Continuation | st
 
 
 async def _output_check(ctx: _Ctx, prompt: Any, resp: dict, output: _Output) -> oc.OutputCheck:
+    """The resumed continuation against the cold one; a first difference that is no near-tie is
+    judged again from a second cold prefill given the resumed side's tokens up to it
+    (:func:`app.core.output_check.after_resync`)."""
     warm = oc.continuation(resp)
     cold = await _cold(ctx, prompt, output)
     if isinstance(cold, str):
         return oc.unknown(cold, output.k)
-    return oc.compare(warm, cold, output.k)
+    result = oc.compare(warm, cold, output.k)
+    i = oc.resync_index(result)
+    if i is None:
+        return result
+    again = await _cold(ctx, oc.resync_prompt(prompt, warm, i), output, n_predict=output.k - i - 1,
+                        what=f"the same prompt and the resumed side's first {i + 1} tokens")
+    return oc.after_resync(result, warm, again)
 
 
 async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: int = 1,

@@ -22,7 +22,7 @@ import shutil
 
 import pytest
 
-from app.core.output_check import OUTPUT_TOKENS, Status, sampling
+from app.core.output_check import OUTPUT_TOKENS, Continuation, Status, compare, continuation, resync_prompt, sampling
 from app.core.verdict import VerdictKind
 from app.server.sidecar import read_facts
 from app.sessions.check import PROBE_EXACT, PROBE_TEXT, to_csv, to_json, to_markdown
@@ -109,6 +109,9 @@ def test_a_wrong_restore_another_chats_sidecar_is_differs_never_hit(mode_profile
             assert diff is not None and 0 <= diff.index < OUTPUT_TOKENS and diff.warm.id != diff.cold.id
             assert diff.warm.top and diff.cold.top  # the top log-probs of both sides
             assert "output differs from a cold prefill" in text.verdict.reason
+            if diff.index < OUTPUT_TOKENS - 1:  # judged again from the resumed side's tokens: left again
+                assert text.output.resynced is not None and "left the resume again" in text.verdict.reason, \
+                    text.verdict.reason
             print(f"first differing token: {diff.index}: resumed {diff.warm.piece!r} ({diff.warm.id}, "
                   f"{diff.warm.logprob:.3f}) vs cold {diff.cold.piece!r} ({diff.cold.id}, {diff.cold.logprob:.3f}); "
                   f"cache_n {text.cache_n}, prompt_n {text.prompt_n}; exact probe: {check.probe(PROBE_EXACT).output.reason}")
@@ -117,5 +120,34 @@ def test_a_wrong_restore_another_chats_sidecar_is_differs_never_hit(mode_profile
             exact = check.probe(PROBE_EXACT)
             assert exact.checkpoints_loaded == n_b and exact.verdict.kind is VerdictKind.DIFFERS, exact.output
             assert "DIFFERS at" in to_markdown(check) and ",differs," in to_csv(check)
+
+    asyncio.run(go())
+
+
+def test_the_second_cold_prefill_goes_on_from_the_resumed_sides_tokens(mode_profile, monkeypatch):
+    """What a bigger first difference is judged again with: the prompt, text (sent as llama-server's
+    mixed prompt) or tokens, with the first tokens of a continuation appended, prefilled cold, goes on
+    as that continuation did."""
+    mode(monkeypatch, "v2")
+
+    async def go():
+        async with Running(mode_profile) as srv:
+            client = srv.svc.target.client
+            text = A[:1500]
+            toks = list(await client.tokenize(text))
+            for prompt in (text, toks):
+                first = continuation(await client.completion(prompt, slot_id=0, n_predict=OUTPUT_TOKENS,
+                                                             cache_prompt=False, extra=sampling()))
+                assert len(first.steps) == OUTPUT_TOKENS and first.cache_n == 0
+                for i in (0, 3):
+                    again_prompt = resync_prompt(prompt, first, i)
+                    resp = await client.completion(again_prompt, slot_id=0, n_predict=OUTPUT_TOKENS - i - 1,
+                                                   cache_prompt=False, extra=sampling())
+                    again = continuation(resp)
+                    # all of it processed cold: the prompt's tokens (BOS with a text prompt) and the i + 1 appended
+                    assert again.cache_n == 0
+                    assert resp["tokens_evaluated"] == len(toks) + (1 if isinstance(prompt, str) else 0) + i + 1, resp
+                    r = compare(Continuation(first.steps[i + 1:]), again, OUTPUT_TOKENS - i - 1)
+                    assert r.passed and r.compared >= 1, (type(prompt), i, r.reason)
 
     asyncio.run(go())

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from app.core.output_check import (OUTPUT_TOKENS, TIE_NATS, Alt, Continuation, Status, Step, compare,
-                                   continuation, off, sampling, unknown, with_output)
+from app.core.output_check import (OUTPUT_TOKENS, TIE_NATS, Alt, Continuation, Status, Step, after_resync,
+                                   compare, continuation, off, resync_index, resync_prompt, sampling, unknown,
+                                   with_output)
 from app.core.verdict import SEVERITY, Verdict, VerdictKind, time_saved, worst
 
 
@@ -149,3 +150,66 @@ def test_differs_replaces_the_reuse_verdict_and_is_the_worst():
     assert kept.kind is VerdictKind.HIT and kept.reason == hit.reason and kept.figures["output_check"] == "match"
     assert with_output(hit, None) is hit
     assert with_output(hit, unknown("no tokens")).kind is VerdictKind.HIT
+
+
+def _ci_valet_swap() -> tuple[list[Step], list[Step]]:
+    """The sidecar build's correct resume on the CI machine (2026-12-02): the cold prefill took '\n'
+    at token 3 by 0.374 nats over ' valet', the resume took ' valet' (its margin here 0.3): a swing of
+    0.67, past 2 × TIE_NATS."""
+    cold, warm = same(), same()
+    cold[3] = Step(107, "\n", -1.017, (Alt(107, "\n", -1.017), Alt(143583, " valet", -1.391)))
+    warm[3] = Step(143583, " valet", -1.05, (Alt(143583, " valet", -1.05), Alt(107, "\n", -1.35)))
+    return warm, cold
+
+
+def test_a_swing_past_the_tie_bound_is_judged_again_from_the_resumed_sides_tokens():
+    """The CI failure: one step's log-probs cannot tell drift from a wrong state. Given the resumed
+    side's token, a second cold prefill that goes on as the resume did makes it a swap by drift."""
+    warm, cold = _ci_valet_swap()
+    first = compare(cont(*warm), cont(*cold))
+    assert first.status is Status.DIFFERS and resync_index(first) == 3
+    # the second cold prefill: the prompt and the resumed side's tokens 0..3, continued for the 4 left
+    assert resync_prompt([1, 2, 3], cont(*warm), 3) == [1, 2, 3, 100, 101, 102, 143583]
+    assert resync_prompt("Parking log.", cont(*warm), 3) == ["Parking log.", 100, 101, 102, 143583]
+    again = cont(*[step(s.id, s.logprob - 0.1, (900, -3.0)) for s in warm[4:]])
+    r = after_resync(first, cont(*warm), again)
+    assert r.status is Status.TIE and r.passed and not r.differs, r.reason
+    assert (r.compared, r.resynced, r.first_diff.index) == (3, 4, 3)
+    assert r.short() == "same but a swap at 3" and r.to_dict()["resynced"] == 4
+    assert "a second cold prefill went on as the resume did" in r.reason and "0.67 nats apart" in r.reason
+    assert abs(r.max_logprob_delta - 0.1) < 1e-9
+    # a further near-tie after the resync still passes
+    tied = list(again.steps)
+    tied[2] = step(31, -1.0, (30, -1.05))
+    near = [step(s.id, s.logprob, (900, -3.0)) for s in warm[4:]]
+    near[2] = step(30, -1.01, (31, -1.04))
+    assert after_resync(first, cont(*warm[:4], *near), cont(*tied)).status is Status.TIE
+
+
+def test_a_wrong_state_leaves_the_cold_continuation_again_and_stays_differs():
+    warm, cold = _ci_valet_swap()
+    first = compare(cont(*warm), cont(*cold))
+    again = [step(s.id, s.logprob, (900, -3.0)) for s in warm[4:]]
+    again[1] = step(666, -0.2, (warm[5].id, -2.5))  # the cold model, given the same tokens, is sure of another
+    r = after_resync(first, cont(*warm), cont(*again))
+    assert r.status is Status.DIFFERS and r.differs and r.first_diff.index == 3 and r.resynced == 1
+    assert r.reason.startswith("output differs from a cold prefill at token 3 of 8")
+    assert "left the resume again at token 5: '<105>' resumed, '<666>' cold" in r.reason
+    assert r.short() == "DIFFERS at 3"
+
+
+def test_no_second_prefill_when_nothing_is_left_to_compare_or_it_cannot_be_trusted():
+    warm, cold = same(), same()
+    warm[-1] = step(777, -0.1, (cold[-1].id, -4.0))  # the last compared token
+    last = compare(cont(*warm), cont(*cold))
+    assert last.status is Status.DIFFERS and resync_index(last) is None
+    assert after_resync(last, cont(*warm), cont(*same())) is last
+    for s in (compare(cont(*same()), cont(*same())), unknown("x"), off()):
+        assert resync_index(s) is None
+    warm, cold = _ci_valet_swap()
+    first = compare(cont(*warm), cont(*cold))
+    # a second cold prefill that reused the cache, or failed, leaves the DIFFERS standing, saying why
+    r = after_resync(first, cont(*warm), cont(*warm[4:], cache_n=40))
+    assert r.status is Status.DIFFERS and "could not say more (the reference was not cold" in r.reason
+    r = after_resync(first, cont(*warm), "the cold prefill failed: HTTP 500")
+    assert r.status is Status.DIFFERS and r.reason.endswith("could not say more (the cold prefill failed: HTTP 500)")
