@@ -26,10 +26,9 @@ def add_commands(sub) -> None:
 
 
 def cmd_profiles(args) -> int:
-    from app.core.argv import parse_command_line, preview
+    from app.core.argv import preview
     from app.core.hazards import hazard_prefix, hazards
-    from app.core.profile_check import check
-    from app.servers.service import DiscoveryError, binary_info, find_server_binary, slot_save_path_for
+    from app.servers.service import DiscoveryError, find_server_binary, slot_save_path_for
     from app.store.profiles import ProfileStore
 
     store = ProfileStore()
@@ -72,26 +71,12 @@ def cmd_profiles(args) -> int:
             print(f"# {hazard_prefix(h)}: {h.text}")
         return EXIT_OK
     if args.action == "import":
-        takes_value = None
-        try:
-            caps, _ = binary_info(find_server_binary("").path)
-            takes_value = caps.takes_value
-        except (DiscoveryError, OSError):
-            pass
-        prof = parse_command_line(args.command_line, "imported", takes_value=takes_value)
-        name = args.name or _name_from_model(prof.model) or "imported"
-        prof = check(prof.replace(name=name), check_files=False)
-        path = store.save(prof, overwrite=args.force)
-        print(f"saved profile '{name}' to {path}")
+        from app.servers.service import import_command_line
+
+        prof, path = import_command_line(args.command_line, args.name, overwrite=args.force, store=store)
+        print(f"saved profile '{prof.name}' to {path}")
         for h in hazards(prof):
             print(f"{hazard_prefix(h)}: {h.text}")
         return EXIT_OK
     return EXIT_USAGE
 
-
-def _name_from_model(model: str) -> str:
-    import re
-    from pathlib import Path
-
-    stem = Path(model).name.removesuffix(".gguf") if model else ""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:64]

@@ -17,8 +17,15 @@ EXIT_OK, EXIT_FAIL = Exit.OK, Exit.FAIL
 def add_commands(sub) -> None:
     sv = sub.add_parser("serve", help="start a profile's server and supervise it in the foreground "
                                       "(Ctrl-C stops it)")
-    sv.add_argument("profile", help="a profile here, or HOST:PROFILE (a host of `kv-valet hosts`, with --proxy: "
-                                    "the proxy here in front of that host's server, over SSH)")
+    sv.add_argument("profile", nargs="?", default=None,
+                    help="a profile here, or HOST:PROFILE (a host of `kv-valet hosts`, with --proxy: "
+                         "the proxy here in front of that host's server, over SSH)")
+    sv.add_argument("--command-line", default=None, metavar="LINE",
+                    help='instead of PROFILE: a llama-server command line ("llama-server -m x.gguf ..."), imported '
+                         "as a profile first, replacing one of the same name (as `kv-valet profiles import --force`), "
+                         "then served")
+    sv.add_argument("--name", default=None, metavar="NAME",
+                    help="with --command-line: the profile's name (default: from the model file name)")
     sv.add_argument("--quiet", action="store_true", help="do not echo the server log")
     sv.add_argument("--park-timeout", type=float, default=None, metavar="SECONDS",
                     help="on SIGTERM, SIGHUP or Ctrl-C, park every slot that holds tokens before stopping, "
@@ -51,6 +58,20 @@ async def cmd_serve(args) -> int:
     from app.servers.service import ServerService, load_profile, profile_target_id
     from app.servers.events import LaunchPlanned, LaunchRefused, Notice, Progress, SessionsChanged, StateChanged
 
+    command_line = getattr(args, "command_line", None)
+    if (args.profile is None) == (command_line is None):
+        print("error: give PROFILE or --command-line LINE (one of them)", file=sys.stderr)
+        return Exit.USAGE
+    if getattr(args, "name", None) is not None and command_line is None:
+        print("error: --name names the profile of --command-line", file=sys.stderr)
+        return Exit.USAGE
+    if command_line is not None:
+        from app.servers.service import import_command_line
+
+        # a line that cannot be read or a value the profile refuses: raised, said as `profiles import` says it
+        imported, path = import_command_line(command_line, args.name, overwrite=True)
+        _say(f"imported the command line as profile '{imported.name}' ({path})")
+        args.profile = imported.name
     host_name, _sep, remote_profile = args.profile.rpartition(":")
     if host_name:
         if not getattr(args, "proxy", False):

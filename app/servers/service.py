@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 #: which binary serves a profile (and what it can do), where a profile's sessions are saved.
 __all__ = ["ServerService", "ServerHandle", "TargetSpec", "resolve_target", "load_profile", "listening_pid",
            "DiscoveryError", "binary_info", "default_model_path", "find_server_binary", "slot_save_path_for",
-           "CACHE_EVENTS_VERBOSITY", "client_for"]
+           "CACHE_EVENTS_VERBOSITY", "client_for", "import_command_line",
+           "profile_name_from_model"]
 
 #: States in which a server has nothing left to park.
 GONE = (ServerState.STOPPED, ServerState.CRASHED, ServerState.STOPPING)
@@ -525,3 +526,37 @@ def _once(take_for):
 def park_name_prefix(now: float | None = None) -> str:
     """The one prefix of the sessions a park of every slot writes: the date and time."""
     return time.strftime("%Y-%m-%d %H-%M", time.localtime(now))
+
+
+def import_command_line(line: str, name: str | None = None, *, overwrite: bool = False,
+                        store=None) -> tuple[LaunchProfile, Path]:
+    """A llama-server command line, as a user pastes it, saved as a profile: ``(profile, its file)``.
+
+    The one import of ``kv-valet profiles import`` and ``kv-valet serve --command-line``: the words
+    are read with what the installed llama-server says of its flags (which take a value), the name is
+    ``name`` or the model file's, the profile is checked (not its files: they are checked at launch),
+    and a profile of that name is replaced only with ``overwrite``. Raises
+    :class:`app.core.argv.CommandLineError` (a line that cannot be split) or ProfileError (a refused
+    value, a name taken)."""
+    from app.core.argv import parse_command_line
+    from app.core.profile_check import check
+    from app.store.profiles import ProfileStore
+
+    takes_value = None
+    try:
+        caps, _ = binary_info(find_server_binary("").path)
+        takes_value = caps.takes_value
+    except (DiscoveryError, OSError):
+        pass
+    prof = parse_command_line(line, "imported", takes_value=takes_value)
+    prof = check(prof.replace(name=name or profile_name_from_model(prof.model) or "imported"), check_files=False)
+    store = store or ProfileStore()
+    return prof, store.save(prof, overwrite=overwrite)
+
+
+def profile_name_from_model(model: str) -> str:
+    """The name an imported command line's profile takes from its model file ("" without one)."""
+    import re
+
+    stem = Path(model).name.removesuffix(".gguf") if model else ""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:64]

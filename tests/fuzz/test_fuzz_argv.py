@@ -14,11 +14,11 @@ import shlex
 
 from hypothesis import given, strategies as st
 
-from app.cli.profiles import _name_from_model
 from app.core.argv import OPTIONS, CommandLineError, parse_command_line, preview, to_argv
 from app.core.hazards import hazards
 from app.core.profile import ProfileError
 from app.core.profile_check import check
+from app.servers.service import profile_name_from_model
 from tests.fuzz.fuzzkit import outcome
 
 FLAGS = sorted({n for o in OPTIONS for n in (*o.names, *o.negatives)} | {"-fa", "--flash-attn", "-ngl", "--jinja",
@@ -56,7 +56,7 @@ def command_lines(draw):
 def import_flow(text: str):
     """What `kv-valet profiles import TEXT` does before saving, and the preview it prints."""
     profile = parse_command_line(text, "imported")
-    name = _name_from_model(profile.model) or "imported"
+    name = profile_name_from_model(profile.model) or "imported"
     profile = check(profile.replace(name=name), check_files=False)
     argv = to_argv(profile, "llama-server", include_secrets=True)
     preview(argv)
