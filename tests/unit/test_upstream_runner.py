@@ -50,28 +50,30 @@ def _junit(tmp_path: Path, name: str, cases: dict[str, str]) -> Path:
     return path
 
 
-def test_a_direct_pass_that_fails_through_the_proxy_is_the_one_thing_that_fails(tmp_path, monkeypatch):
+def test_a_direct_pass_that_fails_through_the_proxy_and_passes_directly_again_is_what_fails(tmp_path, monkeypatch):
     direct = runner.Run("direct", runner.read_junit(_junit(tmp_path, "d.xml", {
         "test_basic::test_health": "passed", "test_basic::test_ui": "failed",
         "test_completion::test_a[x]": "passed", "test_router::test_models": "passed"})))
     proxy = runner.Run("proxy", runner.read_junit(_junit(tmp_path, "p.xml", {
-        "test_basic::test_health": "passed", "test_basic::test_ui": "failed",
-        "test_completion::test_a[x]": "error"})))
-    text, worse = runner.report(direct, proxy)
+        "test_basic::test_health": "passed", "test_completion::test_a[x]": "error"})))
+    again = {"test_completion::test_a[x]": "passed", "test_router::test_models": "passed"}
+    verdict = runner.judge(direct.outcomes, proxy.outcomes, again, None)
+    text = runner.report(direct, proxy, verdict)
     # the router's tests run through the proxy like every other module: one absent there fails the run
-    assert worse == ["test_completion::test_a[x]", "test_router::test_models"]
-    assert "| test_basic | 2 | 1 | 1 | 1 | 0 |" in text and "| test_completion | 1 | 1 | 0 | 0 | 1 |" in text
-    assert "| test_router | 1 | 1 | 0 | 0 | 1 |" in text
-    assert "| **all** | 4 | 3 | 1 | 1 | 2 |" in text
-    assert "`test_basic::test_ui`: direct failed, proxy failed" in text
+    assert verdict.worse == ["test_completion::test_a[x]", "test_router::test_models"] and verdict.failed
+    assert "| test_basic | 2 | 1 | 1 | 1 | 0 | 0 |" in text and "| test_completion | 1 | 1 | 0 | 0 | 1 | 0 |" in text
+    assert "| test_router | 1 | 1 | 0 | 0 | 1 | 0 |" in text
+    assert "| **all** | 4 | 3 | 1 | 1 | 2 | 0 |" in text
+    assert "`test_basic::test_ui`: direct failed" in text
     # all the same both ways: nothing worse
-    assert runner.report(direct, runner.Run("proxy", dict(direct.outcomes)))[1] == []
+    assert not runner.judge(direct.outcomes, dict(direct.outcomes), None, None).failed
     # a known difference is counted and listed with its cause, and does not fail the run
     known = "test_completion::test_known"
     monkeypatch.setitem(runner.KNOWN, known, "its cause, as found")
-    text, worse = runner.report(runner.Run("direct", {known: "passed"}), runner.Run("proxy", {known: "failed"}))
-    assert worse == [] and f"- `{known}`: {runner.KNOWN[known]}" in text
-    assert "| 1 | 1 | 0 | 0 | 1 |" in text  # still counted as passing directly and failing through the proxy
+    verdict = runner.judge({known: "passed"}, {known: "failed"}, None, None)
+    text = runner.report(runner.Run("direct", {known: "passed"}), runner.Run("proxy", {known: "failed"}), verdict)
+    assert not verdict.failed and f"- `{known}`: {runner.KNOWN[known]}" in text
+    assert "| 1 | 1 | 0 | 0 | 1 | 0 |" in text  # still counted as passing directly and failing through the proxy
 
 
 def test_a_teardown_error_after_a_failure_keeps_the_failure(tmp_path):

