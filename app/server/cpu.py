@@ -14,10 +14,13 @@ import os
 
 AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
 REPACK_ENV = "LLAMA_ARG_REPACK"
+#: where the CPU's flags are read (a module attribute: tests point it at a file of another CPU's flags)
+CPUINFO = "/proc/cpuinfo"
 
 
-def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
-    """The first processor's flags ("" on a system without /proc/cpuinfo)."""
+def cpu_flags(cpuinfo: str | os.PathLike | None = None) -> frozenset[str]:
+    """The first processor's flags (none on a system without /proc/cpuinfo)."""
+    cpuinfo = CPUINFO if cpuinfo is None else cpuinfo
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             for line in f:

@@ -69,11 +69,33 @@ def plan_launch(profile: LaunchProfile, *, on_model_progress: Callable[[int, int
     files.private_dir(save_dir)  # 0700: parked sessions hold whole conversations
     verbosity = CACHE_EVENTS_VERBOSITY if caps.has("-lv") else None
     argv = to_argv(profile, found.path, slot_save_path=save_dir, default_verbosity=verbosity)
-    env = server_env(profile)
-    extra, note = repack_env(argv, caps.has("--no-repack"))
-    env.update(extra)
+    notes: list[str] = []
+    env = launch_environment(argv, knows_no_repack=caps.has("--no-repack"), profile=profile, notes=notes)
     return LaunchPlan(profile, found.path, found.source, caps, version, build_id(version), argv, env,
-                      save_dir, profile.url, (note,) if note else ())
+                      save_dir, profile.url, tuple(notes))
+
+
+def launch_environment(argv: list[str], *, knows_no_repack: bool = True, base: dict[str, str] | None = None,
+                       profile: LaunchProfile | None = None, notes: list[str] | None = None) -> dict[str, str]:
+    """The environment a llama-server (or another llama.cpp program that loads a model) is started
+    with for ``argv``: the one rule the app's launch and the tests' own server starts share.
+
+    ``base`` is the environment it builds on. ``None`` (the app's launch plan) gives only what is
+    added, which the Supervisor lays over the process's own environment; a dict (a test starting a
+    binary itself: usually ``os.environ`` with its additions) gives that whole environment with the
+    additions on top. Added: the profile's API key (:func:`app.core.argv.server_env`, when ``profile``
+    is given) and this CPU's workarounds (:func:`app.server.cpu.repack_env`: ``LLAMA_ARG_REPACK=false``
+    where AMX is listed inside a virtual machine, unless ``argv`` or the environment already says;
+    ``knows_no_repack``: the binary lists ``--no-repack``). A sentence for each change the launch
+    made of its own accord is appended to ``notes``.
+    """
+    env = server_env(profile, base) if profile is not None else dict(base or {})
+    seen = env if base is not None else {**os.environ, **env}  # what the server will find
+    extra, note = repack_env(argv, knows_no_repack, environ=seen)
+    env.update(extra)
+    if note and notes is not None:
+        notes.append(note)
+    return env
 
 
 def pid_record_path(profile_name: str) -> Path:

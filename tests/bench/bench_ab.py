@@ -50,6 +50,7 @@ from app.sessions.watch import FileLogBuffer  # noqa: E402
 from app.server.client import LlamaClient  # noqa: E402
 from app.server.sidecar import inspect_sidecar  # noqa: E402
 from app.store.catalog import Catalog, SessionRecord  # noqa: E402
+from tests.llama_server import start_llama_server  # noqa: E402
 
 FAKE = ROOT / "tests" / "fake_server" / "fake_llama_server.py"
 FIXTURE_AB = {"restore with": 30.0, "restore hidden": 5.9, "prompt with": 78.42, "prompt hidden": 11344.23,
@@ -67,12 +68,8 @@ def free_port() -> int:
 class Server:
     def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
         self.log_path = log_path
-        with open(log_path, "ab") as log:
-            from app.server.cpu import repack_env  # the launcher's CPU workaround (AMX in a VM)
-
-            extra, _why = repack_env(argv, knows_no_repack=True)
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **extra, **(env or {})})
+        # as KV Valet's launcher starts it (its CPU workarounds: no repacking where AMX crashes in a VM)
+        self.proc = start_llama_server(argv, log=log_path, env={**os.environ, **(env or {})})
 
     async def wait(self, url: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout

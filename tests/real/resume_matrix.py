@@ -56,6 +56,7 @@ if str(REPO) not in sys.path:
 from app.core.resume_matrix import BUILDS, CONFIGS, DATA_FILE, PROBES, render_table  # noqa: E402
 from app.core.verdict import Reuse, judge  # noqa: E402
 from app.server.statefile import read_state_tokens  # noqa: E402
+from tests.llama_server import start_llama_server  # noqa: E402
 from tests.real.tiny_models import FAMILIES, make_model  # noqa: E402
 
 #: configuration -> the server flags it adds
@@ -127,8 +128,7 @@ class Server:
         self._log = open(self.log_path, "ab")
         self._log.write(f"===== {' '.join(argv)}\n".encode())
         self._log.flush()
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **self.env})
+        self.proc = start_llama_server(argv, log=self._log, env={**os.environ, **self.env})  # as KV Valet starts it
         deadline = time.monotonic() + START_TIMEOUT_S
         with httpx.Client(timeout=5) as c:
             while True:

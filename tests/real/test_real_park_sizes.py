@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from app.core import park_size as ps
 from app.server.gguf_info import read_model_shape
 from app.server.sidecar import read_facts
 from tests.conftest import free_port
-from tests.fake_server.conftest import wait_healthy
+from tests.llama_server import start_llama_server, stop, wait_healthy
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 from tests.real.test_real_families import archs_tool, tiny_models  # noqa: F401  (fixtures)
 
@@ -45,13 +44,12 @@ def measure(binary: str, model: Path, folder: Path, lengths, *, vocab: int = 120
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "KVV_SIDECAR_MODE"}  # the build's default: v2
-    with open(folder / "server.log", "wb") as log:
-        proc = subprocess.Popen([binary, "-m", str(model), "-c", "4096", "-np", "1", "-t", "2", "--host", "127.0.0.1",
-                                 "--port", str(port), "--slot-save-path", str(folder) + "/"],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    log = folder / "server.log"
+    proc = start_llama_server([binary, "-m", str(model), "-c", "4096", "-np", "1", "-t", "2", "--host", "127.0.0.1",
+                               "--port", str(port), "--slot-save-path", str(folder) + "/"], log=log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, deadline_s=120)
+        wait_healthy(url, proc, log=log)
         out = []
         for n in lengths:
             rng = random.Random(n)
@@ -68,8 +66,7 @@ def measure(binary: str, model: Path, folder: Path, lengths, *, vocab: int = 120
                         "version": facts.version if facts.present else None})
         return out
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
 
 
 def _check(shape, rows, *, sidecar_build: bool, family: str) -> list[str]:

@@ -18,6 +18,7 @@ from app.core.profile import LaunchProfile
 from app.monitor.rpc import RULE_UNREACHABLE, RpcWatcher
 from app.server.client import LlamaClient
 from tests.conftest import free_port
+from tests.llama_server import start_llama_server
 from tests.real.helpers import start_server
 
 pytestmark = [pytest.mark.real_server]
@@ -46,9 +47,8 @@ async def test_a_profile_with_a_real_rpc_worker_is_watched(rpc_build, real_model
     server_bin, worker_bin = rpc_build
     port = free_port()
     endpoint = f"127.0.0.1:{port}"
-    worker = subprocess.Popen([str(worker_bin), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    worker = start_llama_server([worker_bin, "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
+                                log=subprocess.DEVNULL, start_new_session=True)
     sup = None
     try:
         profile = LaunchProfile(name="real-rpc", model=real_model, server_binary=str(server_bin), port=free_port(),
@@ -59,7 +59,7 @@ async def test_a_profile_with_a_real_rpc_worker_is_watched(rpc_build, real_model
                              interval=0.2)
         watcher.start()
         # the worker listens (a probe by connect: nothing uses it yet)
-        await asyncio.wait_for(watcher.wait_for(lambda w: w.statuses[endpoint].reachable is True), 60)
+        await asyncio.wait_for(watcher.wait_for(lambda w: w.statuses[endpoint].reachable is True), 120)
         assert watcher.statuses[endpoint].state == "listening" and watcher.statuses[endpoint].rtt_ms is not None
 
         plan, sup = await asyncio.wait_for(start_server(profile), 300)
@@ -71,7 +71,7 @@ async def test_a_profile_with_a_real_rpc_worker_is_watched(rpc_build, real_model
             out = await asyncio.wait_for(client.completion("The valet parks the car", n_predict=4), 300)
         assert out.get("content") is not None and out.get("tokens_predicted", 4) >= 1
 
-        await asyncio.wait_for(watcher.wait_for(lambda w: w.statuses[endpoint].state == "connected"), 60)
+        await asyncio.wait_for(watcher.wait_for(lambda w: w.statuses[endpoint].state == "connected"), 120)
         st = watcher.statuses[endpoint]
         assert st.reachable and st.rtt_ms is not None and st.rtt_ms > 0
         assert watcher.findings == []
@@ -82,7 +82,7 @@ async def test_a_profile_with_a_real_rpc_worker_is_watched(rpc_build, real_model
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
         await asyncio.wait_for(watcher.wait_for(
-            lambda w: any(f.rule_id == RULE_UNREACHABLE for f in w.findings)), 60)
+            lambda w: any(f.rule_id == RULE_UNREACHABLE for f in w.findings)), 120)
         st = watcher.statuses[endpoint]
         assert st.reachable is False and "refused" in st.why
         [f] = [f for f in watcher.findings if f.rule_id == RULE_UNREACHABLE]

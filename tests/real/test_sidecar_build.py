@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.llama_server import start_llama_server
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.real_server
@@ -44,12 +45,9 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.1):
 
 
 def server_env() -> dict:
-    """KV Valet's PKCL v1 port (this file proves its layout) and the CPU workaround the
-    app's launcher applies (app.server.cpu: --no-repack where AMX crashes in a VM)."""
-    from app.server.cpu import repack_env
-
-    extra, _why = repack_env([], knows_no_repack=True)
-    return {**os.environ, "KVV_SIDECAR_MODE": "port", **extra}
+    """KV Valet's PKCL v1 port (this file proves its layout); start_llama_server adds what the app's
+    launcher adds (--no-repack where AMX crashes in a VM)."""
+    return {**os.environ, "KVV_SIDECAR_MODE": "port"}
 
 
 class Server:
@@ -60,10 +58,10 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
+        self.proc = start_llama_server(
+            [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
              "-c", "8192", "-np", "1", "--slot-save-path", str(slot_dir) + "/", "-lv", "4"],
-            stdout=self._log, stderr=subprocess.STDOUT, env=server_env())
+            log=self._log, env=server_env())
         self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(300.0, connect=5.0))
 
     def log(self) -> str:
@@ -79,7 +77,7 @@ class Server:
                 return False
         wait_for(ready, timeout, "llama-server /health", interval=0.2)
 
-    def wait_log(self, pattern: re.Pattern, timeout: float = 30.0) -> re.Match:
+    def wait_log(self, pattern: re.Pattern, timeout: float = 120.0) -> re.Match:
         return wait_for(lambda: pattern.search(self.log()), timeout, f"log line /{pattern.pattern}/")
 
     def post(self, path: str, body: dict) -> dict:
