@@ -114,6 +114,44 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# -- two workers (pytest-xdist) -------------------------------------------------------------------
+# pyproject's addopts run the suite on two worker processes (``-n 2 --dist loadgroup``): the two cores of
+# the machines it is written for. What must not overlap shares a group and so a worker:
+#
+#: folder (or file) -> xdist group. tests/ssh: one sshd host per session (its account, its network
+#: namespace and its /30 addresses are made and removed by the session fixture).
+XDIST_GROUPS = {"tests/ssh/": "ssh"}
+#: llama.cpp's CPU threads per server while two workers run: two servers of two threads each on two cores
+#: spin against each other (a decode of 20 ms per token took 0.6 to 1.6 s); one thread each shares them.
+XDIST_SERVER_THREADS = "1"
+
+
+def xdist_worker_count(config) -> int:
+    """How many workers this run has (0 without xdist; read on the controller or a worker)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return int(workerinput.get("workercount", 1))
+    n = getattr(config.option, "numprocesses", None)
+    return int(n or 0) if not isinstance(n, str) else 0
+
+
+def pytest_configure(config):
+    if xdist_worker_count(config) > 1:
+        # every llama-server a test starts (through KV Valet's launcher or the tests' own helper) reads it
+        os.environ.setdefault("LLAMA_ARG_THREADS", XDIST_SERVER_THREADS)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        except ValueError:  # a test's own pytest run on files it wrote elsewhere
+            continue
+        group = next((g for prefix, g in XDIST_GROUPS.items() if path.startswith(prefix)), None)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     import socket
@@ -195,7 +233,11 @@ def no_collection_off_the_main_thread(request):
     try:
         yield
     finally:
-        gc.collect()
+        # The youngest generation only: with collection off, everything this test allocated is still in
+        # it. A full collection here cost 0.13 to 0.2 s per test once Qt and the app were loaded (a
+        # third of tests/unit's time); the Qt objects of earlier tests are collected by those tests
+        # themselves, on this thread (qt_garbage_on_the_main_thread, qloop).
+        gc.collect(0)
         if was_enabled:
             gc.enable()
 
