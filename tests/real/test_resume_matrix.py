@@ -3,8 +3,9 @@
 ``app/core/resume_matrix.json`` holds what a resume after a restart bought, per model family (tiny models
 made here by llama.cpp's test-llama-archs), build (stock 11434, the sidecar build as the fork and as v2),
 configuration and probe (tests/real/resume_matrix.py). The first test measures all 300 cells (75 server
-configurations, each restarted once per probe: about two minutes on two cores) and fails on any cell
-whose verdict is not the file's: a server that changed, or a prediction someone edited. The second runs
+configurations, each restarted once per probe: about two minutes on two cores; kept under a digest of the
+binaries, the models and the measuring code, and measured again when any of them changes) and fails on any
+cell whose verdict is not the file's: a server that changed, or a prediction someone edited. The second runs
 the app itself on every family, build and configuration (75 servers, each restarted once) and checks that what it says before (doctor,
 the park's warnings, the resume's question, the Sessions tooltip) and judges after agrees with the file.
 """
@@ -23,7 +24,7 @@ from app.core.resume_matrix import BUILDS, CONFIGS, FAMILIES, PROBES, expect, pr
 from app.core.rules import diagnose
 from app.tools.diagnose import gather_facts
 from tests.conftest import free_port
-from tests.real.resume_matrix import SYSTEM, measure
+from tests.real.resume_matrix import SYSTEM, measure_cached
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 from tests.real.test_real_families import archs_tool, tiny_models  # noqa: F401  (fixtures)
 from tests.real.test_real_sidecar_verdicts import Running
@@ -35,7 +36,10 @@ RESUME_RULES = {"resume-after-restart", "build-drops-checkpoints", "no-checkpoin
 
 
 def test_every_cell_is_what_the_matrix_file_says(sidecar_server_bin, archs_tool, tmp_path):
-    cells = measure(work=tmp_path, progress=lambda s: None)
+    """Measured now, or (the same binaries, models and measuring code: the same digest) as measured before:
+    tests/real/resume_matrix.py measure_cached. Either way every cell is compared with the file."""
+    cells, digest, kept = measure_cached(tmp_path, progress=lambda s: None)
+    print(f"resume matrix cells {'as kept under' if kept else 'measured now, kept under'} {digest[:16]}")
     assert len(cells) == len(FAMILIES) * len(BUILDS) * len(CONFIGS) * len(PROBES)
     wrong = []
     for c in cells:
