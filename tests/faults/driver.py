@@ -170,7 +170,7 @@ async def main(spec: dict) -> int:
                 r = await svc.resume(spec["name"], spec.get("slot"), force=True)
                 out = {"n_restored": r.n_restored}
             elif op == "ab":
-                r = await svc.ab(spec["name"], spec.get("slot"), force=True)
+                r = await svc.ab(spec["name"], spec.get("slot"), force=True, output_check=False)
                 out = {"note": r.note}
             elif op == "loop":
                 sys.stdin.readline()  # "go"

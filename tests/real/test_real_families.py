@@ -22,6 +22,7 @@ from app.sessions.behaviour import memory_kind_from_log_file
 from tests.conftest import free_port
 from tests.real.helpers import start_server
 from tests.real.sidecar_bin import BUILD_SCRIPT
+from tests.real.test_real_sidecar_modes import until
 from tests.real.tiny_models import FAMILIES, make_model
 
 pytestmark = pytest.mark.real_server
@@ -60,7 +61,12 @@ def test_the_stock_server_says_the_same_kind_at_load(tiny_models, real_binary, t
                                 ctx_size=1024, parallel=1, slot_save_path=str(tmp_path / family) + "/")
         plan, sup = await start_server(profile)
         try:
-            return memory_kind_from_log_file(sup.log_file_path, pid=sup.pid)
+            # the server prints its load before it listens, but the supervisor's reader writes those lines
+            # to the log file on its own thread: on a busy machine /health can answer first (seen: the
+            # gemma3 model read as None). Wait for the lines to land (the guard only fails a hang).
+            kind = lambda: memory_kind_from_log_file(sup.log_file_path, pid=sup.pid)  # noqa: E731
+            await until(kind)
+            return kind()
         finally:
             await sup.aclose()
 

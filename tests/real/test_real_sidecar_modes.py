@@ -44,7 +44,7 @@ async def park_chat(srv, name: str, slot: int = 0, prompt: str = CHAT):
     return (await srv.svc.park(slot, name)).record
 
 
-async def until(condition, guard: float = 30.0) -> None:
+async def until(condition, guard: float = 120.0) -> None:
     """Wait for ``condition`` (the timeout only fails a test that would hang)."""
     async def poll():
         while not condition():
@@ -73,14 +73,14 @@ def test_fork_ab_across_restarts_and_the_confound_in_one_process(mode_profile, m
             rec = await park_chat(srv, "chat")
             assert read_facts(rec.state_path).version == 1
 
-            ab = await srv.svc.ab("chat", 0, force=True)
+            ab = await srv.svc.ab("chat", 0, force=True, output_check=False)  # tokens asserted, not text
             assert ab.protocol == PROTOCOL_RESTARTS and all(r.fresh_process for r in ab.rows)
             assert ab.row(ARM_WITH).verdict.kind is VerdictKind.HIT, ab.row(ARM_WITH).verdict.reason
             assert ab.row(ARM_HIDDEN).verdict.kind is VerdictKind.DISCARDED
             # by tokens, not by time: the hidden arm re-processed the whole chat, the other a few tokens
             assert ab.row(ARM_HIDDEN).prompt_n > 5 * ab.row(ARM_WITH).prompt_n and not ab.confounded
 
-            one = await srv.svc.ab("chat", 0, force=True, protocol=PROTOCOL_ONE_PROCESS)
+            one = await srv.svc.ab("chat", 0, force=True, protocol=PROTOCOL_ONE_PROCESS, output_check=False)
             hidden = one.row(ARM_HIDDEN)
             assert hidden.verdict.ok and hidden.confounded, hidden.verdict.reason
             # the confound: the hidden arm reused what an earlier probe left, so it re-processed as little
@@ -105,7 +105,7 @@ def test_fork_trailing_bytes_predicted_to_load_and_load(mode_profile, monkeypatc
             p = predict_for_target(target, rec.state_path, rec.n_tokens)
             assert p.loads is True and "trailing bytes" in p.sentence
             assert "will load" in (srv.svc.on_this_server(srv.catalog.get_by_id(rec.id)) or "")
-            check = await srv.svc.check("tail", 0, force=True)
+            check = await srv.svc.check("tail", 0, force=True, output_check=False)
             row = check.probe(PROBE_TEXT)
             assert row.checkpoints_loaded == p.count >= 1
             assert check.verdict.kind is VerdictKind.HIT, check.verdict.reason
@@ -159,7 +159,7 @@ def test_v2_stale_hash_predicted_refused_and_refused(mode_profile, monkeypatch):
             with pytest.raises(NeedsConfirmation) as asked:
                 await srv.svc.resume("stale", 0)
             assert any("refuse the sidecar" in w and "state hash" in w for w in asked.value.warnings)
-            check = await srv.svc.check("stale", 0, force=True)
+            check = await srv.svc.check("stale", 0, force=True, output_check=False)
             assert check.protocol == PROTOCOL_ONE_PROCESS  # v2 clears checkpoints at restore: nothing to confound
             for probe in (PROBE_EXACT, PROBE_TEXT):
                 v = check.probe(probe).verdict
