@@ -30,7 +30,7 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, dict | str]:
         return status, raw.decode()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float = 15.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float = 120.0) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -35,7 +35,7 @@ async def test_attach_watches_without_owning(profile):
         reported = asyncio.Event()
         att.on_state(lambda s, o: (crashed.append((s, o)), reported.set()))
         await sup.stop()
-        await asyncio.wait_for(reported.wait(), 30)  # the watcher reports on its next poll
+        await asyncio.wait_for(reported.wait(), 120)  # the watcher reports on its next poll
         assert crashed[0][0] == ServerState.CRASHED and "does not answer" in crashed[0][1].detail
         await att.aclose()
     finally:
@@ -57,7 +57,7 @@ async def test_leftover_server_is_found_by_pid_and_start_time(profile, tmp_path)
         att = AttachedServer(profile.url, leftover=rec)
         await att.stop_server()
         await att.aclose()
-        await sup.wait_state(ServerState.CRASHED, ServerState.STOPPED, timeout=20)
+        await sup.wait_state(ServerState.CRASHED, ServerState.STOPPED, timeout=120)
         assert not rec.is_alive()
     finally:
         await sup.aclose()
@@ -72,19 +72,19 @@ def test_window_attaches_and_never_stops_a_foreign_server(qtbot, qloop, profile)
     from tests.conftest import run, signal_future
 
     sup = make_supervisor(plan_launch(profile))
-    run(qloop, sup.start(), 30)
+    run(qloop, sup.start(), 120)
     try:
         w = build_window(ProfileStore(), tabs=False)
         qtbot.addWidget(w)
         ready = signal_future(w.controller.sig_state, lambda s, d: s == "Ready")
-        run(qloop, w.controller.attach_async(profile.url), 30)
-        run(qloop, ready, 10) if not ready.done() else None
+        run(qloop, w.controller.attach_async(profile.url), 120)
+        run(qloop, ready, 120) if not ready.done() else None
         assert "Server Ready" in w.state_label.text() and "(attached)" in w.url_label.text()
         assert not w.controller.owned and w.controller.pid is None
-        run(qloop, w.shutdown(), 30)
+        run(qloop, w.shutdown(), 120)
         assert sup.running  # closing the window left the foreign server alone
     finally:
-        run(qloop, sup.aclose(), 30)
+        run(qloop, sup.aclose(), 120)
 
 
 @pytest.mark.gui
@@ -97,17 +97,17 @@ def test_window_finds_a_server_left_by_an_earlier_app(qtbot, qloop, profile):
     store = ProfileStore()
     store.save(profile)
     sup = make_supervisor(plan_launch(profile))  # "the earlier app" launched it
-    run(qloop, sup.start(), 30)
+    run(qloop, sup.start(), 120)
     try:
         w = build_window(store, tabs=False)
         qtbot.addWidget(w)
         found = check_leftover_servers(w, ask=False)
         assert [(r.pid, r.url, r.profile) for r in found] == [(sup.pid, profile.url, "fake")]
-        run(qloop, w.controller.attach_async(found[0].url, leftover=found[0]), 30)
+        run(qloop, w.controller.attach_async(found[0].url, leftover=found[0]), 120)
         assert w.controller.pid == sup.pid  # ours: it may be stopped from here
-        run(qloop, w.controller.stop_async(), 30)
-        run(qloop, sup.wait_state(ServerState.CRASHED, ServerState.STOPPED, timeout=20), 30)
+        run(qloop, w.controller.stop_async(), 120)
+        run(qloop, sup.wait_state(ServerState.CRASHED, ServerState.STOPPED, timeout=120), 120)
         assert not found[0].is_alive()
-        run(qloop, w.shutdown(), 30)
+        run(qloop, w.shutdown(), 120)
     finally:
-        run(qloop, sup.aclose(), 30)
+        run(qloop, sup.aclose(), 120)

@@ -11,7 +11,7 @@ from app.sessions.check import ARM_HIDDEN, ab_check
 from app.core.verdict import VerdictKind
 from tests.fake_server.test_check_ab import catalog, make_target, park, warm_tokenizer  # noqa: F401
 
-GUARD_S = 60  # a failure guard only: the fake holds the prefill until the test has seen its progress
+GUARD_S = 120  # a failure guard only: the fake holds the prefill until the test has seen its progress
 
 
 async def test_ab_reports_prefill_progress_from_slots(fake_server, tmp_path, catalog):  # noqa: F811

@@ -67,17 +67,17 @@ def test_the_fake_imports_nothing_from_the_app():
     """A format mistake in the app must not be copied into the fake: it has its own code."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import fake_llama_server; "
             "print(sorted(m for m in sys.modules if m == 'app' or m.startswith('app.')))")
-    out = subprocess.run([sys.executable, "-c", code, str(FAKE.parent)], capture_output=True, text=True, timeout=10,
+    out = subprocess.run([sys.executable, "-c", code, str(FAKE.parent)], capture_output=True, text=True, timeout=120,
                          cwd=FAKE.parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
 
 def test_help_and_version_print_the_fixtures():
-    out = subprocess.run([sys.executable, str(FAKE), "--help"], capture_output=True, text=True, timeout=10)
+    out = subprocess.run([sys.executable, str(FAKE), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     assert out.stdout == (FIXTURES / "help.txt").read_text()
-    out = subprocess.run([sys.executable, str(FAKE), "--version"], capture_output=True, text=True, timeout=10)
+    out = subprocess.run([sys.executable, str(FAKE), "--version"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     assert out.stderr == (FIXTURES / "version.txt").read_text()
     assert out.stdout == ""
@@ -86,7 +86,7 @@ def test_help_and_version_print_the_fixtures():
 def test_missing_model_exits_1_with_llama_cpp_errors(tmp_path):
     missing = tmp_path / "nope.gguf"
     out = subprocess.run([sys.executable, str(FAKE), "-m", str(missing), "--port", "0"],
-                         capture_output=True, text=True, timeout=10)
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert f"failed to open {missing}: No such file or directory" in out.stderr
     assert f"E srv    load_model: failed to load model, '{missing}'" in out.stderr
@@ -101,12 +101,12 @@ def test_port_in_use_exits_1(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         out = subprocess.run([sys.executable, str(FAKE), "-m", str(model), "--port", str(port)],
-                             capture_output=True, text=True, timeout=10)
+                             capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert f"E srv  init_listene: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}" in out.stderr
 
 
-def poll_health(url: str, until_status: int, timeout: float = 30.0) -> list[tuple[int, dict]]:
+def poll_health(url: str, until_status: int, timeout: float = 120.0) -> list[tuple[int, dict]]:
     """/health's answers, each new status once, up to the first ``until_status``; the timeout
     is only a failure guard."""
     deadline = time.monotonic() + timeout
@@ -411,7 +411,7 @@ def test_die_during_save_leaves_a_truncated_file(fake_server, tmp_path):
         complete(url, LONG_TEXT)
         with pytest.raises(httpx.TransportError):
             post(url, "/slots/0?action=save", {"filename": "half.bin"})
-        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert proc.wait(timeout=120) == -signal.SIGKILL
     half = tmp_path / "slots" / "half.bin"
     # The header survives (it is tiny next to the state), so only the size the
     # save response reported (n_written) can reveal the damage.
@@ -428,12 +428,12 @@ def test_abort_on_save_prints_the_ggml_assert(fake_server):
     with fake_server(FAKE_ABORT_ON_SAVE=1) as (url, proc):
         with pytest.raises(httpx.TransportError):
             post(url, "/slots/0?action=save", {"filename": "a.bin"})
-        assert proc.wait(timeout=10) == -signal.SIGABRT
+        assert proc.wait(timeout=120) == -signal.SIGABRT
         assert 'GGML_ASSERT(tensor->data != NULL && "tensor not allocated") failed' in log_text(proc)
 
 
 def test_sigterm_exits_0_promptly(fake_server):
     with fake_server() as (url, proc):
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=5) == 0
+        assert proc.wait(timeout=120) == 0
         assert "cleaning up before exit..." in log_text(proc)

@@ -79,7 +79,7 @@ def test_a_discarded_first_run_offers_the_build_and_ends_in_a_hit(qtbot, qloop, 
 
     finished = signal_future(guide.sig_built)
     qtbot.mouseClick(guide.build_button, Qt.LeftButton)
-    ok, _text = run(qloop, finished, 60)
+    ok, _text = run(qloop, finished, 120)
     assert ok and built and not guide.build_button.isVisible()
     assert ProfileStore().load("default").server_binary == BUILT_MARKER
     assert guide.next_button.text() == BUILT_STEPS[0][0]
@@ -95,4 +95,4 @@ def test_a_discarded_first_run_offers_the_build_and_ends_in_a_hit(qtbot, qloop, 
         assert cat.get("default", "first chat (built)").last_verdict == "HIT"
     assert guide.next_button.text() == "Close"
     qtbot.mouseClick(guide.next_button, Qt.LeftButton)
-    run(qloop, w.shutdown(), 60)
+    run(qloop, w.shutdown(), 120)

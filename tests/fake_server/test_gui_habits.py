@@ -26,20 +26,20 @@ def test_shortcuts_start_park_and_stop(qtbot, qloop, tmp_path, monkeypatch):
     async def scenario():
         connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
         qtbot.keyClick(w, Qt.Key_F5)  # Start
-        await asyncio.wait_for(connected, 30)
+        await asyncio.wait_for(connected, 120)
         await complete(profile, PROMPT, 0)
         choose_slot(w.sessions_panel, 0)
         done = signal_future(w.sessions_panel.controller.said, lambda op, ok, text: op is Operation.PARK)
         qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier)  # Park the chosen slot
-        label, ok, text = await asyncio.wait_for(done, 30)
+        label, ok, text = await asyncio.wait_for(done, 120)
         assert ok and "Parked slot 0" in text
         assert w.tabs.currentWidget() is w.sessions_panel  # shown where the result is
         stopped = signal_future(w.controller.sig_state, lambda s, d: s == "Stopped")
         qtbot.keyClick(w, Qt.Key_F5, Qt.ShiftModifier)  # Stop
-        await asyncio.wait_for(stopped, 30)
+        await asyncio.wait_for(stopped, 120)
         await w.shutdown()
 
-    run(qloop, scenario(), 90)
+    run(qloop, scenario(), 240)
 
 
 def test_the_window_comes_back_with_its_size_and_splitter(qtbot, qloop, monkeypatch):

@@ -53,7 +53,7 @@ def test_a_cancel_that_lands_after_the_target_listed_the_session_says_both_copie
         await fill(a, 0, PROMPT)
         shown = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None and s.profile_name == "fake")
         click_row(qtbot, w, "profile:fake")
-        await asyncio.wait_for(shown, 10)
+        await asyncio.wait_for(shown, 120)
         await park_by_click(qtbot, w.sessions_panel, 0, "chat")
         with Catalog(paths.catalog_path()) as cat:
             rec = cat.get("fake", "chat")
@@ -63,12 +63,12 @@ def test_a_cancel_that_lands_after_the_target_listed_the_session_says_both_copie
 
         done = signal_future(moves.sig_done)
         moves.panel.controller.spawn(moves.move_or_copy(rec, row, copy=False), "the move under test")
-        await asyncio.wait_for(target.committing.wait(), 30)
+        await asyncio.wait_for(target.committing.wait(), 120)
         cancel = moves.progress.findChild(QPushButton)
         assert cancel.text() == "Cancel"
         qtbot.mouseClick(cancel, Qt.LeftButton)  # lands while the target commits
         target.release.set()
-        ok, text = await asyncio.wait_for(done, 30)
+        ok, text = await asyncio.wait_for(done, 120)
         assert not ok and "cancelled after it was copied to 'other' as 'chat'" in text, text
         assert "both copies remain" in text and "Not moved" not in text
         assert w.sessions_panel.message.text() == text

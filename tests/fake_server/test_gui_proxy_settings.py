@@ -29,7 +29,7 @@ def test_preferences_saved_reach_the_running_proxy(qtbot, qloop, tmp_path):
         type_into(qtbot, dlg.proxy_budget, "3")
         qtbot.mouseClick(dlg.proxy_save_first, Qt.LeftButton)  # untick "Save idle slots before …"
         qtbot.mouseClick(dlg.save_button, Qt.LeftButton)
-        qtbot.waitUntil(lambda: not dlg.isVisible(), timeout=5000)
+        qtbot.waitUntil(lambda: not dlg.isVisible(), timeout=120_000)
 
         assert saved_file() == {"proxy_disk_budget_gib": 3, "proxy_save_before_idle_clear": False}
         # applied to the running proxy: its leases enforce the new budget at the next save, its watch no
@@ -37,6 +37,6 @@ def test_preferences_saved_reach_the_running_proxy(qtbot, qloop, tmp_path):
         assert proxy.disk_budget_bytes == 3 * 1024 ** 3
         assert proxy.leases.disk_budget_bytes == 3 * 1024 ** 3
         assert not proxy.save_before_idle_clear and not proxy.watch.save_before_clear
-        await asyncio.wait_for(w.shutdown(), 60)
+        await asyncio.wait_for(w.shutdown(), 120)
 
-    run(qloop, scenario(), 90)
+    run(qloop, scenario(), 240)

@@ -64,14 +64,14 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
     async def scenario():
         refreshed = signal_future(w.server_list.sig_refreshed, lambda: w.server_list.model.row_of("gpu-box:idle"))
         w.server_list.add_source(RemoteServerSource(host))
-        await asyncio.wait_for(refreshed, 10)
+        await asyncio.wait_for(refreshed, 120)
         open_tab(qtbot, w, monitor)
         shown = signal_future(view.sig_monitor, lambda tid: tid == "gpu-box:big")
         click_row(qtbot, w, "gpu-box:big")
         assert "Ready on gpu-box" in w.state_label.text()  # the row's state until the host answers
         await host.answers.put(STATUS)  # the sessions listing asks for a status too: answered below
         await host.answers.put(STATUS)
-        await asyncio.wait_for(shown, 10)
+        await asyncio.wait_for(shown, 120)
         assert monitor.slots_model.rowCount() == 2 and "big on gpu-box" in monitor.status_label.text()
         card = monitor.gpu_cards[0]
         assert "9.0" in card.mem_label.text() and "16.0" in card.mem_label.text(), card.mem_label.text()
@@ -88,19 +88,19 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
         # asked again while shown, one call at a time (the next waits for the answer)
         again = signal_future(view.sig_monitor)
         await host.answers.put({**STATUS, "slots": STATUS["slots"][:1]})
-        await asyncio.wait_for(again, 10)
+        await asyncio.wait_for(again, 120)
         assert monitor.slots_model.rowCount() == 1 and host.most == 1
 
         # the host's other profile: not running there
         shown_idle = signal_future(view.sig_monitor, lambda tid: tid == "gpu-box:idle")
         click_row(qtbot, w, "gpu-box:idle")
-        await asyncio.wait_for(shown_idle, 10)
+        await asyncio.wait_for(shown_idle, 120)
         assert "Stopped on gpu-box" in w.state_label.text() and monitor.slots_model.rowCount() == 0
 
         # a profile of this machine: the polling stops, the status bar is this machine's again
         task = view._poll_task
         w.controller.select("profile:fake")  # as a click on the profile on the left does (it is current there)
-        await asyncio.wait({task}, timeout=10)
+        await asyncio.wait({task}, timeout=120)
         assert task.done() and view._poll_task is None
         assert "Server Stopped" in w.state_label.text() and "not sampling" in monitor.status_label.text().lower()
         assert w.sessions_panel.controller.sessions is None and w.sessions_panel.delete_button.isEnabled()
@@ -108,7 +108,7 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
         assert host.most == 1 and calls >= 4
         await w.shutdown()
 
-    qloop.run_until_complete(asyncio.wait_for(scenario(), 60))
+    qloop.run_until_complete(asyncio.wait_for(scenario(), 240))
 
 
 def test_the_status_bar_words_of_a_remote_server():
@@ -156,11 +156,11 @@ def test_park_and_resume_on_a_remote_row_go_through_the_tabs_one_code_path(qtbot
     async def scenario():
         refreshed = signal_future(w.server_list.sig_refreshed, lambda: w.server_list.model.row_of("gpu-box:big") is not None)
         w.server_list.add_source(RemoteServerSource(host))
-        await asyncio.wait_for(refreshed, 10)
+        await asyncio.wait_for(refreshed, 120)
         open_tab(qtbot, w, sessions)
         loaded = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "gpu-box:big")
         click_row(qtbot, w, "gpu-box:big")
-        await asyncio.wait_for(loaded, 10)
+        await asyncio.wait_for(loaded, 120)
         assert [r.name for r in sessions.source_model.records] == ["chat"]
         assert "'big' on gpu-box: Ready" in sessions.hint.text()
 
@@ -168,7 +168,7 @@ def test_park_and_resume_on_a_remote_row_go_through_the_tabs_one_code_path(qtbot
         sessions.name.setText("again")
         parked = signal_future(sessions.controller.said, lambda op, ok, text: op is Operation.PARK)
         qtbot.mouseClick(sessions.park_button, Qt.LeftButton)
-        _op, ok, text = await asyncio.wait_for(parked, 10)
+        _op, ok, text = await asyncio.wait_for(parked, 120)
         assert ok and text.startswith("Parked slot 0 as 'again': 1,234 tokens"), text
         assert host.commands[-1] == ["park", "big", "--json", "--slot", "0", "--name", "again"]
         assert [r.name for r in sessions.source_model.records] == ["again", "chat"]  # listed again
@@ -176,9 +176,9 @@ def test_park_and_resume_on_a_remote_row_go_through_the_tabs_one_code_path(qtbot
         assert sessions.select("chat")
         resumed = signal_future(sessions.controller.said, lambda op, ok, text: op is Operation.RESUME)
         qtbot.mouseClick(sessions.resume_button, Qt.LeftButton)
-        _op, ok, text = await asyncio.wait_for(resumed, 10)
+        _op, ok, text = await asyncio.wait_for(resumed, 120)
         assert ok and text.startswith("Resumed 'chat' into slot 1: 900 tokens"), text
         assert host.commands[-1][:4] == ["resume", "big", "chat", "--json"]
         await w.shutdown()
 
-    qloop.run_until_complete(asyncio.wait_for(scenario(), 60))
+    qloop.run_until_complete(asyncio.wait_for(scenario(), 240))

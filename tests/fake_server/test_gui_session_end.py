@@ -41,7 +41,7 @@ class SessionManagerStub:
 async def started_with_a_chat(w, profile):
     connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
     assert await w.controller.start_async(profile)
-    await asyncio.wait_for(connected, 30)
+    await asyncio.wait_for(connected, 120)
     await complete(profile, PROMPT, 0)
 
 
@@ -60,9 +60,9 @@ def test_commit_data_parks_and_the_logouts_sigterm_does_not_cut_it_short(qtbot, 
         closed = signal_future(w.sig_closed)
         w.session_ending(manager)  # app.commitDataRequest → the desktop session is ending
         w.park_and_quit()  # the SIGTERM the logout sends next: joins the park
-        await asyncio.wait_for(closed, 60)
+        await asyncio.wait_for(closed, 120)
 
-    run(qloop, scenario(), 90)
+    run(qloop, scenario(), 240)
     assert manager.hints == [QSessionManager.RestartNever]
     assert parked_slots() == [0]
     assert w.controller.state == "Stopped"
@@ -73,7 +73,7 @@ def test_a_quit_from_the_session_manager_waits_for_the_park(qtbot, qloop, tmp_pa
     window to close, and it closes only once the chat is parked and the server stopped."""
     monkeypatch.setenv("FAKE_SIDECAR", "1")
     w, profile = make_window(qtbot, tmp_path)
-    run(qloop, started_with_a_chat(w, profile), 60)
+    run(qloop, started_with_a_chat(w, profile), 120)
     w.session_ending(SessionManagerStub())
     QTimer.singleShot(0, QApplication.instance().quit)
     run_until_closed(qloop, w)
@@ -85,7 +85,7 @@ def test_an_exit_from_outside_still_parks_before_the_process_goes(qtbot, qloop, 
     """exit() stops the event loop without asking the window: the chats are parked all the same."""
     monkeypatch.setenv("FAKE_SIDECAR", "1")
     w, profile = make_window(qtbot, tmp_path)
-    run(qloop, started_with_a_chat(w, profile), 60)
+    run(qloop, started_with_a_chat(w, profile), 120)
     QTimer.singleShot(0, lambda: QApplication.exit(0))
     run_until_closed(qloop, w)
     assert parked_slots() == [0]

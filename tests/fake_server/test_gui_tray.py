@@ -25,7 +25,7 @@ def test_tray_park_all_keep_in_tray_and_quit(qtbot, qloop, tmp_path, monkeypatch
     async def scenario():
         connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
         assert await w.controller.start_async(profile)
-        await asyncio.wait_for(connected, 30)
+        await asyncio.wait_for(connected, 120)
         assert tray.state_action.text() == "Server Ready" and tray.park_all_action.isEnabled()
         await complete(profile, PROMPT, 0)
 
@@ -39,7 +39,7 @@ def test_tray_park_all_keep_in_tray_and_quit(qtbot, qloop, tmp_path, monkeypatch
         # Park all from the tray while the window is hidden: done in the background, told in a notification
         done = signal_future(w.sessions_panel.controller.said, lambda op, ok, text: op is Operation.PARK_ALL)
         tray.park_all_action.trigger()
-        label, ok, text = await asyncio.wait_for(done, 30)
+        label, ok, text = await asyncio.wait_for(done, 120)
         assert ok and tray.notifications[-1][0] == "KV Valet: Park all"
         with Catalog(paths.catalog_path()) as cat:
             assert [r.slot_id for r in cat.list("fake")] == [0]
@@ -48,13 +48,13 @@ def test_tray_park_all_keep_in_tray_and_quit(qtbot, qloop, tmp_path, monkeypatch
         assert w.isVisible()
         closed = signal_future(w.sig_closed)
         tray.quit_action.trigger()  # Quit from the tray really quits (and stops the server)
-        await asyncio.wait_for(closed, 30)
+        await asyncio.wait_for(closed, 120)
         assert w.controller.state == "Stopped"
 
     from PySide6.QtWidgets import QApplication
 
     QApplication.instance().setQuitOnLastWindowClosed(False)  # as run_gui sets it
     try:
-        run(qloop, scenario(), 90)
+        run(qloop, scenario(), 240)
     finally:
         QApplication.instance().setQuitOnLastWindowClosed(True)

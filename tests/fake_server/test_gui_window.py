@@ -35,7 +35,7 @@ def test_port_taken_is_shown_and_nothing_starts(window, qloop, qtbot):
         s.listen()
         error = signal_future(w.controller.sig_error)
         w.profiles.start_button.click()
-        message = run(qloop, error, 30)
+        message = run(qloop, error, 120)
     assert f"port {profile.port} on 127.0.0.1 is already in use" in message
     assert "already in use" in w.profiles.errors.text()
     assert "Server Stopped" in w.state_label.text() and w.profiles.start_button.isEnabled()
@@ -47,6 +47,6 @@ def test_bad_profile_value_is_refused_before_launch(window, qloop):
     w.profiles.w["cache_type_k"].setCurrentText("turbo4")  # the fake answers --help like the stock build
     error = signal_future(w.controller.sig_error)
     w.profiles.start_button.click()
-    message = run(qloop, error, 30)
+    message = run(qloop, error, 120)
     assert "does not support KV cache type 'turbo4'" in message and FAKE in message
     assert w.controller.supervisor is None

@@ -33,7 +33,7 @@ async def test_a_proxied_restore_reads_the_same_in_the_sessions_and_the_conversa
             lambda slot, name, v: name == park and not judged.done() and judged.set_result(v))
         _, back = await p.ask(chat(system("A"), "hello", reply_a, "again"))
         assert back.restored_from == park, back
-        resume = await asyncio.wait_for(judged, 30)  # the watcher read the same query in the server's log
+        resume = await asyncio.wait_for(judged, 120)  # the watcher read the same query in the server's log
 
         sessions = SessionsModel()
         sessions.set_records(p.handle.sessions.catalog.list(p.profile.name))

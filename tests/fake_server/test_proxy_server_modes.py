@@ -33,12 +33,12 @@ class Proxied(ServiceProxied):
 
     async def ask(self, messages, **extra):
         reply = await self.client.chat.completions.create(model="m", messages=messages, max_tokens=2, **extra)
-        return reply.choices[0].message.content or "", await asyncio.wait_for(self.judged.get(), 30)
+        return reply.choices[0].message.content or "", await asyncio.wait_for(self.judged.get(), 120)
 
     async def complete(self, prompt: str, session: str):
         await self.client.completions.create(model="m", prompt=prompt, max_tokens=2,
                                              extra_headers={"X-Session-Id": session})
-        return await asyncio.wait_for(self.judged.get(), 30)
+        return await asyncio.wait_for(self.judged.get(), 120)
 
 
 @pytest.fixture

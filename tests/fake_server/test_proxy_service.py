@@ -50,7 +50,7 @@ class Proxied:
 
     async def ask(self, messages):
         reply = await self.client.chat.completions.create(model="m", messages=messages, max_tokens=2)
-        rec = await asyncio.wait_for(self.judged.get(), 30)  # judged once the response is through
+        rec = await asyncio.wait_for(self.judged.get(), 120)  # judged once the response is through
         return reply.choices[0].message.content or "", rec
 
 

@@ -64,7 +64,7 @@ def parked() -> list[int]:
 async def _started(w, profile) -> None:
     connected = signal_future(w.sessions_panel.controller.service_changed, lambda s: s is not None)
     assert await w.controller.start_async(profile)
-    await asyncio.wait_for(connected, 30)
+    await asyncio.wait_for(connected, 120)
     await complete(profile, PROMPT, 0)
 
 
@@ -94,17 +94,17 @@ WINDOW_TRIGGERS = [(_quit_dialog, StopTrigger.QUIT), (_sigterm, StopTrigger.SIGN
 @pytest.mark.parametrize("act,trigger", WINDOW_TRIGGERS, ids=[t for _a, t in WINDOW_TRIGGERS])
 def test_a_window_quit_parks_then_stops_through_the_one_call(act, trigger, calls, qtbot, qloop, tmp_path):
     w, profile = make_window(qtbot, tmp_path)
-    run(qloop, _started(w, profile), 60)
+    run(qloop, _started(w, profile), 240)
     closed = signal_future(w.sig_closed)
     act(w, qtbot)
-    run(qloop, closed, 90)
+    run(qloop, closed, 120)
     assert calls == [(trigger, TIMEOUT_S)]
     assert parked() == [0] and w.controller.state == ServerState.STOPPED
 
 
 def test_a_quit_from_outside_the_window_goes_the_same_way(calls, qtbot, qloop, tmp_path):
     w, profile = make_window(qtbot, tmp_path)
-    run(qloop, _started(w, profile), 60)
+    run(qloop, _started(w, profile), 240)
     QTimer.singleShot(0, lambda: QApplication.exit(0))  # the loop stops under the window
     run_until_closed(qloop, w)
     assert calls == [(StopTrigger.SESSION_END, TIMEOUT_S)]
@@ -115,29 +115,29 @@ def test_a_quit_from_outside_the_window_goes_the_same_way(calls, qtbot, qloop, t
                                                   (PowerEvent.SLEEP, StopTrigger.SLEEP, False)])
 def test_logind_parks_through_the_one_call(event, trigger, stops, calls, qtbot, qloop, tmp_path):
     w, profile = make_window(qtbot, tmp_path)
-    run(qloop, _started(w, profile), 60)
+    run(qloop, _started(w, profile), 240)
     released = signal_future(w.controller.sig_notice)  # the service says it is parking
     w.shutdown_guard.sig_prepare.emit(event, True)
-    run(qloop, released, 30)
-    run(qloop, asyncio.gather(*w.prepare_tasks), 60)
+    run(qloop, released, 120)
+    run(qloop, asyncio.gather(*w.prepare_tasks), 120)
     assert calls == [(trigger, TIMEOUT_S)]
     assert parked() == [0]
     assert (w.controller.state == ServerState.STOPPED) is stops  # before a sleep the server stays
-    run(qloop, w.shutdown(), 30)
+    run(qloop, w.shutdown(), 120)
 
 
 def test_the_park_all_and_stop_button_goes_through_the_one_call(calls, qtbot, qloop, tmp_path):
     from tests.fake_server.test_gui_sessions import click
 
     w, profile = make_window(qtbot, tmp_path)
-    run(qloop, _started(w, profile), 60)
+    run(qloop, _started(w, profile), 240)
     panel = w.sessions_panel
     w.tabs.setCurrentWidget(panel)
-    _label, ok, text = run(qloop, click(qtbot, panel, panel.park_stop_button, Operation.PARK_ALL_AND_STOP), 60)
+    _label, ok, text = run(qloop, click(qtbot, panel, panel.park_stop_button, Operation.PARK_ALL_AND_STOP), 120)
     assert ok, text
     assert calls == [(StopTrigger.USER, TIMEOUT_S)]
     assert parked() == [0] and w.controller.state == ServerState.STOPPED
-    run(qloop, w.shutdown(), 30)
+    run(qloop, w.shutdown(), 120)
 
 
 # -- the command line ----------------------------------------------------------------------------
@@ -191,7 +191,7 @@ async def test_park_all_and_stop_on_the_command_line_goes_through_the_one_call(c
         args = build_parser().parse_args(["park", "fake", "--all", "--and-stop"])
         with Catalog(paths.catalog_path()) as cat:
             assert await cmd_park(args, cat) == 0
-        await sup.wait_state(ServerState.STOPPED, ServerState.CRASHED, timeout=30)
+        await sup.wait_state(ServerState.STOPPED, ServerState.CRASHED, timeout=120)
     finally:
         await sup.aclose()
     assert calls == [(StopTrigger.USER, TIMEOUT_S)]

@@ -61,7 +61,7 @@ async def test_a_resume_records_what_it_saved(tmp_path, monkeypatch, sidecar):
         await svc.resume("chat", 1, force=True)
         async with LlamaClient(profile.url) as c:
             await c.completion(PROMPT + " and one more", slot_id=1, n_predict=2)
-        v = await asyncio.wait_for(verdict, 20)
+        v = await asyncio.wait_for(verdict, 120)
         rec = cat.get("ts", "chat")
         rate = cat.prefill_rate("ts")
     finally:

@@ -67,7 +67,7 @@ class Server:
     async def kill(self):
         """SIGKILL the llama-server process; the supervisor's Outcome says why it ended."""
         os.kill(self.pid, signal.SIGKILL)
-        await self.sup.wait_state(ServerState.CRASHED, ServerState.STOPPED, timeout=30)
+        await self.sup.wait_state(ServerState.CRASHED, ServerState.STOPPED, timeout=120)
         return self.sup.outcome
 
     async def service(self) -> tuple[SessionService, Catalog]:
@@ -122,7 +122,7 @@ class Proc:
     def pid(self) -> int:
         return self.proc.pid
 
-    async def expect(self, *starts: str, timeout: float = 60) -> str:
+    async def expect(self, *starts: str, timeout: float = 120) -> str:
         """The next stdout line that starts with one of ``starts`` (fails on EOF first)."""
         async def read() -> str:
             while True:
@@ -173,13 +173,13 @@ class Freezer:
         if open_by is not None:
             argv += ["--open-by", str(open_by)]
         f = cls(await Proc.start(*argv))
-        await f.p.expect("ready", timeout=30)
+        await f.p.expect("ready", timeout=120)
         return f
 
-    async def hit(self, timeout: float = 60) -> dict:
+    async def hit(self, timeout: float = 120) -> dict:
         return json.loads(await self.p.expect("{", timeout=timeout))
 
-    def hit_task(self, timeout: float = 60) -> asyncio.Task:
+    def hit_task(self, timeout: float = 120) -> asyncio.Task:
         """:meth:`hit` as a task this freezer owns: :meth:`stop` settles it before it reads the
         watcher's pipes (two readers on one pipe raise "read() called while another coroutine is
         already waiting")."""

@@ -26,7 +26,7 @@ async def _child_event(pid: int, event: int) -> int:
     ``os.WCONTINUED``) and its end, as ``os.CLD_*``: a stop or a continue takes effect when the
     child next runs, not when the signal is sent. ``WNOWAIT`` leaves the child to its parent's own
     wait; its end (the test's cleanup kills it) ends the wait in any case."""
-    result = await asyncio.wait_for(asyncio.to_thread(os.waitid, os.P_PID, pid, event | os.WEXITED | os.WNOWAIT), 30)
+    result = await asyncio.wait_for(asyncio.to_thread(os.waitid, os.P_PID, pid, event | os.WEXITED | os.WNOWAIT), 120)
     return result.si_code
 
 

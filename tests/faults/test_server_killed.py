@@ -56,7 +56,7 @@ def test_server_killed_idle_and_mid_prefill(stock_profile):
             srv.sup.on_line(lambda item: item.event.kind is Kind.NEW_PROMPT and not prefilling.done()
                             and prefilling.set_result(item.event.line))
             query = asyncio.ensure_future(srv.fill(0, SHORT * 2 + MORE, n_predict=8))
-            await asyncio.wait_for(prefilling, 60)
+            await asyncio.wait_for(prefilling, 120)
             outcome = await srv.kill()
             with pytest.raises(ServerUnreachable):
                 await query
@@ -83,7 +83,7 @@ async def _kill_mid_save(srv: Server, regex: str, events: str) -> tuple[dict, st
             park = asyncio.ensure_future(svc.park(0, "chat"))
             hit = freezer.hit_task()
             try:
-                done, _ = await asyncio.wait({park, hit}, return_when=asyncio.FIRST_COMPLETED, timeout=60)
+                done, _ = await asyncio.wait({park, hit}, return_when=asyncio.FIRST_COMPLETED, timeout=120)
                 if park in done:  # the save slipped through before the freeze: again
                     park.result()
                     continue

@@ -79,7 +79,7 @@ def panel(qtbot, qloop, filled):
     p.show()
     qtbot.waitExposed(p)
     yield p
-    run(qloop, p.aclose(), 10)
+    run(qloop, p.aclose(), 120)
 
 
 def shown(view, column: int) -> list:
@@ -102,7 +102,7 @@ def click_row(qtbot, view, row: int) -> None:
     qtbot.mouseClick(view.viewport(), Qt.LeftButton, pos=rect.center())
 
 
-async def until(predicate, timeout: float = 5.0) -> None:
+async def until(predicate, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -307,7 +307,7 @@ def test_forget_goes_through_the_proxy_when_one_runs(qtbot, qloop, live):
 
 def test_no_callback_reaches_a_closed_tab(qtbot, qloop, live):
     panel, proxy, _controller = live
-    run(qloop, panel.aclose(), 10)
+    run(qloop, panel.aclose(), 120)
     proxy.judged(conv(A, slot=0, n_tokens=1, last_used=time.time(), requests=9),
                  rec(A, time.time(), 0, VerdictKind.MISS, 0, 1))  # nothing raised, nothing touched
     assert cell(panel.table, 0, COL_REQUESTS) == "3"

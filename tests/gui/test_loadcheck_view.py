@@ -58,7 +58,7 @@ def test_start_fills_the_table_and_cancel_stops(real_profile, qloop, qtbot):
         qtbot.mouseClick(d.start_button, Qt.LeftButton)
         assert d.running and not d.start_button.isEnabled() and d.cancel_button.isEnabled()
         assert not d.streams_spin.isEnabled()
-        report = run(qloop, done, timeout=60)
+        report = run(qloop, done, timeout=120)
 
         assert report is d.report and report.streams == 2 and not report.cancelled
         assert d.table.rowCount() == 2 and d.table.columnCount() == len(COLUMNS)
@@ -81,14 +81,14 @@ def test_start_fills_the_table_and_cancel_stops(real_profile, qloop, qtbot):
         done = outcome_future(d)
         flowing = signal_future(d.progress.valueChanged, lambda v: v > 0)
         qtbot.mouseClick(d.start_button, Qt.LeftButton)
-        run(qloop, flowing, timeout=30)
+        run(qloop, flowing, timeout=120)
         qtbot.mouseClick(d.cancel_button, Qt.LeftButton)
-        report = run(qloop, done, timeout=30)
+        report = run(qloop, done, timeout=120)
         assert report.cancelled and d.table.rowCount() == 2  # ended by the cancel, not the 600 s length
         assert d.start_button.isEnabled() and not d.cancel_button.isEnabled()
         assert "cancelled" in d.status_label.text()
     finally:
-        run(qloop, sup.aclose(), timeout=60)
+        run(qloop, sup.aclose(), timeout=120)
 
 
 def test_a_remote_url_is_refused_in_the_dialog(qtbot):

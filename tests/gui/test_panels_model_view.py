@@ -42,7 +42,7 @@ def sessions(qtbot, qloop):
     p.show()
     qtbot.waitExposed(p)
     yield p
-    run(qloop, p.aclose(), 10)
+    run(qloop, p.aclose(), 120)
 
 
 @pytest.fixture

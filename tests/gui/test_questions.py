@@ -29,7 +29,7 @@ def test_the_question_box_does_not_block_the_loop(qtbot, qloop):
         assert ticks == [0, 1, 2] and not answer.done()
         assert panel.controller.questions.box is not None and panel.controller.questions.box.isVisible()
         qtbot.mouseClick(panel.controller.questions.box.button(QMessageBox.Yes), Qt.LeftButton)
-        assert await asyncio.wait_for(answer, 5) is True
+        assert await asyncio.wait_for(answer, 120) is True
         await panel.aclose()
 
-    run(qloop, scenario(), 30)
+    run(qloop, scenario(), 240)

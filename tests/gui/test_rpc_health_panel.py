@@ -52,7 +52,7 @@ def test_an_unreachable_worker_shows_in_the_line_and_the_table(qtbot, qloop):
     panel.show()
     controller.sig_plan.emit(types.SimpleNamespace())
     assert panel.rpc is not None and panel.rpc_label.isVisible()
-    run(qloop, asyncio.wait_for(panel.rpc.wait_for(lambda w: w.rounds >= 1), 30))
+    run(qloop, asyncio.wait_for(panel.rpc.wait_for(lambda w: w.rounds >= 1), 120))
     assert f"127.0.0.1:{port}: unreachable (connection refused" in panel.rpc_label.text()
     [f] = panel.health.findings
     assert f.rule_id == RULE_UNREACHABLE and panel.table.rowCount() == 1

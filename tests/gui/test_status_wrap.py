@@ -75,5 +75,5 @@ def test_show_message_goes_through_the_wrapping_label_with_its_timeout(window, q
     settle(qtbot)
     assert sb.message_label.toolTip() == text and sb.currentMessage() == text
     assert window.width() == 1128
-    qtbot.waitUntil(lambda: sb.currentMessage() == "", timeout=3000)
+    qtbot.waitUntil(lambda: sb.currentMessage() == "", timeout=120_000)
     assert window.state_label.isVisible() and not sb.message_label.isVisible()

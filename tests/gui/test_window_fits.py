@@ -25,7 +25,7 @@ def window(qtbot, qloop):
     yield w
     from tests.conftest import run
 
-    run(qloop, w.shutdown(), 30)
+    run(qloop, w.shutdown(), 120)
 
 
 def laid_out() -> None:
@@ -99,5 +99,5 @@ def test_without_the_guide_the_built_server_question_comes_at_once(window, qtbot
     monkeypatch.setattr(build, "default_switch_wanted", lambda store, answer: not answer)
     greet(window, fresh_install=False)
     assert getattr(window, "first_run", None) is None
-    qtbot.waitUntil(lambda: getattr(window, "built_server_question", None) is not None, timeout=5000)
+    qtbot.waitUntil(lambda: getattr(window, "built_server_question", None) is not None, timeout=120_000)
     qtbot.mouseClick(window.built_server_question.button(QMessageBox.No), Qt.LeftButton)

@@ -61,7 +61,7 @@ def test_the_first_run_guide_walks_to_a_verdict(qtbot, qloop, real_profile):
     assert guide.next_button.text() == "Close"
     qtbot.mouseClick(guide.next_button, Qt.LeftButton)
     assert not first_run_pending(w) and not guide.isVisible()
-    run(qloop, w.shutdown(), 60)
+    run(qloop, w.shutdown(), 120)
 
 
 @pytest.mark.gui
@@ -111,7 +111,7 @@ def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_prof
         verdict = signal_future(w.sessions_panel.controller.judged, lambda slot, _name, _v: slot == 1)
         text = await svc.target.client.detokenize(read_tokens("first chat"))
         await svc.target.client.completion(text + " Thanks.", slot_id=1, n_predict=1)
-        _slot, _name, v = await asyncio.wait_for(verdict, 60)
+        _slot, _name, v = await asyncio.wait_for(verdict, 120)
         return v
 
     v = run(qloop, stock_session_on_the_built_server(), 120)
@@ -119,7 +119,7 @@ def test_the_first_run_ends_in_a_hit_on_the_built_server(qtbot, qloop, real_prof
     with Catalog(paths.catalog_path()) as cat:
         assert cat.get("default", "first chat (built)").last_verdict == "HIT"
         assert cat.get("default", "first chat").sidecar_status == "missing"
-    run(qloop, w.shutdown(), 60)
+    run(qloop, w.shutdown(), 120)
 
 
 def read_tokens(name: str) -> list[int]:

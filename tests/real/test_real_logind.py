@@ -51,7 +51,7 @@ class Lines:
                 self.lines.append(line.strip())
                 self.cond.notify_all()
 
-    def wait(self, prefix: str, timeout: float = 30.0, count: int = 1) -> str:
+    def wait(self, prefix: str, timeout: float = 120.0, count: int = 1) -> str:
         """The ``count``-th line starting with ``prefix``, once there is one."""
         def found():
             return [l for l in self.lines if l.startswith(prefix)]
@@ -119,8 +119,8 @@ def test_prepare_for_shutdown_parks_the_filled_slot_then_releases_the_lock(qtbot
                                              "org.freedesktop.login1.Manager", "Emit")
         emit.setArguments(["PrepareForShutdown", True])
         bus.call(emit)
-        await asyncio.wait_for(stopped, 60)
-        released = await asyncio.to_thread(logind.wait, "RELEASED", 30)
+        await asyncio.wait_for(stopped, 120)
+        released = await asyncio.to_thread(logind.wait, "RELEASED", 120)
         QDBusConnection.disconnectFromBus("test-caller")
         await w.shutdown()
         return server_pid, float(released.split()[1])
@@ -159,7 +159,7 @@ def test_prepare_for_sleep_parks_and_the_wake_offers_back_only_what_was_lost(qtb
     async def woke():
         done = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.WAKE)
         announce(False)
-        return await asyncio.wait_for(done, 30)
+        return await asyncio.wait_for(done, 120)
 
     async def scenario():
         connected = signal_future(panel.controller.service_changed, lambda s: s is not None)
@@ -172,18 +172,18 @@ def test_prepare_for_sleep_parks_and_the_wake_offers_back_only_what_was_lost(qtb
 
         # a suspend: both parked, the plan written, the lock released; the server keeps running
         announce(True)
-        await asyncio.to_thread(logind.wait, "RELEASED", 60)
+        await asyncio.to_thread(logind.wait, "RELEASED", 120)
         assert w.controller.state == "Ready" and not w.shutdown_guard.held
         assert sorted(e.slot for e in load_resume_plan("real")) == [0, 1]
         # the wake, with the chats still in their slots: nothing to resume, the plan goes
         label, ok, text = await woke()
         assert ok and "nothing to resume" in text, text
         assert load_resume_plan("real") == [] and not panel.resume_all_button.isVisibleTo(panel)
-        await asyncio.to_thread(logind.wait, "INHIBIT", 30, 2)  # held again for the next time
+        await asyncio.to_thread(logind.wait, "INHIBIT", 120, 2)  # held again for the next time
 
         # a second suspend, during which slot 1 loses its chat (a GPU reset, another client's erase)
         announce(True)
-        await asyncio.to_thread(logind.wait, "RELEASED", 60, 2)
+        await asyncio.to_thread(logind.wait, "RELEASED", 120, 2)
         async with LlamaClient(real_profile.url) as c:
             await c.erase_slot(1)
         label, ok, text = await woke()
@@ -192,7 +192,7 @@ def test_prepare_for_sleep_parks_and_the_wake_offers_back_only_what_was_lost(qtb
         assert panel.resume_all_button.isVisibleTo(panel) and panel.resume_all_button.text() == "Resume all (1)"
         done = signal_future(panel.controller.said, lambda op, ok, text: op is Operation.RESUME_ALL)
         qtbot.mouseClick(panel.resume_all_button, Qt.LeftButton)
-        label, ok, text = await asyncio.wait_for(done, 60)
+        label, ok, text = await asyncio.wait_for(done, 120)
         assert ok and "→ slot 1: ok" in text, text
         rows = {r.id: r for r in await panel.controller.service.slot_rows()}
         assert rows[1].tokens_held and rows[1].tokens_held > 600

@@ -76,7 +76,7 @@ def test_slot_table_follows_a_real_completion(real_binary, real_model, tmp_path,
         sampling = panel.sampler is not None
         run(qloop, controller.stop_async())
         if sampling:
-            run(qloop, stopped, timeout=10)
+            run(qloop, stopped)
         run(qloop, panel.aclose())
         run(qloop, controller.aclose())
     assert not controller.supervisor or not controller.supervisor.running

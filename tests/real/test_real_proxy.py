@@ -57,7 +57,7 @@ class Proxied:
     async def ask(self, messages, **extra):
         reply = await self.client.chat.completions.create(model="gemma", messages=messages, max_tokens=4,
                                                           temperature=0, **extra)
-        rec = await asyncio.wait_for(self.judged.get(), 30)  # judged once the response is through
+        rec = await asyncio.wait_for(self.judged.get(), 120)  # judged once the response is through (a hang guard)
         assert self.judged.empty()
         return reply.choices[0].message.content or "", rec
 

@@ -27,10 +27,10 @@ def test_the_clients_own_slot_and_caching_pass_through(real_profile):
                 # prime a slot through the proxy, so a cached prefix exists to be (not) reused
                 primed = (await h.post(p.proxy.http.url + "/completion",
                                        json={"prompt": PROMPT, "n_predict": 4, "temperature": 0})).json()
-                await asyncio.wait_for(p.judged.get(), 60)
+                await asyncio.wait_for(p.judged.get(), 120)
                 body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "cache_prompt": False}
                 via = (await h.post(p.proxy.http.url + "/completion", json=body)).json()
-                rec = await asyncio.wait_for(p.judged.get(), 60)
+                rec = await asyncio.wait_for(p.judged.get(), 120)
                 straight = (await h.post(direct + "/completion", json=body)).json()
                 assert via["content"] == straight["content"]
                 assert via["timings"]["cache_n"] == 0 and primed["timings"]["prompt_n"] > 0
@@ -40,7 +40,7 @@ def test_the_clients_own_slot_and_caching_pass_through(real_profile):
                 batch = (await h.post(p.proxy.http.url + "/completion",
                                       json={"prompt": ["Say one.", "Say two."], "n_predict": 2,
                                             "temperature": 0})).json()
-                rec = await asyncio.wait_for(p.judged.get(), 60)
+                rec = await asyncio.wait_for(p.judged.get(), 120)
                 assert isinstance(batch, list) and len(batch) == 2
                 assert sorted(r["id_slot"] for r in batch) == [0, 1]
                 assert rec.explanation.cause is Cause.CLIENT_CHOSE and "batch of 2" in rec.explanation.detail
@@ -48,7 +48,7 @@ def test_the_clients_own_slot_and_caching_pass_through(real_profile):
                 # the client pins slot 1 and saves it (the profile set its own --slot-save-path)
                 pinned = (await h.post(p.proxy.http.url + "/completion",
                                        json={"prompt": PROMPT, "n_predict": 2, "id_slot": 1})).json()
-                rec = await asyncio.wait_for(p.judged.get(), 60)
+                rec = await asyncio.wait_for(p.judged.get(), 120)
                 assert pinned["id_slot"] == 1 and rec.slot == 1
                 saved = (await h.post(p.proxy.http.url + "/slots/1?action=save",
                                       json={"filename": "client-own.bin"})).json()

@@ -10,7 +10,7 @@ through the app's launcher (which runs it with --no-repack on this VM's AMX CPU,
   the longest match from it (cache_n 191 of 201). So: the workaround (save first) brings the
   conversation back from its park; without it the proxy leaves the conversation to the server's RAM
   cache, and when that cache is too small for it the request is explained IDLE_SLOT_CLEARED;
-* sleep (``--sleep-idle-seconds 2``): 11434 sleeps after 2 idle seconds (``/props`` ``is_sleeping``)
+* sleep (``--sleep-idle-seconds N``): 11434 sleeps after N idle seconds (``/props`` ``is_sleeping``)
   and its slots and RAM cache are gone on wake. The proxy parks before; after the sleep a parked
   conversation comes back from its park, one that slept in a dirty slot is explained SERVER_SLEPT.
 """
@@ -31,6 +31,7 @@ from app import settings
 from app.core.conversation import Cause
 from app.core.verdict import VerdictKind, tolerance
 from app.proxy.leases import SlotState
+from app.proxy.watch import SLEEP_MARGIN_S
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 from tests.real.test_real_proxy import SYSTEMS, Proxied, turn
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.real_server
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def until(condition, what: str, timeout: float = 60.0, every: float = 0.05):
+async def until(condition, what: str, timeout: float = 120.0, every: float = 0.05):
     """Poll ``condition()`` (sync or async) until it is true, or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -196,16 +197,24 @@ def test_idle_slot_clearing_with_the_workaround_on_the_sidecar_build_comes_back_
 # -- 3. sleep ---------------------------------------------------------------------------------------------
 
 
+#: the server's idle seconds before it sleeps in the sleep test: the proxy parks SLEEP_MARGIN_S before
+#: (app.proxy.watch), so a second after the request; the margin is the product's own, not the 1 s a
+#: 2 s sleep left (the park raced the server's sleep timer on a busy machine)
+SLEEP_IDLE_S = int(SLEEP_MARGIN_S) + 1
+
+
 def test_sleep_parks_first_and_a_dirty_slot_is_explained(sidecar_proxy_profile):
-    """``--sleep-idle-seconds 2`` on the v2 sidecar build. A is parked by the proxy before the server
-    sleeps; B's slot is left dirty (the proxy's park before the sleep does nothing once A is parked, as
-    when it misses the margin: no race with the timer). After the sleep (``/props`` ``is_sleeping``): A
-    comes back from its park warm, B re-processes, explained SERVER_SLEPT. Whether the server also slept
+    """``--sleep-idle-seconds SLEEP_IDLE_S`` (6) on the v2 sidecar build. A is parked by the proxy before
+    the server sleeps (1 s after its request, the server 5 s later; the server's log shows the order).
+    B's slot is left dirty (the proxy's park before the sleep does nothing once A is parked, as when it
+    misses the margin: no race with the timer). After the sleep (``/props`` ``is_sleeping``): A comes
+    back from its park warm, B re-processes, explained SERVER_SLEPT. Whether the server also slept
     between A's park and B's request (a busy machine) changes none of it: A's request is judged by the
     one sleep it notices."""
     async def go():
-        async with Proxied(sidecar_proxy_profile.replace(extra_args=("--sleep-idle-seconds", "2"))) as p:
-            assert p.proxy.caching.sleep_idle_seconds == 2 and "sleeps after 2" in p.proxy.notice()
+        n = SLEEP_IDLE_S
+        async with Proxied(sidecar_proxy_profile.replace(extra_args=("--sleep-idle-seconds", str(n)))) as p:
+            assert p.proxy.caching.sleep_idle_seconds == n and f"sleeps after {n}" in p.proxy.notice()
             reply_a, first_a = await p.ask(turn(SYSTEMS["A"], question="What is the first word?"))
             leases = p.proxy.leases
             await until(lambda: leases.state(first_a.slot) is SlotState.IDLE_CLEAN, "A parked before the sleep")
@@ -219,7 +228,7 @@ def test_sleep_parks_first_and_a_dirty_slot_is_explained(sidecar_proxy_profile):
             p.proxy.watch.close()  # and no check of the sleep by timer: A's request is what notices it
             assert leases.state(first_b.slot) is SlotState.IDLE_DIRTY
             client = p.handle.client
-            await until(lambda: _sleeping(client), "the server asleep", timeout=60, every=0.1)
+            await until(lambda: _sleeping(client), "the server asleep", every=0.1)
 
             seen = p.proxy.watch.slept_seen
             _, back_a = await p.ask(turn(SYSTEMS["A"], ("What is the first word?", reply_a),
@@ -233,7 +242,21 @@ def test_sleep_parks_first_and_a_dirty_slot_is_explained(sidecar_proxy_profile):
             assert back_b.verdict is VerdictKind.MISS, back_b
             assert back_b.explanation.cause is Cause.SERVER_SLEPT, back_b.explanation
 
+            # the order of events as the server logged them: A's park (the first save) written, then the sleep
+            log = p.handle.supervisor.log
+
+            def first(text: str) -> int | None:
+                return next((i for i, item in enumerate(log.since(0)) if text in item.event.line), None)
+            await until(lambda: first(SLEEP_LINE) is not None, "the server's log line of its sleep")
+            saved = first(SAVE_LINE)
+            assert saved is not None and saved < first(SLEEP_LINE), log.tail(400)
+
     asyncio.run(go())
+
+
+#: what the v2 sidecar build logs at every save, and llama-server 11434 when it goes to sleep
+SAVE_LINE = "context checkpoints to sidecar"
+SLEEP_LINE = "server is entering sleeping state"
 
 
 async def _sleeping(client) -> bool:

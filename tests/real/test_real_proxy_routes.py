@@ -23,7 +23,7 @@ async def messages(p: Proxied, system: str, turns: list[dict], *, stream: bool =
     """One Anthropic Messages request through the proxy: the answer (its message, or a stream's
     ``message_start``), and the request's record."""
     body = {"model": "gemma", "max_tokens": 4, "temperature": 0, "system": system, "messages": turns, "stream": stream}
-    async with httpx.AsyncClient(timeout=60) as h:
+    async with httpx.AsyncClient(timeout=300) as h:
         r = await h.post(p.proxy.http.url + "/v1/messages", json=body)
     assert r.status_code == 200, r.text
     if stream:
@@ -32,7 +32,7 @@ async def messages(p: Proxied, system: str, turns: list[dict], *, stream: bool =
         answer = next(e["message"] for e in events if e["type"] == "message_start")
     else:
         answer = r.json()
-    rec = await asyncio.wait_for(p.judged.get(), 30)
+    rec = await asyncio.wait_for(p.judged.get(), 120)
     return answer, rec
 
 
@@ -70,14 +70,14 @@ def test_openai_responses_are_one_conversation_judged_by_their_own_usage(real_pr
             first = await p.client.responses.create(model="gemma", instructions=SYSTEMS["C"],
                                                     input="What is the first word?", max_output_tokens=4,
                                                     temperature=0)
-            r1 = await asyncio.wait_for(p.judged.get(), 30)
+            r1 = await asyncio.wait_for(p.judged.get(), 120)
             assert r1.path == "/v1/responses" and r1.verdict is VerdictKind.NEW, r1
             turns = [{"type": "message", "role": "user", "content": "What is the first word?"},
                      {"type": "message", "role": "assistant", "content": first.output_text},
                      {"type": "message", "role": "user", "content": "And the second?"}]
             second = await p.client.responses.create(model="gemma", instructions=SYSTEMS["C"], input=turns,
                                                      max_output_tokens=4, temperature=0)
-            r2 = await asyncio.wait_for(p.judged.get(), 30)
+            r2 = await asyncio.wait_for(p.judged.get(), 120)
             assert r2.conversation == r1.conversation and r2.slot == r1.slot, r2
             assert r2.verdict is VerdictKind.HIT, r2
             cached = second.usage.input_tokens_details.cached_tokens
@@ -89,7 +89,7 @@ def test_openai_responses_are_one_conversation_judged_by_their_own_usage(real_pr
                                                      max_output_tokens=4, temperature=0, stream=True)
             kinds = [event.type async for event in stream]
             assert kinds[-1] == "response.completed", kinds
-            r3 = await asyncio.wait_for(p.judged.get(), 30)
+            r3 = await asyncio.wait_for(p.judged.get(), 120)
             assert r3.conversation == r1.conversation and r3.stream and r3.verdict is VerdictKind.HIT, r3
 
     asyncio.run(go())
@@ -103,11 +103,11 @@ def test_a_request_with_an_image_is_passed_through_and_said_so(real_profile):
             body = {"model": "gemma", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "What is in this picture?"},
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}
-            async with httpx.AsyncClient(timeout=60) as h:
+            async with httpx.AsyncClient(timeout=300) as h:
                 direct = await h.post(p.handle.url + "/v1/chat/completions", json=body)
                 proxied = await h.post(p.proxy.http.url + "/v1/chat/completions", json=body)
             assert (proxied.status_code, proxied.json()) == (direct.status_code, direct.json())
-            rec = await asyncio.wait_for(p.judged.get(), 30)
+            rec = await asyncio.wait_for(p.judged.get(), 120)
             assert rec.explanation is not None and rec.explanation.cause is Cause.MULTIMODAL, rec
             assert "an image" in rec.explanation.detail
             assert all(v.conversation != rec.conversation for v in p.proxy.leases.snapshot())
@@ -120,12 +120,12 @@ def test_a_text_prompt_continued_is_one_conversation_judged_by_what_its_prompt_h
     its text) is the same conversation, in the same slot, expected to reuse what that prompt came to."""
     async def go():
         async with Proxied(real_profile.replace(proxy=True)) as p:
-            async with httpx.AsyncClient(timeout=60) as h:
+            async with httpx.AsyncClient(timeout=300) as h:
                 async def complete(prompt: str):
                     r = await h.post(p.proxy.http.url + "/completion",
                                      json={"prompt": prompt, "n_predict": 4, "temperature": 0})
                     assert r.status_code == 200, r.text
-                    return r.json(), await asyncio.wait_for(p.judged.get(), 30)
+                    return r.json(), await asyncio.wait_for(p.judged.get(), 120)
 
                 first, r1 = await complete(SYSTEMS["A"])
                 assert r1.verdict is VerdictKind.NEW

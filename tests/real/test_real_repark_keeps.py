@@ -53,7 +53,7 @@ def test_the_stops_park_of_a_continued_session_keeps_its_verdict_ledger_and_hist
             svc.on_verdict(lambda slot, name, v: verdict.done() or verdict.set_result((name, v)))
             await svc.resume("design chat", 0, force=True)
             await svc.target.client.completion(PROMPT + " Which bay?", slot_id=0, n_predict=2)
-            name, v = await asyncio.wait_for(verdict, 60)
+            name, v = await asyncio.wait_for(verdict, 120)
             earned = catalog.get("built", "design chat")
             report = await servers.park_then_stop(handle.id, StopTrigger.QUIT)  # quitting the window
         finally:

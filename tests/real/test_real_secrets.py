@@ -153,12 +153,12 @@ def test_a_profiles_key_is_in_no_argv_file_report_log_panel_window_text_or_crash
 
     crashed = signal_future(w.controller.sig_crashed)
     os.kill(pid, signal.SIGKILL)
-    outcome = run(qloop, crashed, 30)
+    outcome = run(qloop, crashed, 120)
     texts |= {"crash": outcome.summary(), "form errors": w.profiles.errors.text(), "state": w.state_label.text(),
               "url label": w.url_label.text(), "log panel after the crash": w.log_panel.shown_text(),
               "window after the crash": window_text(w)}
     assert "signal 9" in texts["crash"]
-    run(qloop, w.shutdown(), 30)
+    run(qloop, w.shutdown(), 120)
 
     for name, r in done.items():
         texts[f"{name} stdout"], texts[f"{name} stderr"] = r.stdout, r.stderr

@@ -40,7 +40,7 @@ async def test_start_ready_crash_autorestart_stop(real_profile):
 
         # kill -9: Crashed with its outcome, then the auto-restart brings it back.
         first = sup.pid
-        crashed = asyncio.ensure_future(sup.wait_state(ServerState.CRASHED, timeout=30))
+        crashed = asyncio.ensure_future(sup.wait_state(ServerState.CRASHED, timeout=120))
         await asyncio.sleep(0)
         os.kill(first, signal.SIGKILL)
         await crashed

@@ -40,13 +40,13 @@ def test_start_reaches_ready_and_a_kill_shows_its_cause(qtbot, qloop, real_profi
 
     crashed = signal_future(w.controller.sig_crashed)
     os.kill(w.controller.supervisor.pid, signal.SIGKILL)
-    outcome = run(qloop, crashed, 30)
+    outcome = run(qloop, crashed, 120)
     assert "signal 9" in outcome.summary()
     assert "Server Crashed" in w.state_label.text()
     assert "signal 9 (SIGKILL)" in w.url_label.text()
     assert "stopped unexpectedly" in w.profiles.errors.text()
     assert w.profiles.start_button.isEnabled()
-    run(qloop, w.shutdown(), 30)
+    run(qloop, w.shutdown(), 120)
 
 
 def qtbot_button():
@@ -92,7 +92,7 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
         await slot_chooser_shows(panel, 0, "tokens")
         choose_slot(panel, 0)
         qtbot.keyClicks(panel.name, "real chat")
-        label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK, 60)
+        label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK, 120)
         assert ok and "Parked slot 0 as 'real chat'" in text and "sidecar" in text.lower()
         with Catalog(paths.catalog_path()) as cat:
             rec = cat.get("real", "real chat")
@@ -100,24 +100,24 @@ def test_park_restart_resume_by_clicks_on_the_real_server(qtbot, qloop, real_pro
 
         stopped = signal_future(w.controller.sig_state, lambda s, d: s == "Stopped")
         qtbot.mouseClick(w.profiles.stop_button, Qt.LeftButton)
-        await asyncio.wait_for(stopped, 30)
+        await asyncio.wait_for(stopped, 120)
         await start()
 
         click_row(qtbot, panel, "real chat")
         choose_slot(panel, 0)
-        label, ok, text = await click(qtbot, panel, panel.resume_button, Operation.RESUME, 60)
+        label, ok, text = await click(qtbot, panel, panel.resume_button, Operation.RESUME, 120)
         assert ok and f"into slot 0: {rec.n_tokens:,} tokens" in text and "re-prefill" in text
         restored = signal_future(w.monitor_panel.sig_snapshot, lambda snap: any(
             r.id == 0 and r.tokens_known_from_restore for r in snap.slots))
         open_tab(qtbot, w, w.monitor_panel)
-        await asyncio.wait_for(restored, 15)
+        await asyncio.wait_for(restored, 120)
         m = w.monitor_panel.slots_model
         assert m.data(m.index(0, SlotsTableModel.COL_TOKENS)) == f"{rec.n_tokens:,} (restored)"
 
         verdict = signal_future(panel.controller.judged)
         async with LlamaClient(real_profile.url) as c:
             await c.completion(TEXT + " And then?", slot_id=0, n_predict=2)
-        slot, session, v = await asyncio.wait_for(verdict, 60)
+        slot, session, v = await asyncio.wait_for(verdict, 120)
         assert (slot, session, v.kind) == (0, "real chat", "DISCARDED")
         assert v.cache_n == 0 and v.prompt_n >= rec.n_tokens
         with Catalog(paths.catalog_path()) as cat:

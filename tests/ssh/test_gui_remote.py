@@ -62,7 +62,7 @@ async def add_host_by_dialog(w, sshd) -> tuple[bool, str]:
     dlg.identity.setText(str(sshd.client_key))
     checked = signal_future(dlg.sig_checked)
     dlg.add_button.click()
-    return await asyncio.wait_for(checked, 60)
+    return await asyncio.wait_for(checked, 120)
 
 
 def drop_on_row(w, mime, target_id: str) -> None:
@@ -120,7 +120,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             # a click on the remote row: the Sessions tab lists the host's session
             loaded = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "box:there")
             click_row(qtbot, w, "box:there")
-            await asyncio.wait_for(loaded, 60)
+            await asyncio.wait_for(loaded, 120)
             assert [r.name for r in sessions.source_model.records] == ["chat"]
             assert sessions.controller.sessions.host == "box"
             assert not sessions.check_button.isEnabled() and not sessions.rename_button.isEnabled()  # the host's
@@ -132,7 +132,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             # the Monitor tab: the host's slots from its `kv-valet status there --json`, asked while seen
             monitored = signal_future(w.remote_view.sig_monitor, lambda tid: tid == "box:there")
             open_tab(qtbot, w, w.monitor_panel)
-            await asyncio.wait_for(monitored, 60)
+            await asyncio.wait_for(monitored, 120)
             assert w.monitor_panel.slots_model.rowCount() == there.parallel
             assert "there on box" in w.monitor_panel.status_label.text() and "ok" in w.monitor_panel.status_label.text()
             open_tab(qtbot, w, sessions)
@@ -145,7 +145,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             qtbot.mouseClick(sessions.park_button, Qt.LeftButton)
             _label, ok, text = await asyncio.wait_for(parked, 120)
             assert ok, text
-            await asyncio.wait_for(relisted, 60)
+            await asyncio.wait_for(relisted, 120)
             assert sorted(r.name for r in sessions.source_model.records) == ["again", "chat"]
 
             # drag "chat" onto this machine's row: moved, restored and judged here
@@ -153,7 +153,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             asking = signal_future(w.session_moves.sig_asking)
             done = signal_future(w.session_moves.sig_done)
             drop_on_row(w, w.session_moves.mime_of(rec), "profile:here")
-            await asyncio.wait({asking}, timeout=10)
+            await asyncio.wait({asking}, timeout=120)
             assert asking.done(), sessions.message.text()
             dlg = asking.result()
             assert dlg.move_button.isChecked() and dlg.restore.isEnabled() and dlg.restore.isChecked()
@@ -178,7 +178,7 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
         # back to this machine's row: its own sessions, its own health
         shown = signal_future(sessions.controller.service_changed, lambda s: s is not None and s.profile_name == "here")
         click_row(qtbot, w, "profile:here")
-        await asyncio.wait_for(shown, 30)
+        await asyncio.wait_for(shown, 120)
         assert sessions.controller.sessions is sessions.controller.service
         assert [r.name for r in sessions.source_model.records] == ["chat"]
         assert w.health_panel.shown == "profile:here"
