@@ -371,7 +371,7 @@ def signal_future(signal, predicate=lambda *args: True):
     return fut
 
 
-def run(loop, coro_or_future, timeout=60):
+def run(loop, coro_or_future, timeout=120):  # a guard against a hang, not a speed claim
     import asyncio
 
     return loop.run_until_complete(asyncio.wait_for(coro_or_future, timeout))
