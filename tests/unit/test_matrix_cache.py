@@ -10,6 +10,16 @@ import pytest
 from tests.real import resume_matrix as rm
 
 
+def model_maker(salt: str):
+    """A stand-in for test-llama-archs: a model file whose bytes name its architecture (and ``salt``)."""
+    def make_model(tool, arch, folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{arch}-dense.gguf"
+        path.write_bytes(f"model {arch}{salt}".encode())
+        return path
+    return make_model
+
+
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A stock server folder (a program and a library), a sidecar build, a model maker and the code files."""
@@ -27,13 +37,7 @@ def world(tmp_path, monkeypatch):
     monkeypatch.setattr(rm, "binaries", lambda: bins)
     monkeypatch.setattr(rm, "archs_tool", lambda: tmp_path / "test-llama-archs")
 
-    def make_model(tool, arch, folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{arch}-dense.gguf"
-        path.write_bytes(f"model {arch}".encode())
-        return path
-
-    monkeypatch.setattr(rm, "make_model", make_model)
+    monkeypatch.setattr(rm, "make_model", model_maker(""))
     monkeypatch.setattr(rm, "MEASURING_CODE", (code,))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv(rm.REMEASURE_ENV, raising=False)
@@ -73,13 +77,7 @@ def test_the_same_bytes_read_the_kept_cells_and_any_change_measures_again(world,
 def test_a_model_of_other_bytes_measures_again(world, monkeypatch):
     _, digest, _ = rm.measure_cached(world["tmp"] / "w1", progress=lambda s: None)
 
-    def other_model(tool, arch, folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{arch}-dense.gguf"
-        path.write_bytes(f"model {arch}, another seed".encode())
-        return path
-
-    monkeypatch.setattr(rm, "make_model", other_model)
+    monkeypatch.setattr(rm, "make_model", model_maker(", another seed"))
     _, new, kept = rm.measure_cached(world["tmp"] / "w2", progress=lambda s: None)
     assert not kept and new != digest
 

@@ -6,27 +6,12 @@ difference; a test that passes directly again is one. The suite itself is replac
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-UPSTREAM = Path(__file__).resolve().parents[1] / "upstream"
-
-
-def _load(name: str, path: Path):
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # its dataclasses look their module up
-    loader.exec_module(mod)
-    return mod
-
-
-runner = _load("kvv_upstream_run_floors", UPSTREAM / "run")
+from tests.unit.test_upstream_runner import runner  # the runner script, loaded once
 
 TESTS = ["test_basic::test_health", "test_basic::test_props[a-b]", "test_tool_call::test_weather[x y]",
          "test_slot_save::test_slot_erase"]
