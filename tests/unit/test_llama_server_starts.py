@@ -269,8 +269,9 @@ def test_no_test_starts_a_llama_cpp_program_but_through_the_helper():
 @pytest.mark.parametrize("source", [
     # the park-size test's start before issue #35
     "def measure(binary, model, port):\n"
-    "    proc = subprocess.Popen([binary, '-m', str(model), '--port', str(port)], stdout=log,\n"
-    "                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)\n",
+    "    proc = subprocess.Popen(\n"
+    "        [binary, '-m', str(model), '--port', str(port)], stdout=log,\n"
+    "        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)\n",
     # the resume matrix's: an argv built in a variable first
     "class Server:\n"
     "    def start(self):\n"
