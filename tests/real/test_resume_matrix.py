@@ -1,11 +1,15 @@
 """The resume matrix, measured again on real servers: every cell, and every face that predicts from it (issue #26).
 
 ``app/core/resume_matrix.json`` holds what a resume after a restart bought, per model family (tiny models
-made here by llama.cpp's test-llama-archs), build (stock 11434, the sidecar build as the fork and as v2),
-configuration and probe (tests/real/resume_matrix.py). The first test measures all 300 cells (75 server
-configurations, each restarted once per probe: about two minutes on two cores; kept under a digest of the
-binaries, the models and the measuring code, and measured again when any of them changes) and fails on any
-cell whose verdict is not the file's: a server that changed, or a prediction someone edited. The second runs
+made here by llama.cpp's test-llama-archs), build (stock 11434, KV Valet's sidecar build in fork mode, the
+turboquant fork's behaviour, and in v2), configuration and probe (tests/real/resume_matrix.py). The first test
+measures all 300 cells (75 server configurations, each restarted once per probe: about two minutes on two quiet
+cores, eleven on a busy pair; kept under a digest of the binaries, the models and the measuring code, and
+measured again when any of them changes) and fails on any cell whose verdict is not the file's, or whose
+figures (n_restored, prompt_n, cache_n, the sidecar's loaded count, the checkpoint used, the full re-processing
+line) are not within resume_matrix.FIGURE_BOUNDS of the file's (all exact: see there why): a server that
+changed, or a prediction someone edited. The measured side never comes from the file: it is the servers' own
+figures, measured now or kept by an earlier measurement under the same digest. The second runs
 the app itself on every family, build and configuration (75 servers, each restarted once) and checks that what it says before (doctor,
 the park's warnings, the resume's question, the Sessions tooltip) and judges after agrees with the file.
 """
@@ -24,7 +28,7 @@ from app.core.resume_matrix import BUILDS, CONFIGS, FAMILIES, PROBES, expect, pr
 from app.core.rules import diagnose
 from app.tools.diagnose import gather_facts
 from tests.conftest import free_port
-from tests.real.resume_matrix import SYSTEM, measure_cached
+from tests.real.resume_matrix import FIGURE_BOUNDS, SYSTEM, figure_differences, measure_cached
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 from tests.real.test_real_families import archs_tool, tiny_models  # noqa: F401  (fixtures)
 from tests.real.test_real_sidecar_verdicts import Running
@@ -38,22 +42,27 @@ RESUME_RULES = {"resume-after-restart", "build-drops-checkpoints", "no-checkpoin
 @pytest.mark.timeout(1500)  # a hang guard above a measurement of all 300 cells on a busy pair of cores (~11 min)
 def test_every_cell_is_what_the_matrix_file_says(sidecar_server_bin, archs_tool, tmp_path):
     """Measured now, or (the same binaries, models and measuring code: the same digest) as measured before:
-    tests/real/resume_matrix.py measure_cached. Either way every cell is compared with the file."""
+    tests/real/resume_matrix.py measure_cached. Either way every cell's verdict and figures are compared with
+    the file's, the figures within FIGURE_BOUNDS."""
     cells, digest, kept = measure_cached(tmp_path, progress=lambda s: None)
-    print(f"resume matrix cells {'as kept under' if kept else 'measured now, kept under'} {digest[:16]}")
+    print(f"resume matrix cells {'as kept under' if kept else 'measured now, kept under'} {digest[:16]}; "
+          f"figures compared within {FIGURE_BOUNDS}")
     assert len(cells) == len(FAMILIES) * len(BUILDS) * len(CONFIGS) * len(PROBES)
+    assert len({(c.family, c.build, c.config, c.probe) for c in cells}) == len(cells)  # every cell once
     wrong = []
     for c in cells:
         assert c.error is None, (c.family, c.build, c.config, c.probe, c.error)
         filed = expect(c.family, c.build, c.config, c.probe)
         assert filed is not None, (c.family, c.build, c.config, c.probe)
+        name = f"{c.family}/{c.build}/{c.config}/{c.probe}"
         if c.verdict != filed.verdict:
-            wrong.append(f"{c.family}/{c.build}/{c.config}/{c.probe}: measured {c.verdict} ({c.reason}), "
-                         f"the file says {filed.verdict}")
-        # the one prediction every face uses reads the same cell
+            wrong.append(f"{name}: measured {c.verdict} ({c.reason}), the file says {filed.verdict}")
+        wrong += [f"{name}: {d}" for d in figure_differences(c, filed)]
+        # the one prediction every face uses says what was measured (not the file read twice)
         if c.probe in ("chat", "hidden"):
             p = predict(c.family, c.build, c.config, sidecar_usable=c.probe == "chat")
-            assert p.verdict == filed.verdict and (p.resumes is (filed.verdict == "HIT"))
+            if p.verdict != c.verdict or p.resumes is not (c.verdict == "HIT"):
+                wrong.append(f"{name}: the prediction says {p.verdict}, measured {c.verdict}")
     assert not wrong, "\n".join(wrong)
 
 
