@@ -23,7 +23,7 @@ restored and one probe sent:
 Each cell records what the server did (``n_restored``, ``prompt_n``, ``cache_n``, sidecar and checkpoint
 log lines) and the verdict KV Valet's one judge (:func:`app.core.verdict.judge`) gives it. The app reads
 the verdict kinds from ``app/core/resume_matrix.json`` (:mod:`app.core.resume_matrix`): this script
-writes that file and the README's "What resumes where" table from one run
+writes that file and the tables of README's "What resumes where" and the guide from one run
 
     .venv/bin/python tests/real/resume_matrix.py --write        # measure, then write both
     .venv/bin/python tests/real/resume_matrix.py --family hybrid --build stock   # print some cells
@@ -474,7 +474,8 @@ def main(argv=None) -> int:
     ap.add_argument("--family", action="append", choices=list(FAMILIES))
     ap.add_argument("--build", action="append", choices=list(BUILDS))
     ap.add_argument("--config", action="append", choices=list(CONFIGS))
-    ap.add_argument("--write", action="store_true", help="write app/core/resume_matrix.json and the README table")
+    ap.add_argument("--write", action="store_true",
+                    help="write app/core/resume_matrix.json and the tables (README, the guide)")
     ap.add_argument("--from-kept", action="store_true",
                     help="with --write: the cells measured under the current digest (measured now if none is kept)")
     ap.add_argument("--json", action="store_true", help="print the cells as JSON")
