@@ -9,9 +9,9 @@ measured again when any of them changes) and fails on any cell whose verdict is 
 figures (n_restored, prompt_n, cache_n, the sidecar's loaded count, the checkpoint used, the full re-processing
 line) are not within resume_matrix.FIGURE_BOUNDS of the file's (all exact: see there why): a server that
 changed, or a prediction someone edited. The measured side never comes from the file: it is the servers' own
-figures, measured now or kept by an earlier measurement under the same digest. The second runs
-the app itself on every family, build and configuration (75 servers, each restarted once) and checks that what it says before (doctor,
-the park's warnings, the resume's question, the Sessions tooltip) and judges after agrees with the file.
+figures, measured now or kept by an earlier measurement under the same digest. The second runs the app itself
+on every family, build and configuration (75 servers, each restarted once) and checks that what it says before
+(doctor, the park's warnings, the resume's question, the Sessions tooltip) and judges after agrees with the file.
 """
 
 from __future__ import annotations

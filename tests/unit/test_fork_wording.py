@@ -36,8 +36,8 @@ NAMES_WHAT_RAN = re.compile(r"\bfork\s+mode|\bfork\s+(?:and|or)\s+v2\s+modes\b",
 
 
 def sentences(text: str) -> list[tuple[int, str]]:
-    """(the first line of its paragraph, sentence) of a Markdown page: paragraphs and list items joined across their lines, table
-    rows and headings one each, fenced code left out."""
+    """(the first line of its paragraph, sentence) of a Markdown page: paragraphs and list items joined across
+    their lines, table rows and headings one each, fenced code left out."""
     blocks: list[tuple[int, list[str]]] = []
     in_code = False
     for i, line in enumerate(text.splitlines(), 1):
