@@ -78,6 +78,15 @@ def test_no_page_says_something_ran_on_the_fork_without_naming_fork_mode():
     assert not found, "say what ran (KV Valet's sidecar build in fork mode):\n" + "\n".join(found)
 
 
+def test_no_line_of_the_app_says_something_ran_on_the_fork_without_naming_fork_mode():
+    """The app's strings and comments, line by line (what a docstring says across lines, the pages' test reads
+    whole): the same rule."""
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in sorted((REPO / "app").rglob("*.py"))
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if CLAIM.search(line) and not NAMES_WHAT_RAN.search(line)]
+    assert not found, "say what ran (KV Valet's sidecar build in fork mode):\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize("claim", [
     "Reproduced on the fork: a 1,400-token session rolled back.",
     "Seen on the real fork build (`tests/real/test_real_output_check.py`): A loads B's checkpoints.",
