@@ -2,8 +2,9 @@
 
 * :func:`check_resume` restores the session and sends one short question, twice:
   (a) the state file's exact tokens + the question's tokens (the best case), and
-  (b) the saved tokens detokenised + the question as text (what a chat client
-  does; re-tokenising can move the tail). Each probe starts from a fresh restore
+  (b) the saved tokens detokenised + the question as the chat's next user turn in the
+  model's chat format (what a chat client does; re-tokenising can move the tail;
+  :mod:`app.sessions.probe_turn`). Each probe starts from a fresh restore
   and is judged from the first query's ``cache_n`` / ``prompt_n``.
 * :func:`ab_check` runs the seed's A/B on the same state file: once with its
   checkpoint sidecar, once with the sidecar moved aside (``<state>.ckpt`` →
@@ -32,12 +33,15 @@
   the same cold one). The cold prefills run after every probe (:func:`_check_outputs`): on the
   fork a slot keeps its checkpoints across an erase and a restore, and a later probe would
   reuse the ones a cold prefill made.
+* :func:`leaves_nothing`: a check or an A/B empties the slot it restored into when it ends, so
+  a stop's park of every slot parks nothing of it as a new session.
 * :func:`to_markdown` / :func:`to_csv` / :func:`to_json` export the same figures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import csv
 import inspect
 import io
@@ -57,12 +61,13 @@ from app.core.timings import Timings
 from app.sessions import sidecar_check
 from app.sessions.behaviour import predict_for_target
 from app.sessions.journal import HideJournal, Journal, JournalKind, Owner, Recovery, recover, recovers, replay
+from app.sessions.probe_turn import next_turn
 from app.sessions.slots import SlotError, find_row, held
 from app.sessions.target import ServerTarget
 from app.monitor.slots import RestoredSlot
 from app.core.verdict import Verdict, VerdictKind, worst
 from app.sessions.watch import judge_from_completion, scan_events
-from app.server.client import ServerError
+from app.server.client import ServerError, ServerUnreachable
 from app.server.logparse import Kind
 from app.server.sidecar import sidecar_candidates
 from app.server.statefile import StateFileError, read_state_header, read_state_tokens
@@ -145,6 +150,7 @@ class ABReport:
     protocol: str = PROTOCOL_RESTARTS
     behaviour: str = "unknown"  # the build's sidecar behaviour (app.core.sidecar_behaviour)
     output_check: bool = True  # each arm's output compared with a cold prefill's
+    question_sent: str = ""  # how the chat probe sent the question ("" when no chat probe ran as text)
 
     def row(self, name: str) -> ProbeRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -172,6 +178,7 @@ class CheckReport:
     protocol: str = PROTOCOL_ONE_PROCESS
     behaviour: str = "unknown"
     output_check: bool = True  # each probe's output compared with a cold prefill's
+    question_sent: str = ""  # how the text probe sent the question ("" when it did not run)
 
     def probe(self, name: str) -> ProbeRow | None:
         return next((r for r in self.probes if r.name == name), None)
@@ -194,6 +201,7 @@ class _Ctx:
     warnings: list[str]
     prediction: LoadPrediction | None = None  # what this build's loader does with the sidecar
     on_progress: ProgressFn | None = None  # where the check says what it is doing (a line of text)
+    question_sent: str = ""  # how the chat probe sent the question (app.sessions.probe_turn.NextTurn.how)
 
     def say(self, text: str) -> None:
         _say(self.on_progress, text)
@@ -346,6 +354,7 @@ async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
     t = ctx.target
     seq = _log_seq(t)
     ctx.say(f"restoring {len(ctx.tokens):,} tokens into slot {ctx.slot_id}")
+    _mark_used(ctx.slot_id)  # from here on the slot holds the check's tokens (a failed restore empties it)
     t0 = time.perf_counter()
     try:
         resp = await t.client.restore_slot(ctx.slot_id, ctx.record.state_file)
@@ -359,7 +368,9 @@ async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
 
 
 async def _prompt_for(ctx: _Ctx, mode: str, question: str) -> tuple[Any, list[int] | None]:
-    """The probe's prompt and, when known, its tokens (for the common prefix)."""
+    """The probe's prompt and, when known, its tokens (for the common prefix). The "text" probe sends
+    the question as a chat client sends the next turn: through the model's chat format
+    (:mod:`app.sessions.probe_turn`), else as raw text after the chat (``ctx.question_sent`` says which)."""
     client = ctx.target.client
     if mode in ("exact", "rollback"):
         q = await client.tokenize(question)
@@ -372,7 +383,9 @@ async def _prompt_for(ctx: _Ctx, mode: str, question: str) -> tuple[Any, list[in
         # the server adds BOS itself; keeping it in the text would give two
         text = text[len(ctx.bos_text):]
         had_bos = True
-    prompt = text + question
+    turn = await next_turn(client, question)  # the question as the chat's next user turn, when it can be
+    ctx.question_sent = turn.how
+    prompt = turn.prompt(text, question)
     toks = None
     try:
         toks = await client.tokenize(prompt)
@@ -548,6 +561,48 @@ def _record_event(catalog: Catalog, record: SessionRecord, kind: str, build: str
         catalog.record_prefill(record.profile, row.prompt_n, row.prompt_ms)
 
 
+# --------------------------------------------------------------------------- nothing left behind
+
+#: the slots the running check or A/B restored into (:func:`leaves_nothing`)
+_USED: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar("check_used_slots", default=None)
+
+
+def _mark_used(slot_id: int) -> None:
+    used = _USED.get()
+    if used is not None:
+        used.add(slot_id)
+
+
+def leaves_nothing(target: ServerTarget, slot_id: int,
+                   run: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """``run`` (a check or an A/B on ``slot_id``), then the slot emptied, whatever happened, once the
+    check restored into it: what it holds then (the parked tokens, the question, a few answered
+    tokens) is no chat of the user's, and a park of every slot (a stop, a quit, ``park --all``) would
+    park it again as a new dated session. A check refused before its restore (a busy slot, a slot
+    the server does not have) leaves the slot as it was."""
+
+    async def wrapped() -> Any:
+        used: set[int] = set()
+        token = _USED.set(used)
+        try:
+            return await run()
+        finally:
+            _USED.reset(token)
+            if slot_id in used:
+                await _empty_slot(target, slot_id)
+
+    return wrapped
+
+
+async def _empty_slot(target: ServerTarget, slot_id: int) -> None:
+    try:
+        await target.client.erase_slot(slot_id)
+    except (ServerError, ServerUnreachable) as exc:  # the server died or restarted: nothing is left in it
+        log.info("emptying slot %s after the check: %s", slot_id, exc)
+    target.restored.pop(slot_id, None)
+    target.held_as.pop(slot_id, None)
+
+
 # --------------------------------------------------------------------------- check resume
 
 async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int, *,
@@ -592,9 +647,10 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
                            n_restored=rows[0].n_restored or len(ctx.tokens), sidecar_status=ctx.sidecar_status,
                            sidecar_count=ctx.sidecar_count, question=question, probes=rows, verdict=overall,
                            warnings=ctx.warnings, protocol=PROTOCOL_RESTARTS if restart else PROTOCOL_ONE_PROCESS,
-                           behaviour=str(target.behaviour), output_check=output_check)
+                           behaviour=str(target.behaviour), output_check=output_check,
+                           question_sent=ctx.question_sent)
 
-    return await target.queue.run(f"check {record.name}", run)
+    return await target.queue.run(f"check {record.name}", leaves_nothing(target, slot_id, run))
 
 
 # --------------------------------------------------------------------------- A/B
@@ -781,10 +837,10 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
             end_to_end_speedup=_ratio(hidden_row.total_ms, with_row.total_ms),
             baseline_speedup=_ratio(base_row.prompt_ms, with_row.total_ms) if base_row else None,
             note=note, had_sidecar=has_sidecar, protocol=protocol, behaviour=str(target.behaviour),
-            output_check=output_check,
+            output_check=output_check, question_sent=ctx.question_sent,
         )
 
-    return await target.queue.run(f"A/B {record.name}", run)
+    return await target.queue.run(f"A/B {record.name}", leaves_nothing(target, slot_id, run))
 
 
 async def _baseline(ctx: _Ctx, question: str, n_predict: int) -> ProbeRow:
@@ -844,7 +900,7 @@ def _ab_dict(ab: ABReport) -> dict[str, Any]:
     return {"type": "ab", "session": ab.session, "profile": ab.profile, "build": ab.build, "slot_id": ab.slot_id,
             "n_restored": ab.n_restored, "sidecar_status": ab.sidecar_status, "sidecar_count": ab.sidecar_count,
             "had_sidecar": ab.had_sidecar, "note": ab.note, "at": ab.at, "protocol": ab.protocol,
-            "behaviour": ab.behaviour, "output_check": ab.output_check,
+            "behaviour": ab.behaviour, "output_check": ab.output_check, "question_sent": ab.question_sent or None,
             "rows": [row_json(r) for r in ab.rows], "ratios": ratios(ab)}
 
 
@@ -855,6 +911,7 @@ def report_dict(report: CheckReport | ABReport) -> dict[str, Any]:
             "slot_id": report.slot_id, "n_restored": report.n_restored, "sidecar_status": report.sidecar_status,
             "sidecar_count": report.sidecar_count, "question": report.question, "at": report.at,
             "protocol": report.protocol, "behaviour": report.behaviour, "output_check": report.output_check,
+            "question_sent": report.question_sent or None,
             "verdict": {"kind": report.verdict.kind.value, "reason": report.verdict.reason},
             "warnings": list(report.warnings), "probes": [row_json(r) for r in report.probes],
             "ab": _ab_dict(report.ab) if report.ab else None}
@@ -928,6 +985,13 @@ def _output_lines(items: list[ProbeRow], enabled: bool) -> list[str]:
     return out
 
 
+def _question_lines(question: str, sent: str) -> list[str]:
+    """How the chat probe asked its question ("as a user turn through the model's chat template")."""
+    if not sent:
+        return []
+    return [f"- the chat probe's question{f' {question.strip()!r}' if question.strip() else ''}: sent {sent}"]
+
+
 def _ratio_text(x: float | None) -> str:
     return "–" if x is None else f"{x:,.2f}×"
 
@@ -944,6 +1008,7 @@ def _md_ab(ab: ABReport) -> list[str]:
         out.append(f"- baseline full prefill / resume with sidecar: {_ratio_text(rt['baseline_speedup'])}")
     if ab.note:
         out.append(f"- {ab.note}")
+    out += _question_lines("", ab.question_sent)
     out += _output_lines(ab.rows, ab.output_check)
     return out
 
@@ -962,6 +1027,7 @@ def to_markdown(report: CheckReport | ABReport) -> str:
     out += ["", f"**Verdict: {report.verdict.kind.value}**: {report.verdict.reason}"]
     for r in report.probes:
         out.append(f"- {r.name}: {r.verdict.reason}")
+    out += _question_lines(report.question, report.question_sent)
     out += _output_lines(report.probes, report.output_check)
     for w in report.warnings:
         out.append(f"- warning: {w}")
