@@ -35,7 +35,8 @@ def add_commands(sub) -> argparse.ArgumentParser:
     p.add_argument("--slot", type=int, default=None,
                    help="slot to restore into (default: the slot it was parked from if empty, else the first "
                         "empty slot)")
-    p.add_argument("--yes", action="store_true", help="restore over a slot that holds tokens")
+    p.add_argument("--yes", action="store_true", help="restore over a slot that holds tokens, or a park whose "
+                   "files are not the ones it wrote (another chat's sidecar copied over its own)")
     p.add_argument("--ab", action="store_true", help="also run the A/B: with the checkpoint sidecar and with it hidden")
     p.add_argument("--baseline", action="store_true", help="also time a full prefill of the same tokens in an empty slot"
                                                            " (implies --ab)")

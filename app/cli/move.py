@@ -33,6 +33,8 @@ def add_commands(ssa) -> None:
         p.add_argument("--restore", action="store_true",
                        help="then restore it at the target (its server must run) and judge a first query")
         p.add_argument("--slot", type=int, default=None, help="with --restore: the slot (default: the app's choice)")
+        p.add_argument("--yes", action="store_true", help="move it even when a file is not the one parked "
+                       "(another chat's sidecar copied over its own)")
         p.add_argument("--json", action="store_true", help="print one JSON object")
         p.set_defaults(run=lambda a, keep=(verb == "copy"): cmd_move(a, keep))
     f = ssa.add_parser("facts", help="a session's facts and files, for a move from this machine (JSON)")
@@ -116,7 +118,8 @@ def cmd_move(args, keep: bool) -> int:
             target = _endpoint(args.to, catalog, hosts)
             progress = None if args.json else _Progress(f"{'copying' if keep else 'moving'} '{args.name}'")
             result = await move_session(source, args.name, target, keep_source=keep, new_name=args.rename,
-                                        on_progress=progress, on_committed=on_committed)
+                                        on_progress=progress, on_committed=on_committed,
+                                        force=getattr(args, "yes", False))
             restored = await _restore(args, target, result.record.name) if args.restore else None
             return result, restored
         finally:

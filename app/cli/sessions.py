@@ -39,7 +39,8 @@ def add_commands(sub) -> None:
     rs.add_argument("session")
     rs.add_argument("--slot", type=int, default=None,
                     help="slot id (default: the slot it was parked from if empty, else the first empty slot)")
-    rs.add_argument("--yes", action="store_true", help="resume despite warnings (slot not empty, re-prefill)")
+    rs.add_argument("--yes", action="store_true", help="resume despite warnings (slot not empty, re-prefill, a file that is not "
+                    "the one parked)")
     rs.add_argument("--save-dir", default=None, help="the server's --slot-save-path (required for a URL)")
     rs.add_argument("--json", action="store_true", help="print one JSON object (errors too, same exit status)")
     add_key_option(rs)
@@ -339,9 +340,13 @@ def cmd_sessions(args) -> int:
                       "rate; a resume that re-prefilled counts 0)")
             return Exit.OK
         if args.action == "show":
+            from app.sessions.files_check import look
+
             r = get_session(catalog, args.name, args.profile, verify_hash=True)
+            files = look(catalog, r)  # the park's files against what it wrote (app.core.park_files)
             if args.json:
                 d = asdict(r)
+                d["files_check"] = files.to_dict()
                 d["history"] = [asdict(e) for e in catalog.history(r.id)] if r.id is not None else []
                 print(json.dumps(d, indent=1, ensure_ascii=False))
                 return Exit.OK
@@ -350,7 +355,8 @@ def cmd_sessions(args) -> int:
                     ("tokens", f"{r.n_tokens:,} (slot {r.slot_id}, n_ctx {r.n_ctx_slot:,})"),
                     ("model", f"{r.model_path} ({r.memory_kind})"),
                     ("KV types", f"{r.cache_type_k}/{r.cache_type_v}"), ("build", r.server_build),
-                    ("sidecar", f"{r.sidecar_status} ({r.sidecar_count} checkpoints): {r.sidecar_reason}")]
+                    ("sidecar", f"{r.sidecar_status} ({r.sidecar_count} checkpoints): {r.sidecar_reason}"),
+                    ("files", files.sentence + (" (a resume, check or move asks for --yes)" if files.refuses else ""))]
             if r.last_restore_ms is not None:
                 rows.append(("last resume", f"{r.last_n_restored:,} tokens in {r.last_restore_ms:,.1f} ms"))
             if r.last_verdict:

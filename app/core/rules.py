@@ -166,6 +166,8 @@ class Facts:
     largest_session_tokens: int | None = None
     build_persists_checkpoints: bool | None = None
     sidecar_behaviour: str | None = None  # app.core.sidecar_behaviour.Behaviour of the binary, when known
+    # "'NAME': why" of each parked session whose files are not the ones its park wrote (app.core.park_files)
+    foreign_parks: tuple[str, ...] | None = None
 
     def known_cache_types(self) -> tuple[str, ...] | None:
         if self.cache_types:
@@ -474,6 +476,14 @@ def _cache_type_unsupported(field_name: str):
     return check
 
 
+def _foreign_parks(p: LaunchProfile, f: Facts):
+    if not f.foreign_parks:
+        return False
+    n = len(f.foreign_parks)
+    who = f"{n:,} parked session of this profile holds" if n == 1 else f"{n:,} parked sessions of this profile hold"
+    return {"who": who, "which": "; ".join(f.foreign_parks)}
+
+
 def _swa_full_memory(p: LaunchProfile, f: Facts):
     if not p.swa_full or str(f.memory_kind) != "sliding-window":
         return False
@@ -620,6 +630,13 @@ RULES: tuple[Rule, ...] = (
                  "it will refuse to start."),
         remedies=(Remedy("Use the default V cache type (f16)", {"cache_type_v": None}),),
         source="the binary's --help (the turboquant fork adds turbo2/3/4)",
+    ),
+    Rule(
+        id="park-files-changed", severity=Severity.WARNING, check=_foreign_parks,
+        message=("{who} files that are not the ones parked: {which}. A resume, a check, "
+                 "an A/B or a move of them asks first (--yes), and the conversation proxy leaves them parked; "
+                 "put the parked files back, park the chat again, or delete the session."),
+        source="KV Valet's record of each park's files (SHA-256 and checkpoint positions), issue #36",
     ),
     Rule(
         id="swa-full-memory", severity=Severity.INFO, check=_swa_full_memory,

@@ -116,6 +116,9 @@ class Reuse:
     ctx_checkpoints: int | None = 32
     behaviour: Any = None  # the build's sidecar behaviour (app.core.sidecar_behaviour) ...
     prediction: Any = None  # ... and what its loader was predicted to do before the restore
+    # the (n_tokens, pos_min, pos_max) of each checkpoint the park's sidecar held when it was parked
+    # (app.core.park_files; None: not recorded): a rollback to another position is called out
+    parked_positions: tuple[tuple[int, int, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -208,8 +211,18 @@ def judge(e: Reuse) -> Verdict:
         figures["checkpoint_n_past"] = e.checkpoint_restored.n_past
         figures["checkpoint_pos_max"] = e.checkpoint_restored.pos_max
     est = " (estimated: the log has no trace lines; run the server with -lv 4)" if estimated else ""
+    foreign = None
+    if e.checkpoint_restored is not None and e.restored:
+        from app.core.park_files import foreign_rollback
+
+        foreign = foreign_rollback(e.checkpoint_restored.pos_min, e.checkpoint_restored.pos_max, reusable,
+                                   e.parked_positions)
+        if foreign:
+            figures["foreign_rollback"] = e.checkpoint_restored.pos_max
 
     def verdict(kind: VerdictKind, reason: str) -> Verdict:
+        if foreign:
+            reason = f"{reason}; {foreign}"
         return Verdict(kind, reason + est, n_restored=reusable, prompt_n=prompt_n, cache_n=cache_n,
                        prompt_ms=ms_, rollback_tokens=rollback, checkpoints_loaded=e.sidecar_loaded_count,
                        figures=figures)

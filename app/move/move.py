@@ -65,6 +65,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 from app import paths
 from app import files as fileio
 from app.core.compat import Compatibility, Problem, SessionFacts, TargetFacts, check_move
+from app.core.park_files import FoundFile, ParkedFiles, compare
 from app.sessions.journal import Recovery
 from app.sessions.move_in import (MOVE_PREFIX, SIDECAR_SUFFIXES, discard_temps, recover_moves, settle_move,
                                   sha256_of, temp_name, write_receipt)
@@ -391,7 +392,8 @@ def _free_state_name(catalog: Catalog, save_dir: Path, name: str) -> str:
 
 
 _RESET = {"id": None, "last_restore_ms": None, "last_n_restored": None, "last_restore_at": None,
-          "last_verdict": None, "last_verdict_reason": None, "time_saved_s": 0.0, "last_time_saved_s": None}
+          "last_verdict": None, "last_verdict_reason": None, "time_saved_s": 0.0, "last_time_saved_s": None,
+          "files_verified": ""}  # the sender's stamps: the first look here hashes (parked_files travels: same bytes)
 
 
 def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int) -> None:
@@ -716,15 +718,35 @@ class RemoteEndpoint:
 # --------------------------------------------------------------------------- the move
 
 
-async def preview(source: Endpoint, name: str, target: Endpoint, *,
-                  new_name: str | None = None) -> tuple[SourceSession, TargetFacts, Compatibility]:
-    """The rules only, nothing copied: what a move of ``name`` to ``target`` would meet."""
+def _files_problems(src: SourceSession, sent: list[dict[str, Any]] | None = None) -> list[str]:
+    """The source's files against what its park wrote (app.core.park_files): their sizes before the copy,
+    their SHA-256 as sent (``sent``) after it. Empty when they are the parked ones or none were recorded."""
+    state = Path(src.record.state_file).name
+    by_suffix = {f.suffix: f for f in src.files}
+    found = {f["suffix"]: FoundFile(f["suffix"], state + f["suffix"], int(f["size"]), str(f["sha256"]))
+             for f in sent} if sent is not None else \
+        {sfx: FoundFile(sfx, state + sfx, f.size) for sfx, f in by_suffix.items()}
+    return list(compare(ParkedFiles.from_json(src.record.parked_files), found, state_name=state).problems)
+
+
+def _files_problem(text: str) -> Problem:
+    return Problem("parked files", text, "move it anyway with --yes, or park the chat again")
+
+
+async def preview(source: Endpoint, name: str, target: Endpoint, *, new_name: str | None = None,
+                  force: bool = False) -> tuple[SourceSession, TargetFacts, Compatibility]:
+    """The rules only, nothing copied: what a move of ``name`` to ``target`` would meet. A file that is
+    not the one parked is a refusal (a warning with ``force``)."""
     src = await source.session(name)
     facts = await target.describe()
     compat = check_move(src.facts, facts, name=new_name or src.record.name)
     if source.where == target.where:
         compat = Compatibility((Problem("target", f"'{name}' is in {target.where} already",
                                         "choose another profile or host"), *compat.refusals), compat.warnings)
+    foreign = tuple(_files_problem(p) for p in _files_problems(src))
+    if foreign:
+        compat = Compatibility(compat.refusals, (*foreign, *compat.warnings)) if force else \
+            Compatibility((*foreign, *compat.refusals), compat.warnings)
     return src, facts, compat
 
 
@@ -735,7 +757,8 @@ def _tell(on_progress: ProgressFn | None, done: int, total: int) -> None:
 
 async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_source: bool = False,
                        new_name: str | None = None, on_progress: ProgressFn | None = None,
-                       chunk: int = CHUNK, on_committed: Callable[[MoveResult], None] | None = None) -> MoveResult:
+                       chunk: int = CHUNK, on_committed: Callable[[MoveResult], None] | None = None,
+                       force: bool = False) -> MoveResult:
     """Copy session ``name`` from ``source`` to ``target`` (as ``new_name``), then, unless
     ``keep_source``, delete it at the source. Raises MoveRefused before anything is
     copied, MoveError (or the callback's, or the task's cancellation) after cleaning up.
@@ -744,7 +767,7 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
     (it renames and lists together, or not at all); ``on_committed(result)`` is called as
     soon as the target listed the session, before the source is deleted: a caller that is
     interrupted after that knows both copies exist."""
-    src, facts, compat = await preview(source, name, target, new_name=new_name)
+    src, facts, compat = await preview(source, name, target, new_name=new_name, force=force)
     if not compat.ok:
         raise MoveRefused(compat)
     move_id = secrets.token_hex(6)
@@ -773,6 +796,12 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
                 raise MoveError(f"the {f.role} file of '{name}' changed size during the move ({f.size:,} → "
                                 f"{n:,} bytes): parked again meanwhile? Try again")
             sent.append({"suffix": f.suffix, "size": n, "sha256": h.hexdigest()})
+        # the bytes sent are the parked ones (hashed as they went): else nothing is listed (``force``: said)
+        foreign = tuple(_files_problem(p) for p in _files_problems(src, sent))
+        if foreign and not force:
+            raise MoveRefused(Compatibility(foreign, ()))
+        compat = Compatibility(compat.refusals, (*compat.warnings, *(p for p in foreign
+                                                                      if p not in compat.warnings)))
         manifest = {"move_id": move_id, "name": new_name or src.record.name, "source": source.where,
                     "record": asdict(src.record), "files": sent}
     except BaseException as exc:

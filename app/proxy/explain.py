@@ -305,6 +305,8 @@ def tools_changed(ex: Explanation, before: object, now: object) -> Explanation:
 
 #: how a park the proxy did not restore, because the resume matrix says the restore buys nothing, is said
 USELESS_RESTORE = "a restore buys nothing on this server"
+#: how a park the proxy did not restore, because a file of it is not the one parked (app.core.park_files), is said
+FOREIGN_FILES = "its files are not the ones parked"
 
 
 def _restore_avoided(park: str | None, why: str, found: Explanation | None) -> Explanation:
@@ -318,6 +320,11 @@ def _restore_avoided(park: str | None, why: str, found: Explanation | None) -> E
         if found is not None and found.cause is not Cause.UNKNOWN:
             return dataclasses.replace(found, detail=f"{found.detail} {text}" if found.detail else text)
         return Explanation(Cause.RESTORE_WITHOUT_CHECKPOINTS, text)
+    if why.startswith(FOREIGN_FILES):
+        text = (f"The proxy did not restore {park!r}: {why[len(FOREIGN_FILES) + 2:]}. Restoring it could answer from "
+                f"another chat's state, so the prompt was processed anew and the park stays as it is on disk "
+                f"(kv-valet sessions show names the file).")
+        return Explanation(Cause.PARK_NOT_ITS_OWN, text)
     if why.startswith("the park's own tokens"):
         text = (f"The proxy did not restore {park!r}: {why}. The prompt was processed anew, and the park is "
                 f"replaced at the next save.")

@@ -34,7 +34,7 @@ from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
 from app.proxy.metrics import ProxyMetrics
-from app.sessions.resume import ResumeHazard, ResumeRefused, ResumeUseless
+from app.sessions.resume import ResumeHazard, ResumeMismatch, ResumeRefused, ResumeUseless
 from app.sessions.watch import common_prefix
 from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name, recover_leases
 from app.sessions.journal import Recovery
@@ -123,8 +123,11 @@ class SessionBackend:
         try:
             # never onto another chat's checkpoints (the fork keeps a slot's across a restore), and never
             # where the resume matrix measured that the restore buys the turn nothing: re-process instead
+            # nor a park whose files are not the ones it wrote (another chat's sidecar copied over its own)
             result = await self._observed("restore", name, (await self._svc()).resume(
-                name, slot, force=True, avoid_hazard=True, avoid_useless=probe))
+                name, slot, force=True, avoid_hazard=True, avoid_useless=probe, avoid_mismatch=True))
+        except ResumeMismatch as e:
+            raise RestoreAvoided(f"{explain_mod.FOREIGN_FILES}: {'; '.join(e.problems)}") from None
         except ResumeUseless as e:
             raise RestoreAvoided(f"{explain_mod.USELESS_RESTORE}: {e.reasons[0]}") from None
         except ResumeHazard as e:

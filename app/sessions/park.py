@@ -40,7 +40,7 @@ from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
 from app.core.resume_matrix import ResumePrediction
-from app.sessions import behaviour, sidecar_check
+from app.sessions import behaviour, files_check, sidecar_check
 from app.sessions.files_lock import FilesLock
 from app.sessions.slots import SlotError, find_row, held
 from app.sessions.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase, Recovery, recover, recovers, replay
@@ -49,7 +49,7 @@ from app.monitor.slots import SlotRow
 from app.server.client import ServerError, ServerUnreachable
 from app.server.sidecar import SidecarReport
 from app.server.statefile import StateFileError, read_state_header
-from app.store.catalog import Catalog, SessionRecord
+from app.store.catalog import Catalog, CatalogError, SessionRecord
 
 log = logging.getLogger(__name__)
 
@@ -565,6 +565,10 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
             files.make_private(f)  # the server wrote them with its umask: 0600, as every file of ours
         # off the loop: a PKCL v2 sidecar's state hash reads the whole file (fresh in the page cache now)
         sidecar = await asyncio.to_thread(sidecar_check.inspect, tmp, n_tokens, restore_kind, verify_hash=True)
+        # what this park wrote (each file's SHA-256, the sidecar's checkpoint positions): a file put in
+        # their place later is named before a resume, a check or a move (app.core.park_files)
+        _say(on_progress, "hashing the saved files")
+        written = await asyncio.to_thread(files_check.digest, tmp)
         state_size = tmp.stat().st_size
         now = time.time()
         _say(on_progress, "moving the files into place")
@@ -586,7 +590,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
                 cache_type_v=target.cache_type_v, n_ctx_slot=int(slot.n_ctx or 0), flash_attn=target.flash_attn,
                 swa_full=target.swa_full, memory_kind=memory_kind, sidecar_status=sidecar.status,
                 sidecar_reason=sidecar.reason, sidecar_count=len(sidecar.checkpoints), slot_id=slot_id,
-                updated_at=now,
+                updated_at=now, parked_files=written.to_json(),
             )
             commit = replace(entry, final=final_name, phase=ParkPhase.COMMIT, ino=tmp.stat().st_ino,
                              record=asdict(record))
@@ -609,6 +613,10 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
             raise ParkError(f"could not write the parked files in {save_dir}: {exc.strerror or exc}") from None
         raise
 
+    try:  # the files in place are the ones hashed: the next look at them is a stat(), not a hash
+        await asyncio.to_thread(files_check.stamp_files, catalog, stored)
+    except (OSError, CatalogError) as exc:
+        log.info("park of %r: its files' stamps were not recorded (%s): the next check hashes them", name, exc)
     if restore_kind in CHECKPOINTED_KINDS:
         catalog.record_sidecar_observation(target.build, sidecar.status in (
             SidecarStatus.PRESENT_VALID, SidecarStatus.PRESENT_UNVERIFIED), restore_kind)

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core.confirmation import NeedsConfirmation
+from app.core.park_files import FilesCheck
 from app.core.sidecar_behaviour import Behaviour, LoadPrediction
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
-from app.sessions import sidecar_check
+from app.sessions import files_check, sidecar_check
 from app.sessions.behaviour import predict_for_target, resume_prediction, resume_warning
 from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
 from app.sessions.park import model_identity
@@ -65,6 +66,16 @@ class ResumeUseless(ResumeRefused):
         super().__init__([reason])
 
 
+class ResumeMismatch(ResumeRefused):
+    """Refused because a file of the park is not the one parked (another chat's sidecar copied over
+    this one's, a state file written by something else: :mod:`app.core.park_files`): asked for by a
+    caller that re-processes instead and leaves the park as it is (the conversation proxy, Resume all)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(self.problems)
+
+
 class ResumeFailed(Exception):
     """The server refused the restore (the slot is now empty: a failed restore clears it)."""
 
@@ -78,6 +89,7 @@ class Preflight:
     slot: SlotRow | None = field(default=None, repr=False)  # the /slots row checked
     prediction: LoadPrediction | None = None  # what this build's loader does with the sidecar
     hazard: str | None = None  # another chat's checkpoints in the slot (a build that keeps them)
+    files: FilesCheck | None = None  # the park's files against what it wrote (app.core.park_files)
 
     @property
     def ok(self) -> bool:
@@ -93,6 +105,7 @@ class ResumeResult:
     warnings: list[str] = field(default_factory=list)
     prediction: LoadPrediction | None = None
     hazard: str | None = None  # the resume went on into a slot holding another chat's checkpoints
+    files: FilesCheck | None = None  # the park's files against what it wrote (went on with --yes when not)
 
 
 def find_session(catalog: Catalog, profile: str, name: str) -> SessionRecord:
@@ -213,6 +226,10 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
                                "were parked: it was overwritten by something else")
     if pf.refusals:
         return pf
+    # the files are the ones this park wrote (a sidecar copied over from another chat is not): the
+    # sidecar's positions every time, a hash only of a file written since it was last verified
+    pf.files = await asyncio.to_thread(files_check.look, target.catalog, record)
+    pf.warnings.extend(pf.files.problems)
 
     # -- warnings
     n_held = held(slot) if slot is not None else 0
@@ -291,19 +308,22 @@ def clean_slot(target: ServerTarget, rows: list[SlotRow], record: SessionRecord)
 
 async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
                          force: bool = False, avoid_hazard: bool = False,
-                         avoid_useless: str | None = None) -> ResumeResult:
+                         avoid_useless: str | None = None, avoid_mismatch: bool = False) -> ResumeResult:
     """Restore session ``name`` into ``slot_id`` (None: :func:`app.sessions.slots.default_slot`).
 
     Raises ResumeRefused (cannot work), NeedsConfirmation (would work, with
-    costs: pass force=True), ResumeFailed (the server refused the restore).
+    costs, or a file of the park is not the one parked: pass force=True), ResumeFailed (the server
+    refused the restore).
     ``avoid_hazard``: raise ResumeHazard rather than restore onto another chat's checkpoints;
     ``avoid_useless`` (a resume-matrix probe, ``chat`` or ``exact``): raise ResumeUseless rather than
-    restore where the matrix measured that the restore buys that turn nothing.
+    restore where the matrix measured that the restore buys that turn nothing;
+    ``avoid_mismatch``: raise ResumeMismatch rather than restore files that are not the parked ones,
+    whatever ``force`` says.
     """
     record = find_session(target.catalog, target.profile_name, name)
     label = f"Resume '{name}'" + (f" into slot {slot_id}" if slot_id is not None else "")
     return await target.queue.run(label, lambda: _resume(target, record, slot_id, force, avoid_hazard,
-                                                         avoid_useless))
+                                                         avoid_useless, avoid_mismatch))
 
 
 def useless_restore(target: ServerTarget, pf: Preflight, probe: str):
@@ -316,7 +336,8 @@ def useless_restore(target: ServerTarget, pf: Preflight, probe: str):
 
 
 async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool,
-                  avoid_hazard: bool = False, avoid_useless: str | None = None) -> ResumeResult:
+                  avoid_hazard: bool = False, avoid_useless: str | None = None,
+                  avoid_mismatch: bool = False) -> ResumeResult:
     rows = await target.slot_rows()
     chosen = slot_id is None
     if slot_id is None:
@@ -332,6 +353,8 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
             pf = await preflight(target, record, slot_id, rows=rows)
     if pf.refusals:
         raise ResumeRefused(pf.refusals)
+    if avoid_mismatch and pf.files is not None and pf.files.refuses:
+        raise ResumeMismatch(list(pf.files.problems))
     if avoid_hazard and pf.hazard:
         raise ResumeHazard(pf.hazard)
     if avoid_useless is not None:
@@ -367,7 +390,7 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
     loads = pf.prediction.loads if pf.prediction is not None else None
     if loads or not target.checkpoint_owners.get(slot_id) or target.behaviour is not Behaviour.FORK:
         target.checkpoint_owners[slot_id] = record.name  # its sidecar replaced the list, or it was cleared
-    return ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard)
+    return ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard, pf.files)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
 from app.core.verdict import Verdict, VerdictKind
 from app.sessions import check as check_job
+from app.sessions import files_check
 from app.sessions.behaviour import (identify_target, memory_kind_from_log, memory_kind_from_log_file, mode_from_log,
                                     mode_from_log_file)
 from app.sessions.check import (PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError, CheckReport,
@@ -399,7 +400,8 @@ class SessionService:
 
     # -- resume ------------------------------------------------------------------
     async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
-                     avoid_hazard: bool = False, avoid_useless: str | None = None) -> ResumeResult:
+                     avoid_hazard: bool = False, avoid_useless: str | None = None,
+                     avoid_mismatch: bool = False) -> ResumeResult:
         """Restore session ``name`` into ``slot_id`` (None: the default slot).
 
         Raises ResumeRefused (cannot work), NeedsConfirmation (works, with
@@ -408,7 +410,7 @@ class SessionService:
         """
         self._refuse_router()
         result = await resume_session(self.target, name, slot_id, force=force, avoid_hazard=avoid_hazard,
-                                      avoid_useless=avoid_useless)
+                                      avoid_useless=avoid_useless, avoid_mismatch=avoid_mismatch)
         rec = result.record
         if rec.id is not None:
             self.catalog.update_verdict(rec.id, VerdictKind.UNKNOWN, "no query on this slot since the restore yet")
@@ -425,7 +427,9 @@ class SessionService:
         out: list[ResumeAllOutcome] = []
         for entry in self.resume_plan():
             try:
-                out.append(ResumeAllOutcome(entry, await self.resume(entry.session, entry.slot, force=True)))
+                # a park whose files are not the ones it wrote stays parked: its own resume asks first
+                out.append(ResumeAllOutcome(entry, await self.resume(entry.session, entry.slot, force=True,
+                                                                     avoid_mismatch=True)))
             except ResumeRefused as e:
                 out.append(ResumeAllOutcome(entry, error="; ".join(e.reasons)))
             except (NeedsConfirmation, ResumeFailed, ServerError, ServerUnreachable, OSError) as e:
@@ -502,6 +506,7 @@ class SessionService:
         each probe's output compared with a cold prefill's (DIFFERS when it differs)."""
         self._refuse_router()
         rec = self.session(name)
+        await asyncio.to_thread(files_check.confirm, self.catalog, rec, force, "the check")
         slot = await self.check_slot(rec, slot_id, force=force)
         protocol = self.protocol_for(protocol, check=True)
         restart = self._restart_for_check if protocol == PROTOCOL_RESTARTS else None
@@ -524,6 +529,7 @@ class SessionService:
         both arms' outputs compared with a cold prefill's; ``on_progress(text)``: where it is."""
         self._refuse_router()
         rec = self.session(name)
+        await asyncio.to_thread(files_check.confirm, self.catalog, rec, force, "the A/B")
         slot = await self.check_slot(rec, slot_id, force=force)
         protocol = self.protocol_for(protocol)
         restart = self._restart_for_check if protocol == PROTOCOL_RESTARTS else None

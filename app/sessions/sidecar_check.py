@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -34,7 +35,10 @@ from pathlib import Path
 from app import paths
 from app import files
 from app.server.sidecar import SidecarReport, fnv1a64_file, inspect_sidecar, sidecar_candidates
+from app.core.states import SidecarStatus
 from app.store.catalog import Catalog, SessionRecord
+
+log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 
@@ -170,14 +174,28 @@ def needs_hash(rec: SessionRecord) -> bool:
 
 
 def recheck(catalog: Catalog, rec: SessionRecord, *, verify_hash: bool) -> SessionRecord:
-    """``rec`` with its sidecar as it is on disk now; the catalog is updated when it changed."""
+    """``rec`` with its sidecar as it is on disk now; the catalog is updated when it changed. A file
+    that is not the one this session parked (app.core.park_files: another chat's sidecar copied over
+    its own) makes the sidecar "invalid", with the park's own sentence as the reason (what
+    ``sessions show``, the Sessions tab and ``doctor`` show). ``verify_hash``: a file changed on disk
+    with the same size and checkpoint positions is hashed (else it is "not verified yet": no claim)."""
+    from app.sessions.files_check import look
+
     report = inspect(_state(rec), rec.n_tokens, rec.memory_kind, verify_hash=verify_hash)
     sidecar_file = report.path.name if report.path else None
-    new = (report.status, report.reason, len(report.checkpoints), report.size, sidecar_file)
+    status, reason = report.status, report.reason
+    try:
+        files = look(catalog, rec, hash_changed=verify_hash)
+    except OSError as exc:
+        files = None
+        log.info("session %r: its files were not compared with the park's (%s)", rec.name, exc)
+    if files is not None and files.refuses:
+        status, reason = SidecarStatus.INVALID, files.sentence
+    new = (status, reason, len(report.checkpoints), report.size, sidecar_file)
     old = (rec.sidecar_status, rec.sidecar_reason, rec.sidecar_count, rec.sidecar_size, rec.sidecar_file)
     if new == old or rec.id is None:
         return rec
-    catalog.update_sidecar(rec.id, status=report.status, reason=report.reason, count=len(report.checkpoints),
+    catalog.update_sidecar(rec.id, status=status, reason=reason, count=len(report.checkpoints),
                            size=report.size, file=sidecar_file)
     return catalog.get_by_id(rec.id) or rec
 

@@ -55,6 +55,7 @@ class Expectation:
     behaviour: object = None  # the build's sidecar behaviour, and what its loader was predicted to do
     prediction: object = None
     note: str | None = None  # said with the verdict (e.g. it went on into another chat's checkpoints)
+    parked_positions: tuple | None = None  # the park's own checkpoint positions (app.core.park_files)
     # what the log said so far
     sidecar_loaded: int | None = None
     task: int | None = None
@@ -92,12 +93,13 @@ class ResumeWatcher:
                build_persists: bool | None = None, ctx_checkpoints: int | None = 32,
                saved_tokens: list[int] | None = None, sidecar_count: int | None = None,
                sidecar_loaded: int | None = None, behaviour=None, prediction=None,
-               note: str | None = None) -> Expectation:
+               note: str | None = None, parked_positions: tuple | None = None) -> Expectation:
         """Register a restore of ``n_restored`` tokens into ``slot_id``; the next task
         on that slot is judged. A sidecar load logged just before is picked up."""
         exp = Expectation(slot_id, int(n_restored), session_name, sidecar_status, build_persists, ctx_checkpoints,
                           saved_tokens, sidecar_count)
         exp.behaviour, exp.prediction, exp.note = behaviour, prediction, note
+        exp.parked_positions = parked_positions
         if sidecar_loaded is not None:
             exp.sidecar_loaded = sidecar_loaded
         elif slot_id in self._recent_sidecar:
@@ -195,7 +197,8 @@ class ResumeWatcher:
                            checkpoint_restored=exp.checkpoint, sidecar_status=exp.sidecar_status,
                            sidecar_loaded_count=loaded, sidecar_count=exp.sidecar_count,
                            build_persists=exp.build_persists, ctx_checkpoints=exp.ctx_checkpoints,
-                           behaviour=exp.behaviour, prediction=exp.prediction))
+                           behaviour=exp.behaviour, prediction=exp.prediction,
+                           parked_positions=exp.parked_positions))
         if exp.note:
             note, cp = exp.note, exp.checkpoint
             if cp is not None and not loaded and exp.n_restored and cp.n_tokens is not None \
@@ -261,9 +264,11 @@ def judge_from_completion(n_restored: int, response: dict, *, sidecar_status=Non
                           sidecar_loaded_count: int | None = None, build_persists: bool | None = None,
                           ctx_checkpoints: int | None = 32, log_events: Iterable | None = None,
                           saved_tokens: list[int] | None = None, prompt_tokens: list[int] | None = None,
-                          sidecar_count: int | None = None, behaviour=None, prediction=None) -> Verdict:
+                          sidecar_count: int | None = None, behaviour=None, prediction=None,
+                          parked_positions: tuple | None = None) -> Verdict:
     """Judge the app's own first query from its ``/completion`` response timings
-    (plus the server log lines of that query, when the app has them)."""
+    (plus the server log lines of that query, when the app has them). ``parked_positions``: the
+    park's own checkpoint positions, so a rollback to another one is called out."""
     t = Timings.of(response)
     cache_n, prompt_n = t.cache_n, t.prompt_n
     total = response.get("tokens_evaluated")
@@ -285,7 +290,7 @@ def judge_from_completion(n_restored: int, response: dict, *, sidecar_status=Non
                           full_reprocess_logged=full, checkpoint_restored=checkpoint, common_prefix=common,
                           sidecar_status=sidecar_status, sidecar_loaded_count=loaded, sidecar_count=sidecar_count,
                           build_persists=build_persists, ctx_checkpoints=ctx_checkpoints, behaviour=behaviour,
-                          prediction=prediction))
+                          prediction=prediction, parked_positions=parked_positions))
 
 
 class FileLogBuffer(LogBuffer):

@@ -36,7 +36,7 @@ from app.core.states import MemoryKind, SidecarStatus
 from app.core.verdict import VerdictKind
 from app.store.sqlite_file import SqliteFile
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: Memory kinds whose parks say something about sidecar support. A dense model
 #: keeps every KV position and never needs checkpoints, so its parks tell nothing.
@@ -98,6 +98,12 @@ class SessionRecord:
     # measured prefill rate), summed; a resume that re-prefilled adds 0.
     time_saved_s: float = 0.0
     last_time_saved_s: float | None = None
+    # What the park wrote (app.core.park_files.ParkedFiles as JSON: each file's size and SHA-256, the
+    # sidecar's checkpoint positions); "" for a park from before the catalog kept them: "not recorded".
+    parked_files: str = ""
+    # The stamps (device, inode, size, mtime, ctime) of each file when its bytes were last found to be
+    # the parked ones (app.sessions.files_check): a file with the same stamp is not hashed again.
+    files_verified: str = ""
 
     def __post_init__(self) -> None:
         # Stored as their text values; typed in memory (StrEnum: compares equal to the text).
@@ -271,8 +277,15 @@ CREATE TABLE pending_verdicts (
 CREATE INDEX pending_verdicts_slot ON pending_verdicts(profile, slot_id, created_at)
 """
 
+# What each park wrote, and when its files were last found to be those (app.core.park_files): an
+# older row keeps "" in both, "not recorded", never refused.
+_SCHEMA_V5 = """
+ALTER TABLE sessions ADD COLUMN parked_files TEXT NOT NULL DEFAULT '';
+ALTER TABLE sessions ADD COLUMN files_verified TEXT NOT NULL DEFAULT ''
+"""
+
 #: _MIGRATIONS[n] takes a file at version n to version n + 1.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5}
 
 
 # --------------------------------------------------------------------------- catalog
@@ -451,6 +464,18 @@ class Catalog(SqliteFile):
         """The sidecar as it is on disk now (removed, replaced or checked again)."""
         self._update(session_id, sidecar_status=str(status), sidecar_reason=reason, sidecar_count=count,
                      sidecar_size=size, sidecar_file=file)
+
+    def set_files_verified(self, session_id: int, stamps: str, *, parked_files: str | None = None) -> bool:
+        """The files of a session were found to be the parked ones with these ``stamps`` (JSON text).
+        ``parked_files``: only when the row still records these (a re-park meanwhile wrote others:
+        nothing is written, False)."""
+        with self._tx() as conn:
+            if parked_files is None:
+                cur = conn.execute("UPDATE sessions SET files_verified = ? WHERE id = ?", (stamps, session_id))
+            else:
+                cur = conn.execute("UPDATE sessions SET files_verified = ? WHERE id = ? AND parked_files = ?",
+                                   (stamps, session_id, parked_files))
+            return cur.rowcount > 0
 
     def _update(self, session_id: int, **values: Any) -> None:
         sets = ", ".join(f"{c} = ?" for c in values)

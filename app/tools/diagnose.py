@@ -266,10 +266,28 @@ def _catalog_facts(profile: LaunchProfile, keys: list[str], catalog: Catalog | N
                 out["build_persists_checkpoints"] = known
                 break
         out.update(_behaviour_facts(profile, keys, catalog))
+        out["foreign_parks"] = _foreign_parks(catalog, sessions)
         return out
     finally:
         if own:
             catalog.close()
+
+
+def _foreign_parks(catalog: Catalog, sessions) -> tuple[str, ...]:
+    """The sessions whose files are not the ones their park wrote (no hash of a big state file: a
+    file changed on disk with the same size and checkpoint positions is not claimed either way)."""
+    from app.sessions.files_check import look
+
+    out = []
+    for s in sessions:
+        try:
+            check = look(catalog, s, hash_changed=False)
+        except OSError as e:
+            log.debug("doctor: the files of session %s: %s", s.name, e)
+            continue
+        if check.refuses:
+            out.append(f"'{s.name}': {check.sentence}")
+    return tuple(out)
 
 
 def _binary_of(profile: LaunchProfile) -> str | None:

@@ -84,6 +84,8 @@ CASES: dict[str, tuple[tuple[LaunchProfile, Facts], tuple[LaunchProfile, Facts]]
                                  (P(cache_type_v="turbo4"), Facts())),
     "swa-full-memory": ((P(swa_full=True, ctx_size=8192), GEMMA),
                         (P(swa_full=True, ctx_size=8192), Facts(memory_kind="dense"))),
+    "park-files-changed": ((P(), Facts(foreign_parks=("'Y': not the sidecar this session parked",))),
+                           (P(), Facts(foreign_parks=()))),
 }
 
 
