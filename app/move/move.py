@@ -122,6 +122,9 @@ class SourceSession:
     record: SessionRecord
     facts: SessionFacts
     files: list[SourceFile]
+    #: a local source's files against what its park wrote, read here (app.sessions.files_check: sizes and
+    #: checkpoint positions); None for another machine's (its sizes are compared, its bytes as they are sent)
+    files_problems: list[str] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -210,7 +213,10 @@ def source_session(catalog: Catalog, name: str, profile: str | None) -> SourceSe
     files = _files_of(rec)
     if not files or files[0].suffix:
         raise MoveError(f"the state file of '{name}' is missing: {rec.state_path}")
-    return SourceSession(rec, session_facts(rec), files)
+    from app.sessions.files_check import look
+
+    problems = list(look(catalog, rec, hash_changed=False).problems)  # the bytes are hashed as they are sent
+    return SourceSession(rec, session_facts(rec), files, problems)
 
 
 def _nearest_existing(folder: Path) -> Path | None:
@@ -743,7 +749,8 @@ async def preview(source: Endpoint, name: str, target: Endpoint, *, new_name: st
     if source.where == target.where:
         compat = Compatibility((Problem("target", f"'{name}' is in {target.where} already",
                                         "choose another profile or host"), *compat.refusals), compat.warnings)
-    foreign = tuple(_files_problem(p) for p in _files_problems(src))
+    problems = src.files_problems if src.files_problems is not None else _files_problems(src)
+    foreign = tuple(_files_problem(p) for p in problems)
     if foreign:
         compat = Compatibility(compat.refusals, (*foreign, *compat.warnings)) if force else \
             Compatibility((*foreign, *compat.refusals), compat.warnings)

@@ -154,10 +154,10 @@ def catalog(tmp_path):
     c.close()
 
 
-def _record(catalog: Catalog, state: Path, name: str) -> SessionRecord:
+def _record(catalog: Catalog, state: Path, name: str, **kw) -> SessionRecord:
     parked = files_check.digest(state)
     rec = catalog.add_or_replace(SessionRecord(name=name, profile="p", state_file=state.name,
-                                               save_dir=str(state.parent), parked_files=parked.to_json()))
+                                               save_dir=str(state.parent), parked_files=parked.to_json(), **kw))
     files_check.stamp_files(catalog, rec)
     return catalog.get_by_id(rec.id)
 
@@ -288,3 +288,38 @@ def test_doctor_facts_read_the_catalog(tmp_path, catalog):
     shutil.copyfile(str(x) + ".ckpt", str(y) + ".ckpt")
     assert _foreign_parks(catalog, [catalog.get_by_id(rec.id)]) == (
         "'Y': not the sidecar this session parked (Y.bin.ckpt): last checkpoint at 1,923, parked with 2,185",)
+
+
+# --------------------------------------------------------------------------- the proxy and a move
+
+
+def test_the_proxy_says_why_it_left_the_park_parked():
+    from app.core.conversation import Cause
+    from app.proxy.explain import FOREIGN_FILES, SlotContext, explain
+    from tests.unit.test_proxy_explain import CUR, PREV
+
+    named = "not the sidecar this session parked (p.bin.ckpt): last checkpoint at 1,923, parked with 2,185"
+    e = explain(VerdictKind.MISS, PREV, CUR, SlotContext(avoided=f"{FOREIGN_FILES}: {named}", parked_as="proxy-p"),
+                cache_n=0, reusable=1000)
+    assert e.cause is Cause.PARK_NOT_ITS_OWN
+    assert e.detail.startswith(f"The proxy did not restore 'proxy-p': {named}. Restoring it could answer from "
+                               "another chat's state, so the prompt was processed anew and the park stays")
+
+
+def test_a_move_refuses_another_chats_sidecar_before_copying_and_goes_on_with_yes(tmp_path, catalog):
+    from app.move.move import _files_problems, source_session
+
+    x = _write_park(tmp_path, "X.bin", X_POSITIONS)
+    y = _write_park(tmp_path, "Y.bin", Y_POSITIONS)
+    rec = _record(catalog, y, "Y")
+    assert source_session(catalog, "Y", "p").files_problems == []
+    shutil.copyfile(str(x) + ".ckpt", str(y) + ".ckpt")
+    src = source_session(catalog, "Y", "p")
+    assert src.files_problems == [
+        "not the sidecar this session parked (Y.bin.ckpt): last checkpoint at 1,923, parked with 2,185"]
+    # another machine's source: its sizes before the copy, its bytes as they were sent
+    src.files_problems = None
+    assert _files_problems(src) == []  # same size: not claimed before the copy
+    sent = [{"suffix": f.suffix, "size": f.size, "sha256": files_check.sha256_of(Path(f.path))} for f in src.files]
+    assert "the same size but other bytes" in _files_problems(src, sent)[0]
+    assert rec.parked_files == src.record.parked_files
