@@ -1,7 +1,7 @@
 """Issue #36's case on the real sidecar build in fork mode (Gemma 3 270M, -np 2): chats X and Y parked, the
 server stopped, X's ``.ckpt`` copied over Y's, the server started again. ``kv-valet check`` of Y refuses
 (exit 1, never 0) and names the sidecar with both last checkpoint positions; a resume of Y asks first and
-the proxy's resume leaves it parked; X, whose sidecar is its own, still checks HIT (exit 0).
+the proxy's resume leaves it parked; X, whose sidecar is its own, still checks warm (exit 0).
 
 Kept cheap: two chats of about 700 and 1,400 tokens (their last checkpoints differ), no output check."""
 
@@ -60,6 +60,6 @@ def test_another_chats_sidecar_is_refused_by_name_and_the_right_one_still_checks
 
             assert await asyncio.to_thread(cli_main, ["check", *common[:1], "X", *common[1:], "--slot", "0"]) == 0
             report = json.loads(capsys.readouterr().out)
-            assert report["verdict"]["kind"] == "HIT", report["verdict"]["reason"]
+            assert report["verdict"]["kind"] in ("HIT", "PARTIAL"), report["verdict"]["reason"]
 
     asyncio.run(go())

@@ -323,3 +323,24 @@ def test_a_move_refuses_another_chats_sidecar_before_copying_and_goes_on_with_ye
     sent = [{"suffix": f.suffix, "size": f.size, "sha256": files_check.sha256_of(Path(f.path))} for f in src.files]
     assert "the same size but other bytes" in _files_problems(src, sent)[0]
     assert rec.parked_files == src.record.parked_files
+
+
+def test_sessions_show_names_the_foreign_sidecar(tmp_path, capsys):
+    from app import paths
+    from app.cli import main as cli_main
+
+    with Catalog(paths.catalog_path()) as cat:
+        x = _write_park(tmp_path, "X.bin", X_POSITIONS)
+        y = _write_park(tmp_path, "Y.bin", Y_POSITIONS)
+        _record(cat, y, "Y", memory_kind="sliding-window", n_tokens=2197)
+    assert cli_main(["sessions", "show", "Y"]) == 0
+    assert "files:       as parked (size, SHA-256 and checkpoint positions)" in capsys.readouterr().out
+    shutil.copyfile(str(x) + ".ckpt", str(y) + ".ckpt")
+    assert cli_main(["sessions", "show", "Y"]) == 0
+    out = capsys.readouterr().out
+    named = "not the sidecar this session parked (Y.bin.ckpt): last checkpoint at 1,923, parked with 2,185"
+    assert f"sidecar:     invalid (3 checkpoints): {named}" in out
+    assert f"files:       {named} (a resume, check or move asks for --yes)" in out
+    assert cli_main(["sessions", "show", "Y", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["files_check"]
+    assert shown["refuses"] and shown["status"] == "not as parked" and shown["problems"] == [named]
