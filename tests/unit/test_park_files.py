@@ -344,3 +344,34 @@ def test_sessions_show_names_the_foreign_sidecar(tmp_path, capsys):
     assert cli_main(["sessions", "show", "Y", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)["files_check"]
     assert shown["refuses"] and shown["status"] == "not as parked" and shown["problems"] == [named]
+
+
+def test_a_move_of_a_park_whose_sidecar_was_replaced_is_refused_then_goes_on_with_yes(tmp_path):
+    """Between two profiles here: the replaced sidecar (same size, other bytes and positions) is named
+    before anything is copied; ``force`` (``--yes``) moves it, saying so, and the files arrive as they are."""
+    import asyncio
+
+    from app.move.move import LocalEndpoint, MoveRefused, move_session
+    from tests.unit.move_helpers import model_file, open_catalog, park_file, profile
+
+    model = model_file(tmp_path)
+    a, b = profile(tmp_path, "a", model), profile(tmp_path, "b", model)
+    with open_catalog() as cat:
+        rec = park_file(cat, a, "chat")
+        cat.add_or_replace(SessionRecord(**{**rec.__dict__, "id": None,
+                                            "parked_files": files_check.digest(rec.state_path).to_json()}))
+        ckpt = Path(str(rec.state_path) + ".ckpt")
+        other = Checkpoint(n_tokens=100, pos_min=0, pos_max=99, size_tgt=0, size_dft=0)
+        write_pkcl(str(ckpt), [(other, os.urandom(50_000), b"")])  # another save's sidecar, the same size
+
+        def go(**kw):
+            return asyncio.run(move_session(LocalEndpoint(cat, "a"), "chat", LocalEndpoint(cat, "b"), **kw))
+
+        with pytest.raises(MoveRefused) as refused:
+            go()
+        assert refused.value.reasons == ["not the sidecar this session parked (chat.bin.ckpt): last checkpoint at "
+                                         "99, parked with 289 (move it anyway with --yes, or park the chat again)"]
+        assert cat.get("b", "chat") is None and cat.get("a", "chat") is not None
+        result = go(force=True)
+        assert result.moved and any("not the sidecar this session parked" in w for w in result.warnings)
+        assert result.record.files_verified == ""  # the sender's stamps do not travel
