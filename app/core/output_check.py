@@ -1,66 +1,55 @@
-"""Correct, not only warm: compare a resume's greedy continuation with a cold prefill's.
+"""Correct, not only warm: compare a resume's log-probs with a cold prefill's, position by position.
 
 A verdict on reuse (:mod:`app.core.verdict`) says whether a resume skipped the prefill; it
 cannot say whether what the server reused was right. Upstream has shipped cache-reuse bugs that
 answered fast and wrong (``shared/reference/llama-server.md``, "Warm is not the same as
-correct"), and a lax sidecar loader (the turboquant fork's) takes another chat's checkpoints
-without a word. The output check is the proof by output: after the resume, the probe's first
-query is a greedy continuation of :data:`OUTPUT_TOKENS` tokens (:func:`sampling`: temperature 0,
-a fixed seed, the top log-probs asked for), and the same prompt is then prefilled *cold* and
-continued the same way; the two continuations must agree.
+correct"), and a lax sidecar loader (the turboquant fork's, which KV Valet's sidecar build
+reproduces in fork mode) takes another chat's checkpoints without a word. The output check is the
+proof by output: after the resume, the probe's first query is a greedy continuation of
+:data:`OUTPUT_TOKENS` tokens with the top :data:`TOP_LOGPROBS` log-probs of every step
+(:func:`sampling`), and the same prompt is then prefilled *cold* and scored on the same tokens.
 
 What "cold" is (:mod:`app.sessions.check` runs it): the same prompt, in the same slot, after the
 slot was erased, with ``cache_prompt: false``. The server then starts at ``n_past = 0``: it
 removes every cell of the slot's sequence and processes every prompt token, and it consults the
-slot's context checkpoints only when ``n_past > 0`` (build 11434's ``server-context.cpp``), so
-nothing the restore brought (cells, tokens, checkpoints, even those the fork keeps across an
-erase) takes part. The answer's own figures must say so (``cache_n`` 0): a reference that reused
-anything is refused (:data:`Status.UNKNOWN`). A fresh server process would be no colder (the
-check may already run each probe in one; the cold prefills follow the last probe, in its
-process, so that no probe can reuse the checkpoints they make) and would cost a model load.
+slot's context checkpoints (and the RAM prompt cache) only when ``n_past > 0`` (build 11434's
+``server-context.cpp``), so nothing the restore brought takes part. The answer's own figures must
+say so (``cache_n`` 0): a reference that reused anything is refused (:data:`Status.UNKNOWN`).
 
-The comparison (:func:`compare`) is of token ids, index by index, over the first ``k``. It must
-never call a correct restore wrong, and a correct restore is not bit-identical to a cold prefill:
-the resumed server computed the restored positions in other batches than the cold one does, and
-float sums in another order differ. Measured on Gemma 3 270M (Q4_K_M, CPU, build 11434 with the
-sidecar patch): log-probs of the same token drift by up to 0.2 nats between a correct resume and
-the cold prefill, greedy tokens agreed for 16 tokens on four of five prompts, and on the fifth a
-near-tie (' red' -1.261 / ' Red' -1.322 warm, ' Red' -1.260 / ' red' -1.325 cold) flipped at
-index 15. On the CI machine (another CPU, the same build) the fork's correct resume moved the cold
-side's token by 0.207 nats and took the runner-up at index 2 (' So' -2.009 / ' This' -2.309 cold,
-' So' -2.216 warm). Two tokens swap by drift alone when each moved by at most :data:`TIE_NATS`: then the
-cold side's margin for its token plus the resumed side's margin for its own is at most twice that (the
-margins add up to the two log-prob moves). So a first difference whose two margins add up to no more
-than ``2 × TIE_NATS`` is a tie (:data:`Status.TIE`: the check passes, the tokens compared up to there
-matched).
+**The evidence** is the two sides' log-probs at every one of the ``k`` positions, each pair taken
+after the *same* prefix. The cold prefill continues greedily; while it takes the resumed side's
+tokens, both sides stand on the same prefix. Where it takes another token (position ``i``), that
+position is still compared (its prefix was the same), and another cold prefill starts from the
+prompt followed by the resumed side's first ``i + 1`` tokens (:func:`next_cold`, :func:`cold_prompt`:
+cold again, never a rollback inside the slot), until every position has a cold partner. At each
+position :func:`position_delta` takes the largest log-prob move of a token either side ranks in its
+top list (for a token only one side ranks, the least the move can be). The check's statistic is the
+largest over the ``k`` positions.
 
-A bigger swing is not yet a verdict: on the CI machine a correct resume on the sidecar build took
-``' valet'`` where the cold prefill took ``'\n'`` at token 3 (cold -1.017 / -1.391, 0.37 apart on the
-cold side alone): drift there moves a token by more than 0.3 nats. One step's log-probs cannot tell
-that from a wrong state; what follows can. After the first difference at index ``i`` the two
-continuations no longer share a prefix, so the cold prefill is asked once more (:func:`resync_prompt`):
-the same prompt with the resumed side's first ``i + 1`` tokens appended, cold again, continued for the
-tokens the resumed side has left. A swap by drift changes one token and nothing else, so from the same
-prefix the cold model goes on as the resume did (:func:`after_resync`: the rest matches, or ties: a
-:data:`Status.TIE`, "the same but a swap at i"; ``k - 1`` tokens agree, as many as in a match less the
-swapped one). A wrong state leaves it again (:data:`Status.DIFFERS`, both differences named). A wrong
-restore (conversation A's state with conversation B's sidecar, on the fork build) left the cold
-continuation at token 2 (the cold side sure by 1.15 nats, the resumed side by 0.06) and, given its
-token, left it again. A first difference at the last compared token, or a second cold prefill that
-fails or reuses a cached token, leaves the first rule's DIFFERS standing. The largest log-prob drift
-over the matching tokens is kept as a figure (``max_logprob_delta``), not judged.
+**The bound** is measured, not chosen: :mod:`app.core.output_drift` reads how far that statistic
+went on correct restores (every family of the resume matrix; stock, fork-mode and v2-mode servers;
+one and two threads; at least 20 restores each) and gives the bound for the model's architecture.
+Then (:func:`compare`):
+
+* every position within the bound and the same greedy token on both sides: :data:`Status.MATCH`;
+* every position within the bound, but at some position the sides ranked the other of two
+  near-tied tokens first: :data:`Status.TIE` (a swap by float drift: the tokens moved no more than
+  correct restores move them);
+* a position whose log-probs moved further than the bound: :data:`Status.DIFFERS`, naming it, the
+  token and both log-probs. No rule calls a move larger than the measured drift a tie.
 
 :func:`with_output` turns a reuse verdict into :attr:`VerdictKind.DIFFERS` when the output
-differs: "output differs from a cold prefill", with the first differing token on each side.
-Pure: no I/O, no clock.
+differs: "output differs from a cold prefill", with the position and the two log-probs.
+Pure: no I/O, no clock (the bound's file is read by :mod:`app.core.output_drift`).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.output_drift import Bound, bound_for
 from app.core.verdict import Verdict, VerdictKind
 
 #: tokens of greedy continuation compared
@@ -69,10 +58,6 @@ OUTPUT_TOKENS = 8
 TOP_LOGPROBS = 5
 #: the seed sent with both continuations (greedy decoding does not draw, but the request is fixed)
 SEED = 4242
-#: the most a token's log-prob is allowed to move between a correct resume and a cold prefill (nats;
-#: measured: 0.2 here, 0.207 on the CI machine); two tokens that swapped within it are a tie
-TIE_NATS = 0.3
-
 DIFFERS_WORDS = "output differs from a cold prefill"
 
 
@@ -84,8 +69,8 @@ def sampling() -> dict[str, Any]:
 
 class Status(enum.StrEnum):
     MATCH = "match"  # the first k tokens are the same
-    TIE = "tie"  # the same but for one swap: a near-tie, or a swap the tokens after it show to be drift
-    DIFFERS = "differs"  # a first difference that is not a tie
+    TIE = "tie"  # every log-prob within the measured drift, but a near-tie swapped at some position
+    DIFFERS = "differs"  # a position whose log-probs moved further than correct restores move them
     UNKNOWN = "unknown"  # not compared (no tokens, a reference that was not cold, a failed request)
     OFF = "off"  # the output check was turned off
 
@@ -183,10 +168,9 @@ class OutputCheck:
     status: Status
     reason: str
     k: int = OUTPUT_TOKENS
-    compared: int = 0  # tokens that matched before the first difference (k for MATCH)
-    first_diff: FirstDiff | None = None  # DIFFERS and TIE
-    resynced: int | None = None  # judged again from the resumed side's tokens: how many then matched
-    max_logprob_delta: float | None = None  # over the matching tokens
+    compared: int = 0  # positions compared (k for MATCH and TIE; the position over the bound for DIFFERS)
+    first_diff: FirstDiff | None = None  # DIFFERS: the position over the bound; TIE: the first swap
+    max_logprob_delta: float | None = None  # the largest log-prob move over the compared positions
     warm_text: str = ""
     cold_text: str = ""
     figures: dict[str, Any] = field(default_factory=dict)
@@ -200,13 +184,11 @@ class OutputCheck:
         return self.status in (Status.MATCH, Status.TIE)
 
     def short(self) -> str:
-        """A table cell: "same 8/8", "tie at 5", "DIFFERS at 3", "unknown", "off"."""
+        """A table cell: "same 8/8", "same but a swap at 5", "DIFFERS at 3", "unknown", "off"."""
         if self.status is Status.MATCH:
             return f"same {self.compared}/{self.k}"
-        if self.status is Status.TIE and self.resynced is not None:
-            return f"same but a swap at {self.compared}"
-        if self.status is Status.TIE:
-            return f"same to a tie at {self.compared}"
+        if self.status is Status.TIE and self.first_diff is not None:
+            return f"same but a swap at {self.first_diff.index}"
         if self.status is Status.DIFFERS and self.first_diff is not None:
             return f"DIFFERS at {self.first_diff.index}"
         return self.status.value
@@ -215,7 +197,9 @@ class OutputCheck:
         return {"status": self.status.value, "reason": self.reason, "k": self.k, "compared": self.compared,
                 "first_diff": self.first_diff.to_dict() if self.first_diff is not None else None,
                 "max_logprob_delta": None if self.max_logprob_delta is None else round(self.max_logprob_delta, 4),
-                "resynced": self.resynced, "warm_text": self.warm_text, "cold_text": self.cold_text}
+                "deltas": self.figures.get("deltas"), "bound": self.figures.get("bound"),
+                "bound_source": self.figures.get("bound_source"), "cold_prefills": self.figures.get("cold_prefills"),
+                "warm_text": self.warm_text, "cold_text": self.cold_text}
 
 
 def off() -> OutputCheck:
@@ -230,115 +214,132 @@ def _piece(s: Step) -> str:
     return repr(s.piece) if s.piece else f"token {s.id}"
 
 
-def _swing(warm: Step, cold: Step) -> float | None:
-    """How far the two tokens moved against each other between the sides: the cold side's margin
-    for its token over the resumed one's, plus the resumed side's margin for its own (None when a
-    log-prob is missing)."""
-    cw, cc = cold.logprob_of(warm.id), cold.logprob_of(cold.id)
-    ww, wc = warm.logprob_of(warm.id), warm.logprob_of(cold.id)
-    if None in (cw, cc, ww, wc):
+def _ranked(s: Step) -> dict[int, float]:
+    """The tokens a step ranks with their log-probs: its top list and its own token."""
+    out = {a.id: a.logprob for a in s.top if a.logprob is not None}
+    if s.logprob is not None:
+        out.setdefault(s.id, s.logprob)
+    return out
+
+
+def position_delta(warm: Step, cold: Step) -> float | None:
+    """How far the log-probs moved between the two sides at one position (both after the same
+    prefix): the largest ``|warm - cold|`` over the tokens both rank; for a token only one side
+    ranks, the least its move can be (the other side gives it less than the lowest it lists, so the
+    move is at least the difference to that, when positive). None when a side has no log-probs."""
+    w, c = _ranked(warm), _ranked(cold)
+    if not w or not c:
         return None
-    return (cc - cw) + (ww - wc)
+    moves = [abs(w[t] - c[t]) for t in w.keys() & c.keys()]
+    floor_w, floor_c = min(w.values()), min(c.values())
+    moves += [w[t] - floor_c for t in w.keys() - c.keys() if len(c) > 1]
+    moves += [c[t] - floor_w for t in c.keys() - w.keys() if len(w) > 1]
+    return max([0.0, *moves])
 
 
-def compare(warm: Continuation, cold: Continuation, k: int = OUTPUT_TOKENS, *, tie_nats: float = TIE_NATS
-            ) -> OutputCheck:
-    """The warm continuation against the cold one, over the first ``k`` tokens (see the module).
-
-    UNKNOWN when either has no tokens or the cold answer reused a cached token; MATCH when the
-    first ``k`` (or all both have, at least one) agree; TIE when the first difference is a
-    near-tie (the two margins add up to at most ``2 × tie_nats``); DIFFERS otherwise, with the first differing token."""
-    if cold.cache_n:
-        return unknown(f"the reference was not cold: the server reused {cold.cache_n:,} cached tokens", k)
-    if not warm.steps or not cold.steps:
-        side = "the resumed query" if not warm.steps else "the cold prefill"
-        return unknown(f"{side} returned no tokens to compare", k)
-    n = min(k, len(warm.steps), len(cold.steps))
-    delta = None
-    texts = {"warm_text": "".join(s.piece for s in warm.steps[:k]), "cold_text": "".join(s.piece for s in cold.steps[:k])}
-    for i in range(n):
-        w, c = warm.steps[i], cold.steps[i]
-        if w.id == c.id:
-            if w.logprob is not None and c.logprob is not None:
-                d = abs(w.logprob - c.logprob)
-                delta = d if delta is None or d > delta else delta
-            continue
-        diff = FirstDiff(i, w, c)
-        swing = _swing(w, c)
-        if swing is not None and swing <= 2 * tie_nats:
-            return OutputCheck(Status.TIE, f"the first {i} of {k} tokens match the cold prefill's; at token {i} "
-                                           f"the two sides took the other of two near-tied tokens ({_piece(w)} / "
-                                           f"{_piece(c)}, {swing:.2f} nats apart over both sides, within "
-                                           f"{2 * tie_nats:g})",
-                               k=k, compared=i, first_diff=diff, max_logprob_delta=delta, **texts)
-        cold_w, warm_c = c.logprob_of(w.id), w.logprob_of(c.id)
-        how = ""
-        if c.logprob is not None:
-            how = (f" (log-prob cold {c.logprob:.3f} for its token, "
-                   + (f"{cold_w:.3f}" if cold_w is not None else "below its top")
-                   + f" for the resumed one's)")
-        return OutputCheck(Status.DIFFERS, f"{DIFFERS_WORDS} at token {i} of {k}: the resume continued with "
-                                           f"{_piece(w)} (id {w.id}), the cold prefill with {_piece(c)} "
-                                           f"(id {c.id}){how}",
-                           k=k, compared=i, first_diff=diff, max_logprob_delta=delta,
-                           figures={"warm_logprob_of_cold": warm_c, "cold_logprob_of_warm": cold_w}, **texts)
-    return OutputCheck(Status.MATCH, f"the first {n} tokens match the cold prefill's"
-                       + (f" (log-probs within {delta:.3f} nats)" if delta is not None else ""),
-                       k=k, compared=n, max_logprob_delta=delta, **texts)
+def cold_steps(warm: Continuation, colds: list[Continuation], k: int = OUTPUT_TOKENS) -> list[Step]:
+    """The cold partner of each position, from the cold prefills made so far: the first starts after
+    the prompt, each next one after the prompt and the resumed side's tokens up to and including the
+    position where the previous one took another token. A cold step is kept while its prefix is the
+    resumed side's (its own position included: the step that left was made after the same prefix)."""
+    n = min(k, len(warm.steps))
+    steps: list[Step] = []
+    for c in colds:
+        for st in c.steps:
+            if len(steps) >= n:
+                break
+            pos = len(steps)
+            steps.append(st)
+            if st.id != warm.steps[pos].id:
+                break
+    return steps
 
 
-def resync_index(check: OutputCheck) -> int | None:
-    """The index after which the cold prefill is asked again (:func:`resync_prompt`): the first
-    difference of a DIFFERS with tokens left after it to compare; None otherwise."""
-    if check.status is not Status.DIFFERS or check.first_diff is None:
-        return None
-    i = check.first_diff.index
-    return i if i + 1 < check.k else None
+def next_cold(warm: Continuation, colds: list[Continuation], k: int = OUTPUT_TOKENS) -> int | None:
+    """Where the next cold prefill starts (after the prompt and the resumed side's first ``i``
+    tokens: :func:`cold_prompt`), or None when every position has its cold partner."""
+    have = len(cold_steps(warm, colds, k))
+    return have if have < min(k, len(warm.steps)) else None
 
 
-def resync_prompt(prompt: str | list[int], warm: Continuation, index: int) -> list:
-    """The prompt of the second cold prefill: ``prompt`` followed by the resumed side's first
-    ``index + 1`` tokens. A token prompt gets them appended; a text prompt becomes llama-server's
-    mixed prompt (``["text", 12, 34]``: the text tokenized as it would be alone, BOS included, then
-    the ids as they are), so the text is never re-tokenized across the join."""
-    ids = warm.ids[:index + 1]
+def cold_prompt(prompt: str | list[int], warm: Continuation, start: int) -> str | list:
+    """The prompt of the cold prefill that starts at position ``start``: ``prompt`` followed by the
+    resumed side's first ``start`` tokens. A token prompt gets them appended; a text prompt becomes
+    llama-server's mixed prompt (``["text", 12, 34]``: the text tokenized as it would be alone, BOS
+    included, then the ids as they are), so the text is never re-tokenized across the join."""
+    if start <= 0:
+        return prompt
+    ids = warm.ids[:start]
     if isinstance(prompt, str):
         return [prompt, *ids]
     return [*prompt, *ids]
 
 
-def after_resync(first: OutputCheck, warm: Continuation, resynced: Continuation | str, *,
-                 tie_nats: float = TIE_NATS) -> OutputCheck:
-    """``first`` (a DIFFERS at index ``i``, :func:`resync_index`) judged again with the cold
-    continuation of :func:`resync_prompt` (or why there is none): TIE when the resumed side's
-    tokens after ``i`` match it (or tie), DIFFERS naming both differences when they leave it,
-    ``first`` with the reason added when it could not be compared."""
-    i = resync_index(first)
-    if i is None:
-        return first
-    rest = Continuation(warm.steps[i + 1:first.k])
-    again = resynced if isinstance(resynced, str) else compare(rest, resynced, len(rest.steps), tie_nats=tie_nats)
-    if isinstance(again, str) or again.status is Status.UNKNOWN:
-        why = again if isinstance(again, str) else again.reason
-        return replace(first, reason=f"{first.reason}; a second cold prefill from the resumed side's tokens "
-                                     f"could not say more ({why})")
-    delta = max((d for d in (first.max_logprob_delta, again.max_logprob_delta) if d is not None), default=None)
-    assert first.first_diff is not None
-    w, c = first.first_diff.warm, first.first_diff.cold
-    swing = _swing(w, c)
-    apart = f", {swing:.2f} nats apart over both sides" if swing is not None else ""
-    if again.passed:
-        return replace(first, status=Status.TIE, max_logprob_delta=delta, resynced=again.compared,
-                       reason=f"the first {i} of {first.k} tokens match the cold prefill's; at token {i} the resume "
-                              f"took {_piece(w)} where the cold prefill took {_piece(c)}{apart}; given the "
-                              f"resumed side's token, a second cold prefill went on as the resume did "
-                              f"({again.short()} over the {len(rest.steps)} tokens left): a swap by float drift, "
-                              f"not another state")
-    assert again.first_diff is not None
-    w2, c2 = again.first_diff.warm, again.first_diff.cold
-    return replace(first, max_logprob_delta=delta, resynced=again.compared,
-                   reason=f"{first.reason}; given the resumed side's token, a second cold prefill left the resume "
-                          f"again at token {i + 1 + again.first_diff.index}: {_piece(w2)} resumed, {_piece(c2)} cold")
+def _lp(x: float | None) -> str:
+    return "below its top" if x is None else f"{x:.3f}"
+
+
+def compare(warm: Continuation, cold: Continuation | list[Continuation], k: int = OUTPUT_TOKENS, *,
+            bound: Bound | None = None, arch: str | None = None) -> OutputCheck:
+    """The resumed side's continuation against its cold partners over the first ``k`` positions
+    (see the module). ``cold``: the cold prefills made (:func:`next_cold`), or one. ``bound``: the
+    measured drift (by default :func:`app.core.output_drift.bound_for` of ``arch``).
+
+    UNKNOWN when either side has no tokens, a cold answer reused a cached token, or positions have
+    no cold partner; MATCH, TIE or DIFFERS as the module says."""
+    colds = [cold] if isinstance(cold, Continuation) else list(cold)
+    reused = next((c.cache_n for c in colds if c.cache_n), None)
+    if reused:
+        return unknown(f"the reference was not cold: the server reused {reused:,} cached tokens", k)
+    if not warm.steps or not colds or not any(c.steps for c in colds):
+        side = "the resumed query" if not warm.steps else "the cold prefill"
+        return unknown(f"{side} returned no tokens to compare", k)
+    bound = bound if bound is not None else bound_for(arch)
+    n = min(k, len(warm.steps))
+    partners = cold_steps(warm, colds, k)
+    texts = {"warm_text": "".join(s.piece for s in warm.steps[:k]),
+             "cold_text": "".join(s.piece for s in colds[0].steps[:k])}
+    deltas = [position_delta(warm.steps[i], partners[i]) for i in range(len(partners))]
+    figures = {"deltas": [None if d is None else round(d, 4) for d in deltas], "bound": bound.nats,
+               "bound_source": bound.source(), "cold_prefills": len(colds)}
+    known = [d for d in deltas if d is not None]
+    top = max(known, default=None)
+    swaps = [i for i, c in enumerate(partners) if c.id != warm.steps[i].id]
+    over = next((i for i, d in enumerate(deltas) if d is not None and d > bound.nats), None)
+    if over is not None:
+        w, c = warm.steps[over], partners[over]
+        moved = max(_ranked(w).keys() & _ranked(c).keys(), default=w.id,
+                    key=lambda t: abs(_ranked(w)[t] - _ranked(c)[t]))
+        worded = next((a.piece for a in (*w.top, *c.top) if a.id == moved), "") or (w.piece if moved == w.id else "")
+        return OutputCheck(
+            Status.DIFFERS,
+            f"{DIFFERS_WORDS} at token {over} of {k}: the resumed side's log-probs moved {deltas[over]:.3f} nats from "
+            f"the cold prefill's (token {worded!r}: resumed {_lp(w.logprob_of(moved))}, cold {_lp(c.logprob_of(moved))}; "
+            f"the resume took {_piece(w)}, the cold prefill {_piece(c)}), more than correct restores move them "
+            f"({bound.nats:.3f}: {bound.source()})",
+            k=k, compared=over, first_diff=FirstDiff(over, w, c), max_logprob_delta=top,
+            figures={**figures, "warm_logprob_of_cold": w.logprob_of(c.id), "cold_logprob_of_warm": c.logprob_of(w.id)},
+            **texts)
+    if len(partners) < n:
+        return OutputCheck(Status.UNKNOWN, f"only {len(partners)} of {n} positions have a cold partner to compare",
+                           k=k, compared=len(partners), max_logprob_delta=top, figures=figures, **texts)
+    if not known and swaps:
+        i = swaps[0]
+        return OutputCheck(Status.DIFFERS, f"{DIFFERS_WORDS} at token {i} of {k}: the resume continued with "
+                                           f"{_piece(warm.steps[i])}, the cold prefill with {_piece(partners[i])} "
+                                           f"(no log-probs to tell drift from another state)",
+                           k=k, compared=i, first_diff=FirstDiff(i, warm.steps[i], partners[i]), figures=figures, **texts)
+    within = f"log-probs within {top:.3f} nats of the cold prefill's" if top is not None else "no log-probs to compare"
+    limit = f", under the {bound.nats:.3f} correct restores reach" if top is not None else ""
+    if swaps:
+        i = swaps[0]
+        return OutputCheck(Status.TIE, f"all {n} positions agree with the cold prefill within the measured drift "
+                                       f"({within}{limit}); at token {i} the two sides ranked the other of two "
+                                       f"near-tied tokens first ({_piece(warm.steps[i])} / {_piece(partners[i])})",
+                           k=k, compared=n, first_diff=FirstDiff(i, warm.steps[i], partners[i]),
+                           max_logprob_delta=top, figures=figures, **texts)
+    return OutputCheck(Status.MATCH, f"the first {n} tokens match the cold prefill's ({within}{limit})",
+                       k=k, compared=n, max_logprob_delta=top, figures=figures, **texts)
 
 
 def with_output(verdict: Verdict, check: OutputCheck | None) -> Verdict:

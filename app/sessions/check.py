@@ -26,9 +26,12 @@
   it off): each probe's first query is a greedy continuation of a few tokens with their top
   log-probs (:func:`app.core.output_check.sampling`), and the same prompt is then prefilled
   cold (:func:`_cold`: the slot erased, ``cache_prompt: false``, so the server starts at
-  ``n_past`` 0 and uses nothing the restore brought) and continued the same way. The two are
-  compared (:func:`app.core.output_check.compare`); a resume whose output left the cold one's
-  is judged DIFFERS ("output differs from a cold prefill"), whatever it reused. One cold
+  ``n_past`` 0 and uses nothing the restore brought) and scored on the same prefixes (another
+  cold prefill after each position where the cold side took another token). The two sides'
+  log-probs are compared position by position (:func:`app.core.output_check.compare`) against
+  the drift correct restores were measured to show (:mod:`app.core.output_drift`); a resume
+  whose log-probs moved further is judged DIFFERS ("output differs from a cold prefill"),
+  whatever it reused. One cold
   prefill per distinct prompt: the A/B's arms share it (both arms' outputs are compared with
   the same cold one). The cold prefills run after every probe (:func:`_check_outputs`): on the
   fork a slot keeps its checkpoints across an erase and a restore, and a later probe would
@@ -55,6 +58,7 @@ from typing import Any, Awaitable, Callable
 
 from app.core.background import say_progress
 from app.core import output_check as oc
+from app.core.output_drift import Bound, DriftDataError, bound_for
 from app.core.sidecar_behaviour import MISSING, LoadPrediction, predict_load
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
@@ -68,6 +72,7 @@ from app.monitor.slots import RestoredSlot
 from app.core.verdict import Verdict, VerdictKind, worst
 from app.sessions.watch import judge_from_completion, scan_events
 from app.server.client import ServerError, ServerUnreachable
+from app.server.gguf_info import ModelFileError, read_model_info
 from app.server.logparse import Kind
 from app.server.sidecar import sidecar_candidates
 from app.server.statefile import StateFileError, read_state_header, read_state_tokens
@@ -419,11 +424,29 @@ def _confound(events: list | None, loaded: int | None, verdict: Verdict, behavio
 
 @dataclass
 class _Output:
-    """The output check of one check or A/B: ``k`` tokens compared, one cold continuation per
-    distinct prompt (the A/B's arms send the same prompts)."""
+    """The output check of one check or A/B: ``k`` positions compared against the measured drift
+    ``bound`` of the model's architecture, one cold continuation per distinct prompt (the A/B's arms
+    send the same prompts)."""
 
-    k: int = oc.OUTPUT_TOKENS
+    k: int
+    bound: Bound
     cold: dict[Any, oc.Continuation | str] = field(default_factory=dict)  # a str: why there is none
+
+
+async def _output_for(target: ServerTarget, record: SessionRecord, k: int) -> _Output:
+    """The output check's settings for this server's model: the drift bound of its architecture
+    (:mod:`app.core.output_drift`; the largest of all when the model file cannot be read here)."""
+    arch = None
+    path = target.model_path or record.model_path
+    if path:
+        try:
+            arch = (await asyncio.to_thread(read_model_info, path)).architecture
+        except ModelFileError as exc:
+            log.info("the output check uses the largest drift bound: %s", exc)
+    try:
+        return _Output(k, bound_for(arch))
+    except DriftDataError as exc:
+        raise CheckError(str(exc)) from None
 
 
 def _key(prompt: Any) -> Any:
@@ -457,20 +480,26 @@ async def _cold(ctx: _Ctx, prompt: Any, output: _Output, n_predict: int | None =
 
 
 async def _output_check(ctx: _Ctx, prompt: Any, resp: dict, output: _Output) -> oc.OutputCheck:
-    """The resumed continuation against the cold one; a first difference that is no near-tie is
-    judged again from a second cold prefill given the resumed side's tokens up to it
-    (:func:`app.core.output_check.after_resync`)."""
+    """The resumed continuation against cold prefills scored on the same prefixes: the first after
+    the prompt, each next one after the prompt and the resumed side's tokens up to where the previous
+    cold one took another token (:func:`app.core.output_check.next_cold`), until every position has
+    a cold partner or one position already moved further than the measured drift."""
     warm = oc.continuation(resp)
-    cold = await _cold(ctx, prompt, output)
-    if isinstance(cold, str):
-        return oc.unknown(cold, output.k)
-    result = oc.compare(warm, cold, output.k)
-    i = oc.resync_index(result)
-    if i is None:
-        return result
-    again = await _cold(ctx, oc.resync_prompt(prompt, warm, i), output, n_predict=output.k - i - 1,
-                        what=f"the same prompt and the resumed side's first {i + 1} tokens")
-    return oc.after_resync(result, warm, again)
+    colds: list[oc.Continuation] = []
+    start: int | None = 0
+    while start is not None:
+        what = "the same prompt" if start == 0 else f"the same prompt and the resumed side's first {start} tokens"
+        cold = await _cold(ctx, oc.cold_prompt(prompt, warm, start), output, n_predict=output.k - start, what=what)
+        if isinstance(cold, str):
+            return oc.unknown(cold, output.k)
+        if not cold.steps:
+            break
+        colds.append(cold)
+        result = oc.compare(warm, colds, output.k, bound=output.bound)
+        if result.differs:
+            return result  # a position over the bound: the rest cannot make it right
+        start = oc.next_cold(warm, colds, output.k)
+    return oc.compare(warm, colds, output.k, bound=output.bound)
 
 
 async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: int = 1,
@@ -626,7 +655,7 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
     async def run() -> CheckReport:
         ctx = await _prepare(target, record, slot_id, on_progress)
         rows = []
-        output = _Output(output_tokens) if output_check else None
+        output = await _output_for(target, record, output_tokens) if output_check else None
         for i, mode in enumerate(variants):
             name = PROBE_EXACT if mode == "exact" else PROBE_TEXT
             rows.append(await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restart,
@@ -771,7 +800,7 @@ async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *,
             sidecar = ctx.state_path.with_name(record.sidecar_file)
         has_sidecar = sidecar.is_file()
         rows: list[ProbeRow] = []
-        output = _Output(output_tokens) if output_check else None
+        output = await _output_for(target, record, output_tokens) if output_check else None
 
         async def arm(names: tuple[str, str], **kw) -> None:
             for name, mode in zip(names, (chat_probe, "exact") if exact_probes else (chat_probe,)):
