@@ -88,6 +88,13 @@ class ParkedFiles:
         return cls(tuple(files)) if any(f.suffix == STATE for f in files) else None
 
 
+def parked_positions(parked_files: str | None) -> tuple[Position, ...] | None:
+    """The checkpoint positions a park wrote, from the catalog's record of it (None: not recorded),
+    so a restore the server answers by rolling back to another position is called out."""
+    parked = ParkedFiles.from_json(parked_files)
+    return parked.positions() if parked is not None else None
+
+
 def _position(p: Iterable[Any]) -> Position:
     n_tokens, pos_min, pos_max = (int(x) for x in p)
     return n_tokens, pos_min, pos_max

@@ -59,6 +59,7 @@ from typing import Any, Awaitable, Callable
 from app.core.background import say_progress
 from app.core import output_check as oc
 from app.core.output_drift import Bound, DriftDataError, bound_for
+from app.core.park_files import parked_positions
 from app.core.sidecar_behaviour import MISSING, LoadPrediction, predict_load
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
@@ -532,6 +533,7 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
         log_events=events, saved_tokens=ctx.tokens, prompt_tokens=toks,
         sidecar_count=checkpoints_expected if checkpoints_expected is not None else ctx.sidecar_count,
         behaviour=ctx.target.behaviour, prediction=prediction if prediction is not None else ctx.prediction,
+        parked_positions=parked_positions(ctx.record.parked_files),
     )
     t = Timings.of(resp)
     confounded = _confound(events, loaded, v, str(ctx.target.behaviour), earlier, restart is not None)

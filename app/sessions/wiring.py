@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from app.core.park_files import parked_positions
 from app.core.verdict import Verdict, time_saved
 from app.server.logparse import Kind
 from app.store.catalog import PendingVerdict
@@ -35,15 +36,6 @@ if TYPE_CHECKING:  # no import at run time: the service imports this module
     from app.sessions.service import SessionService
 
 log = logging.getLogger(__name__)
-
-
-def _parked_positions(rec) -> tuple | None:
-    """The checkpoint positions ``rec``'s park wrote (None: not recorded), so a restore the server
-    answers by rolling back to another position is called out in the verdict (app.core.park_files)."""
-    from app.core.park_files import ParkedFiles
-
-    parked = ParkedFiles.from_json(getattr(rec, "parked_files", ""))
-    return parked.positions() if parked is not None else None
 
 
 def attach_verdicts(service: "SessionService", supervisor) -> None:
@@ -96,7 +88,7 @@ class VerdictRelay:
                            behaviour=svc.target.behaviour, prediction=getattr(result, "prediction", None),
                            note=("resumed into a slot that held another chat's checkpoints"
                                  if getattr(result, "hazard", None) else None),
-                           parked_positions=_parked_positions(rec))
+                           parked_positions=parked_positions(rec.parked_files))
         if note is not None:
             self._armed[result.slot_id] = note
         else:
@@ -154,7 +146,7 @@ class VerdictRelay:
         exp = watcher.expect(slot, note.n_restored, rec.name, note.sidecar_status or None,
                              build_persists=note.build_persists, ctx_checkpoints=note.ctx_checkpoints,
                              sidecar_count=note.sidecar_count, behaviour=self._svc.target.behaviour,
-                             prediction=prediction, parked_positions=_parked_positions(rec))
+                             prediction=prediction, parked_positions=parked_positions(rec.parked_files))
         exp.since = note.created_at  # lines read after the restore belong to the query being judged
         self._armed[slot] = note
         log.debug("slot %d: judging the next task for the restore of '%s' (%d tokens)", slot, rec.name,
