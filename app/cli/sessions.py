@@ -41,6 +41,9 @@ def add_commands(sub) -> None:
                     help="slot id (default: the slot it was parked from if empty, else the first empty slot)")
     rs.add_argument("--yes", action="store_true", help="resume despite warnings (slot not empty, re-prefill, a file that is not "
                     "the one parked)")
+    rs.add_argument("--unless-files-changed", action="store_true",
+                    help="even with --yes, leave a park whose files are not the ones it wrote parked (what the "
+                         "conversation proxy asks of a host)")
     rs.add_argument("--save-dir", default=None, help="the server's --slot-save-path (required for a URL)")
     rs.add_argument("--json", action="store_true", help="print one JSON object (errors too, same exit status)")
     add_key_option(rs)
@@ -198,12 +201,16 @@ async def cmd_park(args, catalog) -> int:
 
 async def cmd_resume(args, catalog) -> int:
     from app.core.confirmation import NeedsConfirmation
-    from app.sessions.resume import ResumeFailed, ResumeRefused
+    from app.core.park_files import NOT_PARKED_FILES
+    from app.sessions.resume import ResumeFailed, ResumeMismatch, ResumeRefused
 
     svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args))
     try:
         try:
-            res = await svc.resume(args.session, args.slot, force=args.yes)
+            res = await svc.resume(args.session, args.slot, force=args.yes,
+                                   avoid_mismatch=bool(getattr(args, "unless_files_changed", False)))
+        except ResumeMismatch as e:
+            raise CliError(f"{NOT_PARKED_FILES}: '{args.session}' was left parked", details=e.problems) from None
         except ResumeRefused as e:
             raise CliError(f"cannot resume '{args.session}':", details=e.reasons) from None
         except NeedsConfirmation as e:

@@ -88,6 +88,11 @@ class ParkedFiles:
         return cls(tuple(files)) if any(f.suffix == STATE for f in files) else None
 
 
+#: how a park whose files are not the ones it wrote is named when something leaves it parked (the
+#: proxy, here or through a host's ``kv-valet resume --unless-files-changed``)
+NOT_PARKED_FILES = "its files are not the ones parked"
+
+
 def parked_positions(parked_files: str | None) -> tuple[Position, ...] | None:
     """The checkpoint positions a park wrote, from the catalog's record of it (None: not recorded),
     so a restore the server answers by rolling back to another position is called out."""

@@ -28,6 +28,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from app.core.conversation import Cause, Explanation, Message
+from app.core.park_files import NOT_PARKED_FILES
 from app.core.verdict import WASTEFUL, VerdictKind, tolerance
 
 
@@ -306,7 +307,7 @@ def tools_changed(ex: Explanation, before: object, now: object) -> Explanation:
 #: how a park the proxy did not restore, because the resume matrix says the restore buys nothing, is said
 USELESS_RESTORE = "a restore buys nothing on this server"
 #: how a park the proxy did not restore, because a file of it is not the one parked (app.core.park_files), is said
-FOREIGN_FILES = "its files are not the ones parked"
+FOREIGN_FILES = NOT_PARKED_FILES
 
 
 def _restore_avoided(park: str | None, why: str, found: Explanation | None) -> Explanation:

@@ -24,11 +24,14 @@ from typing import Callable
 
 from app.core.background import TaskGroup
 from app.core.lifecycle import TargetKind
+from app.core.park_files import NOT_PARKED_FILES
 from app.core.states import Health
 from app.server.targets import TargetSpec
 from app.servers.remote_sessions import _json_of, park_result, resume_result
 from app.servers.service import ServerService
+from app.proxy.leases import RestoreAvoided
 from app.proxy.service import ProxyService, SessionBackend
+from app.remote.host import RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,15 @@ class HostBackend(SessionBackend):
 
     async def restore(self, slot: int, name: str) -> int:
         async def resume():
-            d = await _json_of(self.host, ["resume", self.profile, name, "--slot", str(slot), "--yes", "--json"])
+            try:
+                d = await _json_of(self.host, ["resume", self.profile, name, "--slot", str(slot), "--yes",
+                                               "--unless-files-changed", "--json"])
+            except RemoteError as e:
+                out = e.output if isinstance(e.output, dict) else {}
+                if str(out.get("error", "")).startswith(NOT_PARKED_FILES):  # the host's own park-files check
+                    raise RestoreAvoided(f"{NOT_PARKED_FILES}: {'; '.join(map(str, out.get('details') or ()))}") \
+                        from None
+                raise
             return resume_result(d, self.profile)
         result = await self._observed("restore", name, resume())
         self.checkpoints_loaded[slot] = None  # the host checked its sidecar; not known here

@@ -65,3 +65,15 @@ def test_another_chats_sidecar_is_refused_until_yes_and_the_right_one_checks(fak
         cli_main(["check", url, "Y", *common, "--yes", "--json"])  # --yes: checked, whatever it finds
         out = capsys.readouterr()
         assert "not checked" not in out.err and json.loads(out.out)["probes"]
+        # what the conversation proxy on another machine asks the host's kv-valet: --yes for the slot's
+        # warnings, but a park whose files are not its own stays parked, said in words the proxy reads
+        before = httpx.get(url + "/slots", timeout=30).json()[1]
+        assert cli_main(["resume", url, "Y", "--slot", "1", "--save-dir", str(slots), "--yes",
+                         "--unless-files-changed", "--json"]) == 1
+        refused = json.loads(capsys.readouterr().out)
+        assert refused["ok"] is False and refused["error"] == "its files are not the ones parked: 'Y' was left parked"
+        assert any(named in d for d in refused["details"]), refused
+        assert httpx.get(url + "/slots", timeout=30).json()[1] == before  # nothing was restored
+        assert cli_main(["resume", url, "X", "--slot", "0", "--save-dir", str(slots), "--yes",
+                         "--unless-files-changed", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["ok"] is True

@@ -9,6 +9,9 @@ import re
 import pytest
 
 from app.core.background import TaskGroup
+from app.core.conversation import Cause
+from app.proxy.explain import _restore_avoided
+from app.proxy.leases import RestoreAvoided
 from app.proxy.remote import HostBackend, RemoteProxyError, start_remote_proxy
 from app.remote.host import RemoteError
 
@@ -45,7 +48,7 @@ async def test_a_park_and_a_restore_are_the_hosts_own():
     backend.delete_park("proxy-c1")
     await tasks.wait()
     assert host.calls == [["park", "big", "--slot", "1", "--name", "proxy-c1", "--json"],
-                          ["resume", "big", "proxy-c1", "--slot", "1", "--yes", "--json"],
+                          ["resume", "big", "proxy-c1", "--slot", "1", "--yes", "--unless-files-changed", "--json"],
                           ["sessions", "rm", "proxy-c1", "--profile", "big"]]
     assert backend.parked_size("proxy-c1") == 0
 
@@ -55,6 +58,26 @@ async def test_a_refused_park_raises_with_the_hosts_reason():
     backend = HostBackend(handle=None, host=host, profile="big", tasks=TaskGroup("test"))
     with pytest.raises(RemoteError, match="no space left"):
         await backend.save(0, "proxy-c1")
+
+
+async def test_a_park_whose_files_changed_on_the_host_stays_parked_and_is_explained():
+    """The host's kv-valet leaves it parked (--unless-files-changed) and says why in the words the proxy's
+    explanation reads: the restore is avoided, not failed (the tests/fake_server/test_park_files_cli.py
+    case shows the host's side)."""
+    host = Host({"resume": {"ok": False, "error": "its files are not the ones parked: 'proxy-c1' was left parked",
+                            "details": ["not the sidecar this session parked (s.bin.ckpt): last checkpoint at "
+                                        "1,923, parked with 2,185"], "exit": 1}})
+    backend = HostBackend(handle=None, host=host, profile="big", tasks=TaskGroup("test"))
+    with pytest.raises(RestoreAvoided) as caught:
+        await backend.restore(1, "proxy-c1")
+    assert str(caught.value) == ("its files are not the ones parked: not the sidecar this session parked (s.bin.ckpt): "
+                                 "last checkpoint at 1,923, parked with 2,185")
+    said = _restore_avoided("proxy-c1", str(caught.value), None)
+    assert said.cause is Cause.PARK_NOT_ITS_OWN and "last checkpoint at 1,923, parked with 2,185" in said.detail
+    # any other refusal stays the host's error
+    host.answers["resume"] = {"ok": False, "error": "slot 1 is busy", "exit": 1}
+    with pytest.raises(RemoteError, match="slot 1 is busy"):
+        await backend.restore(1, "proxy-c1")
 
 
 @pytest.mark.parametrize("profiles, says", [
