@@ -33,13 +33,14 @@ EARLIER_QUESTION = "kvv-probe-earlier-question"
 EARLIER_ANSWER = "kvv-probe-earlier-answer"
 
 #: llama.cpp's template for a model without one (``CHATML_TEMPLATE_SRC`` in ``common/chat.cpp``,
-#: build 11434); ``GET /props`` reports it as the model's ``chat_template``
+#: build 11434: a C string, so each ``'\n'`` in the Jinja is a real newline); ``GET /props`` reports
+#: it as the model's ``chat_template``
 CHATML_FALLBACK = (
     "{%- for message in messages -%}\n"
-    "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
     "{%- endfor -%}\n"
     "{%- if add_generation_prompt -%}\n"
-    "  {{- '<|im_start|>assistant\\n' -}}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
     "{%- endif -%}"
 )
 

@@ -44,6 +44,11 @@ def test_a_template_that_drops_a_message_is_refused():
 
 
 def test_the_fallback_template_is_told_from_a_models_own():
+    # /props of build 11434 with Gemma 3 270M (whose GGUF has no template), as the real server answered
+    served = ("{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\n' + message.content + "
+              "'<|im_end|>\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\n' "
+              "-}}\n{%- endif -%}")
+    assert pp.is_fallback(served)
     assert pp.is_fallback(pp.CHATML_FALLBACK) and pp.is_fallback("")
     assert pp.is_fallback(pp.CHATML_FALLBACK.replace("\n", "\n  "))  # whitespace does not count
     assert not pp.is_fallback("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}{% endfor %}")
