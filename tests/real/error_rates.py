@@ -42,8 +42,8 @@ BEGIN, END = "<!-- error-rates:begin -->", "<!-- error-rates:end -->"
 #: build -> (correct restores, {wrong kind: how many}) per family; stock and the sidecar modes each
 PLAN: dict[str, tuple[int, dict[str, int]]] = {
     "stock": (7, {rc.OTHER_QUANT: 2, rc.SWA_PAST_WINDOW: 1}),
-    "fork": (7, {rc.OTHER_SIDECAR: 2, rc.BLOB_CHANGED: 1, rc.TRUNCATED: 1, rc.OTHER_QUANT: 1}),
-    "v2": (7, {rc.OTHER_SIDECAR: 1, rc.BLOB_CHANGED: 2, rc.TRUNCATED: 1, rc.OTHER_QUANT: 1}),
+    "fork": (7, {rc.OTHER_SIDECAR: 2, rc.BLOB_CHANGED: 1, rc.TRUNCATED: 1, rc.OTHER_QUANT: 2}),
+    "v2": (7, {rc.OTHER_SIDECAR: 1, rc.BLOB_CHANGED: 2, rc.TRUNCATED: 1, rc.OTHER_QUANT: 2}),
 }
 THREADS = 1
 
@@ -94,26 +94,30 @@ def summary(records: list[rc.CaseRecord]) -> dict:
     return c
 
 
+def _rows(label: str, c: dict) -> list[str]:
+    return [f"| correct ({label}) | {c['correct']} | {c['false_differs']} false DIFFERS, "
+            f"{c.get('false_refusals', 0)} refused | 0 |",
+            f"| wrong in effect ({label}) | {c['wrong']} | {c['missed']} missed ({c.get('refused_wrong', 0)} refused "
+            f"before the restore; with `--yes`, the output check alone: {c.get('missed_with_yes', 0)} missed) | 0 |"]
+
+
 def render_table(data: dict) -> str:
     """The README's table from the JSON (:data:`DATA_FILE`)."""
     t = data["tiny"]
-    lines = ["| restores | measured | the verdict wrong | target |", "|---|---:|---:|---:|",
-             f"| correct (tiny models, every family, stock/fork/v2) | {t['correct']} | "
-             f"{t['false_differs']} false DIFFERS | 0 |",
-             f"| wrong in effect (tiny models: {', '.join(data['wrong_kinds'])}) | {t['wrong']} | "
-             f"{t['missed']} missed | 0 |"]
+    lines = ["| restores | measured | the verdict wrong | target |", "|---|---:|---|---:|",
+             *_rows("tiny models, every family, stock/fork/v2", t)]
     g = data.get("gemma")
     if g:
-        lines += [f"| correct (Gemma 3 270M) | {g['correct']} | {g['false_differs']} false DIFFERS | 0 |",
-                  f"| wrong in effect (Gemma 3 270M) | {g['wrong']} | {g['missed']} missed | 0 |"]
-    lines += ["", f"Wrong restores whose wrong data never took part (the server refused the file or never used "
-                  f"the checkpoint it brought): {t['not_wrong_in_effect']} on the tiny models, counted apart. "
-                  f"Measured {data['measured_at']}, {data['where']}; the suite measures the tiny-model rows again "
+        lines += _rows("Gemma 3 270M, stock/fork/v2", g)
+    lines += ["", f"Wrong cases: {', '.join(data['wrong_kinds'])}. Wrong restores whose wrong data never took part "
+                  f"(the server refused the file, or never used the checkpoint it brought): "
+                  f"{t['not_wrong_in_effect']} on the tiny models, counted apart. Measured {data['measured_at']} "
+                  f"({data['seconds']} s), {data['where']}; the suite measures the tiny-model rows again "
                   "(tests/real/test_real_error_rates.py)."]
     by = t.get("by_case") or {}
     if by:
-        lines += ["", "| case / build | checks | wrong in effect | caught | not wrong in effect | correct | "
-                      "false DIFFERS |", "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "| case / build (tiny models) | checks | wrong in effect | caught | not wrong in effect | "
+                      "correct | false DIFFERS |", "|---|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {k} | {v['checks']} | {v['wrong']} | {v['caught']} | {v['not_wrong_in_effect']} | "
                   f"{v['correct']} | {v['false_differs']} |" for k, v in by.items()]
     return "\n".join(lines)

@@ -33,8 +33,11 @@ restore and first query (the supervisor's parsed lines, :mod:`app.server.logpars
   keeps the whole cache); until it does, these records are ``not-wrong-in-effect`` unless asked.
 
 A wrong case whose wrong data did not take part is labelled ``not-wrong-in-effect`` and is neither a correct
-restore nor a wrong one. A check the app refuses (a ``ServiceError`` or a confirmation it asks for) is one
-record with the refusal; nothing ran, so its ground truth is the parked file's, named in ``evidence``.
+restore nor a wrong one. Each check runs as a user runs it (no ``--yes``); one the app refuses (a file that
+is not the one parked: a confirmation it asks for, or a ``ServiceError``) runs again with ``--yes``
+(``force``): its records carry the refusal (the check counts as caught) and the forced run's verdicts and
+log, so the ground truth is the server's there too, and the output check's own word is measured past the
+refusal (``missed_with_yes``).
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ class CaseRecord:
     output_status: str = ""
     max_delta: float | None = None
     deltas: list | None = None
-    refusal: str = ""
+    refusal: str = ""  # the app refused the check (the verdict and figures are then those of the check with --yes)
     evidence: str = ""  # the ground truth: what the server's log says took part
     n_restored: int | None = None
     cache_n: int | None = None
@@ -145,6 +148,11 @@ class CaseRecord:
     def passed(self) -> bool:
         """The check let it through (a pass: HIT or PARTIAL; a refusal is no pass)."""
         return not self.refusal and self.check_verdict in (VerdictKind.HIT.value, VerdictKind.PARTIAL.value)
+
+    @property
+    def passed_with_yes(self) -> bool:
+        """The check with --yes let it through: the output check's word alone, past any refusal of the files."""
+        return self.check_verdict in (VerdictKind.HIT.value, VerdictKind.PARTIAL.value)
 
     @property
     def probe_passed(self) -> bool:
@@ -206,8 +214,11 @@ def quantized(tool: Path, model: Path, qtype: str, folder: Path) -> Path:
     if not out.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".tmp{os.getpid()}")
-        r = subprocess.run([str(tool), "--allow-requantize", str(model), str(tmp), qtype], capture_output=True,
-                           text=True, timeout=600, stdin=subprocess.DEVNULL)
+        from tests.llama_server import server_environment
+
+        argv = [str(tool), "--allow-requantize", str(model), str(tmp), qtype]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+                           env=server_environment(argv))
         if r.returncode != 0 or not tmp.is_file():
             raise RuntimeError(f"llama-quantize {qtype} failed (exit {r.returncode}): {(r.stderr or r.stdout)[-1500:]}")
         os.replace(tmp, out)
@@ -447,15 +458,24 @@ async def check_park(srv: Server, target: Target, park: Park, case_id: str, *, s
     """``SessionService.check`` of one park (default question, output check on) as records, one a probe."""
     base = dict(case_id=case_id, family=target.family, arch=target.arch, model=target.model, build=target.build,
                 threads=target.threads, wrong=park.wrong, session=park.name)
-    seq = srv.seq()
     t0 = time.monotonic()
-    try:
-        report = await srv.svc.check(park.name, slot, force=True)
+    refusal = ""
+    try:  # as a user runs it: the app may refuse a file that is not the one parked (unless --yes)
+        seq = srv.seq()
+        report = await srv.svc.check(park.name, slot)
     except (ServiceError, NeedsConfirmation) as e:
-        words = "; ".join(e.reasons) if isinstance(e, NeedsConfirmation) else str(e)
-        kind = CORRECT if not park.wrong else WRONG
-        return [CaseRecord(**base, kind=kind, refusal=words, seconds=time.monotonic() - t0,
-                           evidence=f"refused before any restore ({park.note or park.wrong or 'as parked'})")]
+        refusal = "; ".join(e.reasons) if isinstance(e, NeedsConfirmation) else str(e)
+        report = None
+    if report is None:
+        # and with --yes, past the refusal: what the output check alone says, and the ground truth
+        try:
+            seq = srv.seq()
+            report = await srv.svc.check(park.name, slot, force=True)
+        except (ServiceError, NeedsConfirmation) as e:
+            words = "; ".join(e.reasons) if isinstance(e, NeedsConfirmation) else str(e)
+            return [CaseRecord(**base, kind=WRONG if park.wrong else CORRECT, refusal=refusal or words,
+                               check_verdict="REFUSED", seconds=time.monotonic() - t0,
+                               evidence=f"refused, also with --yes: {words} ({park.note or park.wrong or 'as parked'})")]
     seconds = time.monotonic() - t0
     await asyncio.sleep(0.05)  # the supervisor's reader has the check's last lines (the probes' are awaited)
     logs = probe_logs(srv.events_since(seq, slot), len(report.probes))
@@ -474,7 +494,7 @@ async def check_park(srv: Server, target: Target, park: Park, case_id: str, *, s
             deltas=list(o.figures.get("deltas") or []) or None if o is not None else None, evidence=evidence,
             n_restored=row.n_restored, cache_n=row.cache_n, prompt_n=row.prompt_n,
             checkpoints_loaded=row.checkpoints_loaded, output_reason=o.reason if o is not None else "",
-            seconds=seconds))
+            refusal=refusal, seconds=seconds))
     return out
 
 
@@ -595,12 +615,14 @@ def case_kind(rows: list[CaseRecord]) -> str:
 
 
 def counts(records: Iterable[CaseRecord]) -> dict:
-    """The error rates by check: correct restores and how many the check called DIFFERS; wrong-in-effect
-    restores and how many it let through (a pass: HIT or PARTIAL, not refused); and the same by probe."""
+    """The error rates by check: correct restores and how many the check called DIFFERS (or refused);
+    wrong-in-effect restores and how many it let through (a pass: HIT or PARTIAL, not refused), and how
+    many the check with --yes let through (the output check alone); and the same by probe (with --yes)."""
     checks = checks_of(records)
-    c = {"correct": 0, "false_differs": 0, "wrong": 0, "missed": 0, "not_wrong_in_effect": 0,
-         "refused_wrong": 0, "probes_correct": 0, "probes_false_differs": 0, "probes_wrong": 0, "probes_missed": 0,
-         "false_differs_cases": [], "missed_cases": []}
+    c = {"correct": 0, "false_differs": 0, "false_refusals": 0, "wrong": 0, "missed": 0, "missed_with_yes": 0,
+         "not_wrong_in_effect": 0, "refused_wrong": 0, "probes_correct": 0, "probes_false_differs": 0,
+         "probes_wrong": 0, "probes_missed": 0,
+         "false_differs_cases": [], "missed_cases": [], "missed_with_yes_cases": []}
     for cid, rows in checks.items():
         kind = case_kind(rows)
         if kind == CORRECT:
@@ -608,6 +630,7 @@ def counts(records: Iterable[CaseRecord]) -> dict:
             if any(r.check_verdict == VerdictKind.DIFFERS.value for r in rows):
                 c["false_differs"] += 1
                 c["false_differs_cases"].append(cid)
+            c["false_refusals"] += bool(rows[0].refusal)
         elif kind == WRONG:
             c["wrong"] += 1
             if rows[0].refusal:
@@ -615,15 +638,18 @@ def counts(records: Iterable[CaseRecord]) -> dict:
             if rows[0].passed:
                 c["missed"] += 1
                 c["missed_cases"].append(cid)
+            if rows[0].passed_with_yes:
+                c["missed_with_yes"] += 1
+                c["missed_with_yes_cases"].append(cid)
         else:
             c["not_wrong_in_effect"] += 1
         for r in rows:
-            if r.refusal:
+            if not r.probe:
                 continue
             if r.kind == CORRECT:
                 c["probes_correct"] += 1
                 c["probes_false_differs"] += r.verdict == VerdictKind.DIFFERS.value
             elif r.kind == WRONG:
                 c["probes_wrong"] += 1
-                c["probes_missed"] += r.probe_passed
+                c["probes_missed"] += r.verdict in (VerdictKind.HIT.value, VerdictKind.PARTIAL.value)
     return c
