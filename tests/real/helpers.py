@@ -15,6 +15,12 @@ TEXT = ("The valet parks each car in a numbered bay and writes the bay on a tick
         "When the owner returns, the valet reads the ticket and fetches the car without searching. ") * 20
 
 
+#: chats parked once per worker process (tests/real/test_real_sidecar_modes.py ``parked_chat``). Here, not in
+#: a test module: pytest imports a test file under its own name too, and a second module object would
+#: keep a second, empty cache.
+PARKED_ONCE: dict[tuple, tuple] = {}
+
+
 async def start_server(profile):
     plan = await asyncio.to_thread(plan_launch, profile)
     sup = make_supervisor(plan)

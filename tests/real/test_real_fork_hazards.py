@@ -26,7 +26,8 @@ from app.sessions.park import TMP_PREFIX
 from app.sessions.service import ServiceError
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
-from tests.real.test_real_sidecar_modes import CHAT, hide, mode, mode_profile, park_chat, until  # noqa: F401
+from tests.real.test_real_sidecar_modes import (CHAT, hide, mode, mode_profile, park_chat, parked_chat,  # noqa: F401
+                                               until)
 from tests.real.test_real_sidecar_verdicts import Running
 
 pytestmark = pytest.mark.real_server
@@ -130,8 +131,7 @@ def test_the_fork_loads_what_a_strict_loader_refuses_as_kv_valet_predicts(mode_p
     how, quirk = LAX_CASES[case]
 
     async def go():
-        async with Running(mode_profile) as srv:
-            rec = await park_chat(srv, "lax")
+        rec = await parked_chat(mode_profile, "lax", TEXT)  # ~700 tokens, two checkpoints; one park per worker
         sidecar = rec.state_path.with_name(rec.state_file + ".ckpt")
         facts = read_facts(rec.state_path)
         assert facts.version == 1 and facts.count >= 2, facts

@@ -11,7 +11,10 @@ build will do (app.sessions.behaviour) and then asks the server.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -20,8 +23,11 @@ from app.core.verdict import VerdictKind
 from app.sessions.behaviour import predict_for_target
 from app.sessions.check import ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS
 from app.core.confirmation import NeedsConfirmation
+from app import paths
+from app.server.launcher import slot_save_path_for
 from app.server.sidecar import read_facts
-from tests.real.helpers import TEXT
+from app.store.catalog import Catalog
+from tests.real.helpers import PARKED_ONCE, TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 from tests.real.test_real_sidecar_verdicts import Running
 
@@ -42,6 +48,31 @@ def mode(monkeypatch, name: str) -> None:
 async def park_chat(srv, name: str, slot: int = 0, prompt: str = CHAT):
     await srv.fill(slot, prompt)
     return (await srv.svc.park(slot, name)).record
+
+
+async def parked_chat(profile, name: str, prompt: str = CHAT):
+    """A chat parked from slot 0 of a server of ``profile`` (in the mode of ``KVV_SIDECAR_MODE``) as
+    ``name``, the server stopped: for a test that needs "a parked chat" and then restarts. The first test
+    of this worker that asks parks it (a server started, filled and parked through the service); a later
+    one gets the same files (same binary, mode, model, flags and prompt: the same bytes) copied into its
+    own slot folder and the same record in its own catalog. A park costs a server start and a one-thread
+    prefill of the whole chat."""
+    key = (os.environ.get("KVV_SIDECAR_MODE"), repr(profile.replace(port=0, slot_save_path="")), prompt)
+    made = PARKED_ONCE.get(key)  # (mode, profile but its port and folder, prompt)
+    if made is None:
+        async with Running(profile) as srv:
+            rec = await park_chat(srv, name, 0, prompt)
+        files = [rec.state_path, rec.state_path.with_name(rec.state_file + ".ckpt")]
+        PARKED_ONCE[key] = (rec, {f.name: f.read_bytes() for f in files if f.is_file()})
+        return rec
+    rec, files = made
+    save_dir = Path(slot_save_path_for(profile))
+    save_dir.mkdir(parents=True, exist_ok=True)
+    for fname, data in files.items():
+        (save_dir / fname).write_bytes(data)
+    with Catalog(paths.catalog_path()) as cat:
+        return cat.add_or_replace(dataclasses.replace(rec, id=None, name=name, save_dir=str(save_dir),
+                                                      files_verified="", created_at=0.0, updated_at=0.0))
 
 
 async def until(condition, guard: float = 120.0) -> None:
@@ -95,8 +126,7 @@ def test_fork_trailing_bytes_predicted_to_load_and_load(mode_profile, monkeypatc
     mode(monkeypatch, "fork")
 
     async def go():
-        async with Running(mode_profile) as srv:
-            rec = await park_chat(srv, "tail")
+        rec = await parked_chat(mode_profile, "tail", TEXT)  # ~700 tokens: two checkpoints
         sidecar = rec.state_path.with_name(rec.state_file + ".ckpt")
         with open(sidecar, "ab") as f:
             f.write(b"\0" * 7)
@@ -144,9 +174,7 @@ def test_v2_stale_hash_predicted_refused_and_refused(mode_profile, monkeypatch):
     mode(monkeypatch, "v2")
 
     async def go():
-        async with Running(mode_profile) as srv:
-            assert srv.svc.target.behaviour is Behaviour.V2
-            rec = await park_chat(srv, "stale")
+        rec = await parked_chat(mode_profile, "stale", TEXT)  # ~700 tokens: two checkpoints
         facts = read_facts(rec.state_path)
         assert facts.version == 2 and facts.count >= 1
         sidecar = rec.state_path.with_name(rec.state_file + ".ckpt")
@@ -154,6 +182,7 @@ def test_v2_stale_hash_predicted_refused_and_refused(mode_profile, monkeypatch):
         raw[8:16] = struct.pack("<Q", facts.state_hash ^ 1)  # the sidecar of another save
         sidecar.write_bytes(bytes(raw))
         async with Running(mode_profile) as srv:
+            assert srv.svc.target.behaviour is Behaviour.V2
             p = predict_for_target(srv.svc.target, rec.state_path, rec.n_tokens)
             assert p.loads is False and p.tip and "state hash" in p.refusal
             with pytest.raises(NeedsConfirmation) as asked:
@@ -175,8 +204,7 @@ def test_v2_count_above_ctx_checkpoints_warned_then_discarded(mode_profile, monk
     mode(monkeypatch, "v2")
 
     async def go():
-        async with Running(mode_profile) as srv:
-            rec = await park_chat(srv, "many")
+        rec = await parked_chat(mode_profile, "many", TEXT)  # ~700 tokens: two checkpoints
         n = read_facts(rec.state_path).count
         assert n >= 2
         fewer = mode_profile.replace(ctx_checkpoints=n - 1)
@@ -186,7 +214,7 @@ def test_v2_count_above_ctx_checkpoints_warned_then_discarded(mode_profile, monk
             text = " ".join(asked.value.warnings)
             assert f"more than this server's --ctx-checkpoints {n - 1}" in text
             result = await srv.svc.resume("many", 0, force=True)
-            name, v = await srv.other_client_query(0, CHAT + " And one more thing.")
+            name, v = await srv.other_client_query(0, TEXT + " And one more thing.")
             assert name == "many" and v.kind is VerdictKind.DISCARDED
             assert "refused the sidecar" in v.reason and "--ctx-checkpoints" in v.reason, v.reason
             assert result.prediction is not None and result.prediction.loads is False
