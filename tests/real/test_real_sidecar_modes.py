@@ -101,7 +101,7 @@ def test_fork_ab_across_restarts_and_the_confound_in_one_process(mode_profile, m
     async def go():
         async with Running(mode_profile) as srv:
             assert srv.svc.target.behaviour is Behaviour.FORK  # from the server's own start line
-            rec = await park_chat(srv, "chat")
+            rec = await park_chat(srv, "chat", 0, TEXT)  # ~700 tokens: two checkpoints, a re-prefill of 700
             assert read_facts(rec.state_path).version == 1
 
             ab = await srv.svc.ab("chat", 0, force=True, output_check=False)  # tokens asserted, not text
