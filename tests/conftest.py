@@ -150,6 +150,36 @@ def pytest_collection_modifyitems(config, items):
         group = next((g for prefix, g in XDIST_GROUPS.items() if path.startswith(prefix)), None)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if getattr(config, "workerinput", None) is not None and config.getvalue("loadgroup"):
+        _group_node_ids(items)
+
+
+def _xdist_group(item) -> str | None:
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    return "_".join(names) or None
+
+
+def _group_node_ids(items) -> None:
+    """On a worker under ``--dist loadgroup``: each grouped test's node id ends in ``@GROUP`` (what the
+    scheduler groups by), and the grouped tests come first. pytest-xdist (3.8) appends the suffix by
+    writing ``item._nodeid``, which pytest 9.2 no longer reads (the id is ``item._id``, a NodeId): no
+    test was grouped, tests/ssh ran on both workers and each built the standalone bundle. First, because
+    the scheduler hands out work in collection order: a group of minutes taken last would be the run's
+    tail; taken first, one worker runs it while the other works through the rest."""
+    from _pytest import nodes
+
+    grouped = []
+    for item in items:
+        group = _xdist_group(item)
+        if group is None:
+            continue
+        grouped.append(item)
+        suffix = "@" + group
+        if not item.nodeid.endswith(suffix) and isinstance(getattr(item, "_id", None), getattr(nodes, "NodeId", ())):
+            item._id = nodes.NodeId.parse(item.nodeid + suffix)
+    first = set(map(id, grouped))
+    items[:] = grouped + [item for item in items if id(item) not in first]
 
 
 def free_port() -> int:

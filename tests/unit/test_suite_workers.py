@@ -55,3 +55,31 @@ def test_a_worker_count_is_read_on_the_controller_and_on_a_worker():
 def test_on_two_workers_every_server_gets_one_thread():
     """llama-server reads LLAMA_ARG_THREADS; every server a test starts inherits this environment."""
     assert os.environ.get("LLAMA_ARG_THREADS") == conftest.XDIST_SERVER_THREADS == "1"
+
+
+class _Node(SimpleNamespace):
+    """A pytest 9.2 item's id (``_id``, a NodeId) and markers."""
+
+    @property
+    def nodeid(self) -> str:
+        return str(self._id)
+
+    def iter_markers(self, name):
+        return (m for m in self.markers if m.name == name)
+
+
+def test_on_a_worker_grouped_tests_carry_their_group_in_the_node_id_and_come_first():
+    """pytest-xdist 3.8 writes the @group suffix to item._nodeid, which pytest 9.2 does not read."""
+    from _pytest import nodes
+
+    items = [_Node(_id=nodes.NodeId.parse(path), markers=[m.mark for m in marks]) for path, *marks in [
+        ("tests/unit/test_argv.py::test_a", ),
+        ("tests/ssh/test_remote_host.py::test_b", pytest.mark.xdist_group("ssh")),
+        ("tests/packaging/test_standalone.py::test_c[x]", pytest.mark.xdist_group(name="standalone")),
+    ]]
+    conftest._group_node_ids(items)
+    assert [i.nodeid for i in items] == ["tests/ssh/test_remote_host.py::test_b@ssh",
+                                         "tests/packaging/test_standalone.py::test_c[x]@standalone",
+                                         "tests/unit/test_argv.py::test_a"]
+    conftest._group_node_ids(items)  # once only
+    assert items[0].nodeid.endswith("::test_b@ssh")
