@@ -23,6 +23,9 @@ BUILD_SCRIPT = ROOT / "packaging" / "build-standalone"
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the standalone build is made for Linux"),
     pytest.mark.timeout(1200),  # the first test pays for the build (cold: ~15 s here, minutes on a slow disk)
+    # one worker builds and runs them all: on two workers both built at once (the build script's lock
+    # made the second wait ~31 s for the first's folder), a worker's time spent idle in a clean clone
+    pytest.mark.xdist_group("standalone"),
 ]
 
 
