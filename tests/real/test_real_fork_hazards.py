@@ -26,8 +26,8 @@ from app.sessions.park import TMP_PREFIX
 from app.sessions.service import ServiceError
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
-from tests.real.test_real_sidecar_modes import (CHAT, hide, mode, mode_profile, park_chat, parked_chat,  # noqa: F401
-                                               until)
+from tests.real.test_real_sidecar_modes import (CHAT, OTHER, hide, mode, mode_profile, park_chat,  # noqa: F401
+                                               parked_chat, until)
 from tests.real.test_real_sidecar_verdicts import Running
 
 pytestmark = pytest.mark.real_server
@@ -174,11 +174,11 @@ def test_the_tip_fallback_erases_the_oldest_checkpoint_with_the_forks_warning(mo
     async def go():
         async with Running(mode_profile) as srv:
             rec_b = await park_chat(srv, "B", 0, TEXT)
-            a = await park_chat(srv, "A", 1, CHAT)
+            a = await park_chat(srv, "A", 1, OTHER)
         n_a = read_facts(a.state_path).count
         hide(rec_b)
         async with Running(mode_profile.replace(ctx_checkpoints=n_a)) as srv:
-            await srv.fill(0, CHAT)
+            await srv.fill(0, OTHER)
             await until(lambda: srv.svc.target.checkpoint_owners.get(0))
             await srv.svc.target.client.erase_slot(0)
             seen = len(server_lines(srv))

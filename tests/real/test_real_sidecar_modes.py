@@ -34,6 +34,7 @@ from tests.real.test_real_sidecar_verdicts import Running
 pytestmark = pytest.mark.real_server
 
 CHAT = TEXT * 2  # about 1,400 tokens: checkpoints, and a re-prefill of a few seconds on two cores
+OTHER = "A different conversation about trains. " + TEXT  # ~710 tokens, two checkpoints; another chat than TEXT
 
 
 @pytest.fixture
