@@ -57,6 +57,7 @@ from typing import Callable, Iterable
 from app.core.confirmation import NeedsConfirmation
 from app.core.profile import LaunchProfile
 from app.core.verdict import VerdictKind
+from app.server.client import ServerUnreachable
 from app.server.logparse import CheckpointRestored, FullReprocess, Kind, SidecarRestored
 from app.sessions.service import ServiceError
 from tests.conftest import free_port
@@ -315,14 +316,20 @@ def _blobs(path: Path) -> list[tuple[int, int, int]]:
     return out
 
 
+#: the share of a checkpoint's state zeroed at its end: inside the last layer's last tensor (its data runs to
+#: the end of the block), so no layer header is touched (zeroing the middle half hit one: llama.cpp aborted
+#: loading the checkpoint, GGML_ASSERT in common_prompt_checkpoint::load_tgt)
+CHANGED_SHARE = 16
+
+
 def change_blob(sidecar: Path) -> int:
-    """Zero the middle half of the last checkpoint's target state (past its header: valid numbers, another
-    state); returns that checkpoint's ``n_tokens``."""
+    """Zero the last 1/CHANGED_SHARE of the last checkpoint's target state (valid numbers, another state);
+    returns that checkpoint's ``n_tokens``."""
     blobs = _blobs(sidecar)
     n_tokens, off, size = max(blobs, key=lambda b: b[0])
     with open(sidecar, "r+b") as f:
-        f.seek(off + size // 4)
-        f.write(bytes(size // 2))
+        f.seek(off + size - size // CHANGED_SHARE)
+        f.write(bytes(size // CHANGED_SHARE))
     return n_tokens
 
 
@@ -453,6 +460,15 @@ async def fill_and_park(srv: Server, parks: list[Park]) -> None:
             p.state = rec.state_path
 
 
+def crashed(srv: Server, base: dict, park: Park, refusal: str, exc: Exception, seq: int, t0: float) -> CaseRecord:
+    """The server died under the check (a checkpoint's state it could not load: llama.cpp aborts). The
+    check failed loudly, no answer was compared: the wrong data gave no output (not wrong in effect)."""
+    last = [ll.event.line for ll in srv.sup.log.since(seq)][-3:]
+    return CaseRecord(**base, kind=NOT_WRONG if park.wrong else CORRECT, refusal=refusal, check_verdict="ERROR",
+                      seconds=time.monotonic() - t0, output_reason=str(exc),
+                      evidence=f"{park.note or 'as parked'}; the server died during the check: " + " | ".join(last))
+
+
 async def check_park(srv: Server, target: Target, park: Park, case_id: str, *, slot: int = 0,
                      swa_wrong: bool = False) -> list[CaseRecord]:
     """``SessionService.check`` of one park (default question, output check on) as records, one a probe."""
@@ -463,8 +479,10 @@ async def check_park(srv: Server, target: Target, park: Park, case_id: str, *, s
     try:  # as a user runs it: the app may refuse a file that is not the one parked (unless --yes)
         seq = srv.seq()
         report = await srv.svc.check(park.name, slot)
+    except ServerUnreachable as e:
+        return [crashed(srv, base, park, "", e, seq, t0)]
     except (ServiceError, NeedsConfirmation) as e:
-        refusal = "; ".join(e.reasons) if isinstance(e, NeedsConfirmation) else str(e)
+        refusal = str(e)
         report = None
     if report is None:
         # and with --yes, past the refusal: what the output check alone says, and the ground truth
@@ -472,10 +490,12 @@ async def check_park(srv: Server, target: Target, park: Park, case_id: str, *, s
             seq = srv.seq()
             report = await srv.svc.check(park.name, slot, force=True)
         except (ServiceError, NeedsConfirmation) as e:
-            words = "; ".join(e.reasons) if isinstance(e, NeedsConfirmation) else str(e)
+            words = str(e)
             return [CaseRecord(**base, kind=WRONG if park.wrong else CORRECT, refusal=refusal or words,
                                check_verdict="REFUSED", seconds=time.monotonic() - t0,
                                evidence=f"refused, also with --yes: {words} ({park.note or park.wrong or 'as parked'})")]
+        except ServerUnreachable as e:
+            return [crashed(srv, base, park, refusal, e, seq, t0)]
     seconds = time.monotonic() - t0
     await asyncio.sleep(0.05)  # the supervisor's reader has the check's last lines (the probes' are awaited)
     logs = probe_logs(srv.events_since(seq, slot), len(report.probes))
@@ -565,7 +585,7 @@ async def run_target(target: Target, work: Path, *, correct: int, wrong: dict[st
                     p.note = f"{d.name} has no sidecar to copy"
             elif p.wrong == BLOB_CHANGED and side.is_file():
                 p.changed_at = change_blob(side)
-                p.note = f"the checkpoint at n_tokens {p.changed_at}: half its state bytes zeroed"
+                p.note = f"the checkpoint at n_tokens {p.changed_at}: the last 1/{CHANGED_SHARE} of its state zeroed"
             elif p.wrong == TRUNCATED and side.is_file():
                 p.note = f"the sidecar cut to {truncate(side):,} bytes"
             elif p.wrong == OTHER_QUANT:
@@ -580,18 +600,21 @@ async def run_target(target: Target, work: Path, *, correct: int, wrong: dict[st
                                                 quant)):
             if not group:
                 continue
-            t0 = time.monotonic()
-            async with Server(prof) as srv:
-                timing.start += time.monotonic() - t0
-                for p in group:
-                    t1 = time.monotonic()
-                    got = await check_park(srv, target, p, f"{target.label}/{p.name}", swa_wrong=swa_wrong)
-                    timing.checks += time.monotonic() - t1
-                    timing.n_checks += 1
-                    records += got
-                    say(f"{target.label} {p.name}: " + ", ".join(
-                        f"{r.probe or 'refused'} {r.kind} {r.verdict or r.refusal[:60]} {r.output_status} "
-                        f"{'' if r.max_delta is None else f'{r.max_delta:.3f}'}" for r in got))
+            todo = list(group)
+            while todo:  # a server that died under a check is started again for the parks left
+                t0 = time.monotonic()
+                async with Server(prof) as srv:
+                    timing.start += time.monotonic() - t0
+                    while todo and srv.sup.running:
+                        p = todo.pop(0)
+                        t1 = time.monotonic()
+                        got = await check_park(srv, target, p, f"{target.label}/{p.name}", swa_wrong=swa_wrong)
+                        timing.checks += time.monotonic() - t1
+                        timing.n_checks += 1
+                        records += got
+                        say(f"{target.label} {p.name}: " + ", ".join(
+                            f"{r.probe or r.check_verdict} {r.kind} {r.verdict or r.refusal[:60]} {r.output_status} "
+                            f"{'' if r.max_delta is None else f'{r.max_delta:.3f}'}" for r in got))
     return records
 
 
@@ -621,7 +644,7 @@ def counts(records: Iterable[CaseRecord]) -> dict:
     checks = checks_of(records)
     c = {"correct": 0, "false_differs": 0, "false_refusals": 0, "wrong": 0, "missed": 0, "missed_with_yes": 0,
          "not_wrong_in_effect": 0, "refused_wrong": 0, "probes_correct": 0, "probes_false_differs": 0,
-         "probes_wrong": 0, "probes_missed": 0,
+         "probes_wrong": 0, "probes_missed": 0, "probes_missed_with_yes": 0,
          "false_differs_cases": [], "missed_cases": [], "missed_with_yes_cases": []}
     for cid, rows in checks.items():
         kind = case_kind(rows)
@@ -651,5 +674,6 @@ def counts(records: Iterable[CaseRecord]) -> dict:
                 c["probes_false_differs"] += r.verdict == VerdictKind.DIFFERS.value
             elif r.kind == WRONG:
                 c["probes_wrong"] += 1
-                c["probes_missed"] += r.verdict in (VerdictKind.HIT.value, VerdictKind.PARTIAL.value)
+                c["probes_missed"] += r.probe_passed  # the wrong probe's own verdict a pass, and no refusal
+                c["probes_missed_with_yes"] += r.verdict in (VerdictKind.HIT.value, VerdictKind.PARTIAL.value)
     return c
