@@ -86,6 +86,10 @@ USER_3 = "Thank you. One more question about the green car."
 _RESTORED = re.compile(r"restored (\d+) context checkpoints from sidecar")
 _FULL = "forcing full prompt re-processing"
 _CKPT_USED = re.compile(r"restored context checkpoint \(.*n_tokens = (\d+)")
+#: the slot's release after the probe: llama-server's logger writes its lines in order from a thread of its own,
+#: after the answer may have reached us, so the probe's lines are all in the log once this one is
+_PROBE_END = re.compile(r"release: .*stop processing")
+LOG_SETTLE_S = 30
 
 
 @dataclass
@@ -285,6 +289,13 @@ def _probe(srv: Server, cell: Cell, replies: list[str], saved_tokens: list[int])
             out = _chat(c, _history(replies, edited=cell.probe == "edited"), 1)
             timings = out["timings"]
     cell.prompt_n, cell.cache_n = int(timings["prompt_n"]), int(timings.get("cache_n") or 0)
+    # read the log only once the probe's end is in it: read at once, a busy machine's measurement once missed
+    # the sidecar and checkpoint lines of a cell whose tokens were the same (2026-12-04)
+    deadline = time.monotonic() + LOG_SETTLE_S
+    while not any(_PROBE_END.search(line) for line in srv.lines_from(at)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the log shows no end of the probe in {LOG_SETTLE_S} s: {srv.tail(1500)}")
+        time.sleep(0.02)  # polling a file another process writes (a script, not a test's synchronisation)
     for line in srv.lines_from(at):
         if m := _RESTORED.search(line):
             cell.sidecar_loaded = int(m.group(1))
