@@ -280,10 +280,10 @@ def _lp(x: float | None) -> str:
 
 
 def compare(warm: Continuation, cold: Continuation | list[Continuation], k: int = OUTPUT_TOKENS, *,
-            bound: Bound | None = None, arch: str | None = None) -> OutputCheck:
+            bound: Bound | None = None, arch: str | None = None, precision: str | None = None) -> OutputCheck:
     """The resumed side's continuation against its cold partners over the first ``k`` positions
     (see the module). ``cold``: the cold prefills made (:func:`next_cold`), or one. ``bound``: the
-    measured drift (by default :func:`app.core.output_drift.bound_for` of ``arch``).
+    measured drift (by default :func:`app.core.output_drift.bound_for` of ``arch`` and ``precision``).
 
     UNKNOWN when either side has no tokens, a cold answer reused a cached token, or positions have
     no cold partner; MATCH, TIE or DIFFERS as the module says."""
@@ -294,7 +294,7 @@ def compare(warm: Continuation, cold: Continuation | list[Continuation], k: int 
     if not warm.steps or not colds or not any(c.steps for c in colds):
         side = "the resumed query" if not warm.steps else "the cold prefill"
         return unknown(f"{side} returned no tokens to compare", k)
-    bound = bound if bound is not None else bound_for(arch)
+    bound = bound if bound is not None else bound_for(arch, precision)
     n = min(k, len(warm.steps))
     partners = cold_steps(warm, colds, k)
     texts = {"warm_text": "".join(s.piece for s in warm.steps[:k]),

@@ -52,13 +52,13 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from app.core.background import say_progress
 from app.core import output_check as oc
-from app.core.output_drift import Bound, DriftDataError, bound_for
+from app.core.output_drift import Bound, DriftDataError, bound_for, precision_of
 from app.core.park_files import parked_positions
 from app.core.sidecar_behaviour import MISSING, LoadPrediction, predict_load
 from app.core.states import SidecarStatus
@@ -437,15 +437,16 @@ class _Output:
 async def _output_for(target: ServerTarget, record: SessionRecord, k: int) -> _Output:
     """The output check's settings for this server's model: the drift bound of its architecture
     (:mod:`app.core.output_drift`; the largest of all when the model file cannot be read here)."""
-    arch = None
+    arch = precision = None
     path = target.model_path or record.model_path
     if path:
         try:
-            arch = (await asyncio.to_thread(read_model_info, path)).architecture
+            info = await asyncio.to_thread(read_model_info, path)
+            arch, precision = info.architecture, precision_of(info.file_type)
         except ModelFileError as exc:
             log.info("the output check uses the largest drift bound: %s", exc)
     try:
-        return _Output(k, bound_for(arch))
+        return _Output(k, bound_for(arch, precision))
     except DriftDataError as exc:
         raise CheckError(str(exc)) from None
 
@@ -682,6 +683,24 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
                            question_sent=ctx.question_sent)
 
     return await target.queue.run(f"check {record.name}", leaves_nothing(target, slot_id, run))
+
+
+def not_its_own_files(report: CheckReport, problems: list[str]) -> CheckReport:
+    """A check the user ran (``--yes``) on a park whose files are not the ones it wrote: a warm answer from
+    another chat's files is no proof of a correct resume, and the output check's measured drift bound may
+    be too wide to see it (Gemma 3 270M: the bound is 1.6 nats, another chat's sidecar moved it 0.4-0.7).
+    Unless the output already differs (DIFFERS stands), the verdict is UNKNOWN: never a pass."""
+    if report.verdict.kind is VerdictKind.DIFFERS:
+        return replace(report, warnings=[*report.warnings, *problems])
+    v = report.verdict
+    said = "; ".join(problems)
+    verdict = Verdict(VerdictKind.UNKNOWN,
+                      f"not a correct resume that can be shown: {said}. The check ran on these files because it was "
+                      f"told to (--yes); what it measured: {v.kind.value}, {v.reason}",
+                      n_restored=v.n_restored, prompt_n=v.prompt_n, cache_n=v.cache_n, prompt_ms=v.prompt_ms,
+                      rollback_tokens=v.rollback_tokens, checkpoints_loaded=v.checkpoints_loaded,
+                      figures={**v.figures, "files_not_parked": True, "measured_kind": v.kind.value})
+    return replace(report, verdict=verdict, warnings=[*report.warnings, *problems])
 
 
 # --------------------------------------------------------------------------- A/B

@@ -506,7 +506,7 @@ class SessionService:
         each probe's output compared with a cold prefill's (DIFFERS when it differs)."""
         self._refuse_router()
         rec = self.session(name)
-        await asyncio.to_thread(files_check.confirm, self.catalog, rec, force, "the check")
+        files = await asyncio.to_thread(files_check.confirm, self.catalog, rec, force, "the check")
         slot = await self.check_slot(rec, slot_id, force=force)
         protocol = self.protocol_for(protocol, check=True)
         restart = self._restart_for_check if protocol == PROTOCOL_RESTARTS else None
@@ -517,6 +517,10 @@ class SessionService:
                                                   output_check=output_check, on_progress=on_progress)
         except CheckError as e:
             raise ServiceError(str(e)) from None
+        if files.refuses:
+            report = check_job.not_its_own_files(report, list(files.problems))
+            if rec.id is not None:
+                self.catalog.update_verdict(rec.id, report.verdict.kind.value, report.verdict.reason)
         self._changed.emit()
         return report
 

@@ -6,11 +6,11 @@ rolls back needs a context checkpoint). Conversation A and conversation B, diffe
 about the same length, are parked with their checkpoints. A correct restore (A with its own
 sidecar) is a HIT whose greedy output matches a cold prefill's; A's state file given B's sidecar
 loads, the text probe rolls back onto B's checkpoint (warm: it reuses about all of A's length)
-and continues with B's sliding-window state: DIFFERS, at the position whose log-probs moved past the
-measured drift bound. So does the exact-append probe: on this build it too rolls back a few tokens to
-the last checkpoint. The wrong restore is asked the default question: with the old rule (greedy tokens
-compared) this small model repeated it whatever the state and the wrong restore passed; the log-probs
-moved nonetheless, and they are the evidence now (issue #36).
+and continues with B's sliding-window state. So does the exact-append probe: on this build it too rolls
+back a few tokens to the last checkpoint. The wrong restore is asked the default question. Measured
+(app/core/output_drift.json): correct checkpoint restores of this model move the log-probs by up to
+1.08 nats, more than this wrong restore does (0.4-0.7), so the output check's bound cannot always see
+it; the park's record of its own sidecar does, and a check forced past it is never a pass (issue #36).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import shutil
 
 import pytest
 
-from app.core.output_check import OUTPUT_TOKENS, Continuation, Status, cold_prompt, compare, continuation, sampling
+from app.core.output_check import (OUTPUT_TOKENS, Continuation, Status, cold_prompt, cold_steps, continuation,
+                                   position_delta, sampling)
 from app.core.output_drift import bound_for
 from app.core.verdict import VerdictKind
 from app.server.sidecar import read_facts
@@ -89,9 +90,10 @@ def test_a_correct_restore_is_a_hit_whose_output_matches_a_cold_prefill(mode_pro
     asyncio.run(go())
 
 
-def test_a_wrong_restore_another_chats_sidecar_is_differs_never_hit(mode_profile, monkeypatch):
+def test_a_wrong_restore_another_chats_sidecar_is_never_a_pass(mode_profile, monkeypatch):
     """A's state file with B's sidecar: the fork loads it; the text probe rolls back onto B's
-    checkpoint, reuses nearly all of A's length (warm) and continues from B's window: DIFFERS."""
+    checkpoint, reuses nearly all of A's length (warm) and continues from B's window: DIFFERS when its log-probs
+    move past the measured bound, else UNKNOWN because the park's record names the sidecar: never a pass."""
     mode(monkeypatch, "fork")
 
     async def go():
@@ -103,23 +105,24 @@ def test_a_wrong_restore_another_chats_sidecar_is_differs_never_hit(mode_profile
             check = await srv.svc.check("A", 0, force=True)  # the default question
             text = check.probe(PROBE_TEXT)
             assert text.checkpoints_loaded == n_b  # the lax loader took B's file
-            assert text.verdict.kind is VerdictKind.DIFFERS, (text.verdict.reason, text.output)
-            assert text.verdict.figures["reuse_kind"] in ("HIT", "PARTIAL")  # warm ...
-            assert text.cache_n > 1000  # ... and wrong
-            diff = text.output.first_diff
-            assert diff is not None and 0 <= diff.index < OUTPUT_TOKENS and diff.warm.id != diff.cold.id
-            assert diff.warm.top and diff.cold.top  # the top log-probs of both sides
-            assert "output differs from a cold prefill" in text.verdict.reason
-            # the evidence: a position whose log-probs moved past the measured drift bound of gemma3
-            assert text.output.max_logprob_delta > text.output.figures["bound"] == bound_for("gemma3").nats
-            print(f"first differing token: {diff.index}: resumed {diff.warm.piece!r} ({diff.warm.id}, "
-                  f"{diff.warm.logprob:.3f}) vs cold {diff.cold.piece!r} ({diff.cold.id}, {diff.cold.logprob:.3f}); "
-                  f"cache_n {text.cache_n}, prompt_n {text.prompt_n}; exact probe: {check.probe(PROBE_EXACT).output.reason}")
-            assert check.verdict.kind is VerdictKind.DIFFERS, check.verdict.reason  # never HIT
-            # on this build the exact-append probe rolls back a few tokens to a checkpoint too: B's
+            assert text.cache_n > 1000  # warm, from the wrong state
+            out = text.output
+            assert out is not None and out.max_logprob_delta is not None and len(out.figures["deltas"]) >= 1
+            bound = bound_for("gemma3", "reduced").nats
+            assert out.figures["bound"] == bound
+            # What the measurement says of this model (app/core/output_drift.json): correct checkpoint restores of
+            # Gemma 3 270M Q4_K_M moved up to 1.08 nats, so the bound (1.6) is wider than this wrong restore's move
+            # (0.4-0.7 measured): the output check alone may pass it. The park's own record does not: the check
+            # ran on files that are not the ones parked (force), so its verdict is never a pass.
+            print(f"wrong restore: the log-probs moved {out.max_logprob_delta:.3f} nats (bound {bound:.3f}): "
+                  f"{out.status.value}; the exact probe: {check.probe(PROBE_EXACT).output.reason}")
+            assert check.verdict.kind in (VerdictKind.DIFFERS, VerdictKind.UNKNOWN), check.verdict.reason
+            if check.verdict.kind is VerdictKind.UNKNOWN:
+                assert check.verdict.reason.startswith("not a correct resume that can be shown: not the sidecar "
+                                                       "this session parked"), check.verdict.reason
             exact = check.probe(PROBE_EXACT)
-            assert exact.checkpoints_loaded == n_b and exact.verdict.kind is VerdictKind.DIFFERS, exact.output
-            assert "DIFFERS at" in to_markdown(check) and ",differs," in to_csv(check)
+            assert exact.checkpoints_loaded == n_b  # on this build the exact probe rolls back onto B's too
+            assert ("DIFFERS" in to_markdown(check) or "UNKNOWN" in to_markdown(check)) and to_csv(check)
 
     asyncio.run(go())
 
@@ -148,8 +151,12 @@ def test_a_cold_prefill_from_the_resumed_sides_tokens_scores_them_within_the_dri
                     # all of it processed cold: the prompt's tokens (BOS with a text prompt) and the i + 1 appended
                     assert again.cache_n == 0
                     assert resp["tokens_evaluated"] == len(toks) + (1 if isinstance(prompt, str) else 0) + i + 1, resp
-                    r = compare(Continuation(first.steps[i + 1:]), again, OUTPUT_TOKENS - i - 1, arch="gemma3")
-                    assert r.status is not Status.UNKNOWN and r.max_logprob_delta is not None, r.reason
-                    assert r.passed and r.compared == OUTPUT_TOKENS - i - 1, (type(prompt), i, r.reason)
+                    # each position of the continuation that has a cold partner on the same prefix (up to and
+                    # including where a near-tie may take the other token) moved within the measured drift
+                    rest = Continuation(first.steps[i + 1:])
+                    partners = cold_steps(rest, [again], OUTPUT_TOKENS - i - 1)
+                    assert partners, (type(prompt), i)
+                    moves = [position_delta(w, c) for w, c in zip(rest.steps, partners)]
+                    assert all(m is not None and m <= bound_for("gemma3", "reduced").nats for m in moves), moves
 
     asyncio.run(go())
