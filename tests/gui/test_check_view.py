@@ -106,17 +106,22 @@ def test_dialog_with_history_and_plain_ab(qtbot, report):
 def test_a_probe_whose_output_differs_shows_differs_in_red_with_the_first_differing_token(qtbot, report):
     """The decision is the core's (app.core.output_check); the dialog only shows it."""
     from app.core.output_check import Alt, Continuation, Step, compare, with_output
+    from app.core.output_drift import Bound
     from app.ui.dialogs.check import OUTPUT_ROLE
     from app.ui.widgets import theme
 
-    def steps(*ids):
-        return Continuation(tuple(Step(i, f"<{i}>", -0.5, (Alt(i, f"<{i}>", -0.5),)) for i in ids), cache_n=0)
+    def steps(*ids, runner=3):
+        return Continuation(tuple(Step(i, f"<{i}>", -0.5, (Alt(i, f"<{i}>", -0.5), Alt(runner if i != runner else 7,
+                                                                                          "<r>", -3.0)))
+                                  for i in ids), cache_n=0)
 
-    checked = compare(steps(1, 2, 7, 4), steps(1, 2, 3, 4), k=4)
+    bound = Bound(0.3, "gemma3", 60, 0.2, 1.5, "reduced")
+    # position 2: the resumed side sure of 7, the cold side of 3 (2.5 nats apart), past the measured bound
+    checked = compare(steps(1, 2, 7, 4), [steps(1, 2, 3)], k=4, bound=bound)
     text = report.probes[1]
     text.output = checked
     text.verdict = with_output(text.verdict, checked)
-    report.probes[0].output = compare(steps(1, 2), steps(1, 2), k=2)
+    report.probes[0].output = compare(steps(1, 2), steps(1, 2), k=2, bound=bound)
     report.verdict = text.verdict
     d = CheckDialog(report)
     qtbot.addWidget(d)
@@ -126,4 +131,4 @@ def test_a_probe_whose_output_differs_shows_differs_in_red_with_the_first_differ
     assert t.horizontalHeaderItem(8).text() == "output"
     assert [t.item(i, 8).text() for i in range(t.rowCount())] == ["same 2/2", "DIFFERS at 2", "off", "off"]
     assert t.item(1, 7).text() == "DIFFERS" and t.item(1, 8).data(OUTPUT_ROLE) == "DIFFERS"
-    assert "'<7>' (id 7)" in t.item(1, 8).toolTip()
+    assert "the resume took '<7>', the cold prefill '<3>'" in t.item(1, 8).toolTip()

@@ -158,7 +158,11 @@ def test_the_fork_loads_what_a_strict_loader_refuses_as_kv_valet_predicts(mode_p
             assert row.checkpoints_loaded == expected  # "restored N context checkpoints from sidecar"
             if how == "empty":
                 # loaded, and nothing to roll back to (no tip either): KV Valet warned, the server re-prefilled
-                assert check.verdict.kind is VerdictKind.DISCARDED, check.verdict.reason
+                assert row.verdict.kind is VerdictKind.DISCARDED, row.verdict.reason
+                # and the check, forced past a sidecar that is not the one parked, is never a pass
+                assert check.verdict.kind is VerdictKind.UNKNOWN, check.verdict.reason
+                assert check.verdict.figures["measured_kind"] == "DISCARDED"
+                assert "not the sidecar this session parked" in check.verdict.reason
 
     asyncio.run(go())
 

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from app import paths
 from app.core.conversation import Cause
+from app.sessions.files_check import digest
+from app.store.catalog import Catalog
 
 from app.core.verdict import VerdictKind, tolerance
 from app.server.statefile import read_state_header
@@ -38,6 +41,11 @@ def test_a_restore_the_server_refuses_is_noticed_and_the_conversation_reprocesse
             with open(park, "r+b") as f:  # its first fields (cell count...) garbled; size, header, tokens whole
                 f.seek(seq_state)
                 f.write(b"\xff" * 64)
+            # as if the server had written it so (the park's record is of these bytes): KV Valet's own record of
+            # its files (tests/real/test_real_park_files.py) does not catch it, and the server is asked
+            with Catalog(paths.catalog_path()) as cat:
+                rec = next(r for r in cat.list() if r.state_file == park.name)
+                cat._update(rec.id, parked_files=digest(park).to_json(), files_verified="")
 
             again = turn(SYSTEMS["A"], ("What is the first word?", first["A"][0]), question="And the second?")
             reply, rec = await p.ask(again)

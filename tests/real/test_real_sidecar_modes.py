@@ -139,7 +139,9 @@ def test_fork_trailing_bytes_predicted_to_load_and_load(mode_profile, monkeypatc
             check = await srv.svc.check("tail", 0, force=True, output_check=False)
             row = check.probe(PROBE_TEXT)
             assert row.checkpoints_loaded == p.count >= 1
-            assert check.verdict.kind is VerdictKind.HIT, check.verdict.reason
+            assert row.verdict.kind is VerdictKind.HIT, row.verdict.reason  # the lax loader took it: warm
+            # the sidecar grew after the park: forced past that, the check is never a pass (issue #36)
+            assert check.verdict.kind is VerdictKind.UNKNOWN and check.verdict.figures["measured_kind"] == "HIT"
 
     asyncio.run(go())
 
