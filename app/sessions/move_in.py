@@ -29,7 +29,6 @@ MOVE_PREFIX = "kvv-move-"
 #: Sidecar conventions stored next to the state file (as app.sessions.park.SIDECAR_SUFFIXES).
 SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
 _ID_RE = re.compile(r"[0-9a-f]{12}")
-_CHUNK = 4 << 20
 #: The catalog's pending table holds a receipt per move listed here (its sender may have lost the
 #: answer: a cut connection, a killed ``receive --commit``) until the sender settles it, or this long.
 RECEIPT_KIND = "move-done"
@@ -55,11 +54,11 @@ def discard_temps(save_dir: str | os.PathLike, move_id: str) -> list[Path]:
 
 
 def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
+    """The file's SHA-256, read through one small reused buffer (``hashlib.file_digest``): a 4 MiB
+    ``read()`` per chunk in each worker thread left that much resident per thread's malloc arena, which
+    the soak test saw as RSS growing 0.7 MB per park/resume cycle."""
     with open(path, "rb") as f:
-        while data := f.read(_CHUNK):
-            h.update(data)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @recovers(JournalKind.MOVE_IN)
