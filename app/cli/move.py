@@ -33,6 +33,9 @@ def add_commands(ssa) -> None:
         p.add_argument("--restore", action="store_true",
                        help="then restore it at the target (its server must run) and judge a first query")
         p.add_argument("--slot", type=int, default=None, help="with --restore: the slot (default: the app's choice)")
+        p.add_argument("--no-output-check", dest="output_check", action="store_false",
+                       help="with --restore: judge by the tokens and checkpoints reused alone, without comparing "
+                            "the output with a cold prefill of the chat (faster; see kv-valet check)")
         p.add_argument("--yes", action="store_true", help="move it even when a file is not the one parked "
                        "(another chat's sidecar copied over its own)")
         p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -171,27 +174,21 @@ def cmd_move(args, keep: bool) -> int:
 async def _restore(args, target, name: str) -> dict:
     """Restore ``name`` at the target and judge a first query (``kv-valet check`` there)."""
     from app.move.move import LocalEndpoint
+    from app.servers.remote_sessions import restore_and_judge
 
-    if isinstance(target, LocalEndpoint):
-        from app.cli.connect import connect
-        from app.sessions.check import report_dict
-        from app.core.confirmation import NeedsConfirmation
-        from app.sessions.service import ServiceError
+    if not isinstance(target, LocalEndpoint):
+        return await restore_and_judge(target, name, args.slot, output_check=args.output_check)
+    from app.cli.connect import connect
+    from app.core.confirmation import NeedsConfirmation
+    from app.sessions.service import ServiceError
 
-        svc = await connect(target.catalog, target.profile)
-        try:
-            report = await svc.check(name, args.slot, force=True)
-        except (ServiceError, NeedsConfirmation) as e:
-            raise CliError(f"copied, but the restore at {target.where} failed: {e}") from None
-        finally:
-            await svc.aclose()
-        d = report_dict(report)
-    else:
-        argv = ["check", target.profile, name, "--yes", "--json"] + \
-            (["--slot", str(args.slot)] if args.slot is not None else [])
-        d = await target.host.run_cli(argv, timeout=600, ok_exits=(0, Exit.DISCARDED, Exit.DIFFERS))
-    return {"slot_id": d.get("slot_id"), "n_restored": d.get("n_restored"), "verdict": d.get("verdict"),
-            "report": d}
+    svc = await connect(target.catalog, target.profile)
+    try:
+        return await restore_and_judge(target, name, args.slot, sessions=svc, output_check=args.output_check)
+    except (ServiceError, NeedsConfirmation) as e:
+        raise CliError(f"copied, but the restore at {target.where} failed: {e}") from None
+    finally:
+        await svc.aclose()
 
 
 def cmd_facts(args) -> int:

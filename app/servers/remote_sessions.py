@@ -402,22 +402,27 @@ async def _json_of(host, argv: list[str]) -> dict:
 
 
 async def restore_and_judge(endpoint, name: str, slot: int | None = None, *, server_service=None,
-                            target_id: str | None = None) -> dict[str, Any]:
+                            target_id: str | None = None, sessions=None,
+                            output_check: bool = True) -> dict[str, Any]:
     """Restore ``name`` at ``endpoint`` (app.move.move: a profile here, or a host's) and judge a
-    first query: ``{"slot_id", "n_restored", "verdict": {"kind", "reason"}}``. Here, through the
-    running server's session service (``server_service.sessions(target_id)``)."""
+    first query: ``{"slot_id", "n_restored", "verdict": {"kind", "reason"}, "report"}``. Here through
+    an open session service (``sessions``, the CLI's), else the running server's
+    (``server_service.sessions(target_id)``, the window's); on a host through its ``kv-valet check``.
+    ``output_check`` False leaves out the comparison with a cold prefill (``--no-output-check``): the
+    verdict then rests on the tokens and checkpoints reused, and costs no second prefill of the chat."""
     from app.move.move import LocalEndpoint
 
     if isinstance(endpoint, LocalEndpoint):
         from app.sessions.check import report_dict
 
-        svc = await server_service.sessions(target_id)
-        d = report_dict(await svc.check(name, slot, force=True))
+        svc = sessions if sessions is not None else await server_service.sessions(target_id)
+        d = report_dict(await svc.check(name, slot, force=True, output_check=output_check))
     else:
-        argv = ["check", endpoint.profile, name, "--yes", "--json"] + (["--slot", str(slot)] if slot is not None
-                                                                       else [])
+        argv = ["check", endpoint.profile, name, "--yes", "--json"] + \
+            (["--slot", str(slot)] if slot is not None else []) + ([] if output_check else ["--no-output-check"])
         d = await endpoint.host.run_cli(argv, timeout=600, ok_exits=(0, CHECK_DISCARDED, CHECK_DIFFERS))
-    return {"slot_id": d.get("slot_id"), "n_restored": d.get("n_restored"), "verdict": d.get("verdict") or {}}
+    return {"slot_id": d.get("slot_id"), "n_restored": d.get("n_restored"), "verdict": d.get("verdict") or {},
+            "report": d}
 
 
 def verdict_text(restored: dict[str, Any]) -> str:

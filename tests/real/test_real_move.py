@@ -84,4 +84,5 @@ def test_real_park_move_restore_verdict(real_profile, tmp_path):
     # sliding-window model, so the resume re-prefills (tests/fixtures/README.md)
     r = d["restore"]
     assert r["n_restored"] == rec.n_tokens and r["slot_id"] == 0
+    assert r["report"]["output_check"] is True  # on unless --no-output-check (tests/ssh passes it)
     assert r["verdict"]["kind"] == "DISCARDED"

@@ -157,11 +157,14 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
             assert asking.done(), sessions.message.text()
             dlg = asking.result()
             assert dlg.move_button.isChecked() and dlg.restore.isEnabled() and dlg.restore.isChecked()
+            assert dlg.output_check.isEnabled() and dlg.output_check.isChecked()
+            dlg.output_check.click()  # judged without a second, cold prefill of the chat
             dlg.ok_button.click()
             ok, text = await asyncio.wait_for(done, 600)
             assert ok and text.startswith("Moved 'chat' to 'here' as 'chat'"), text
             assert "first query: DISCARDED" in text, text
             assert w.session_moves.last_restore["verdict"]["kind"] == "DISCARDED"
+            assert w.session_moves.last_restore["report"]["output_check"] is False
 
             # on disk: in this machine's catalog and folder, same bytes; gone on the host
             with Catalog(paths.catalog_path()) as cat:

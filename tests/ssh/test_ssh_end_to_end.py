@@ -113,7 +113,7 @@ def test_list_start_park_there_move_here_restore_and_back(build, user_ssh, real_
         # the move itself, restored into slot 0 of the server here and judged by a first query
         d = asyncio.run(_with_server_here(here, lambda: cli(
             "sessions", "move", "chat", "--from", f"box:{there.name}", "--to", here.name,
-            "--restore", "--slot", "0", "--json")))
+            "--restore", "--slot", "0", "--no-output-check", "--json")))
         assert d["moved"] and d["source"] == f"box:{there.name}" and d["target"] == f"profile '{here.name}'"
         assert d["warnings"] == [] and d["source_kept"] is None
         rec = d["record"]
@@ -123,6 +123,7 @@ def test_list_start_park_there_move_here_restore_and_back(build, user_ssh, real_
         assert (rec["sidecar_file"] is not None) == (build == "sidecar")
         r = d["restore"]
         assert r["slot_id"] == 0 and r["n_restored"] == n_tokens
+        assert r["report"]["output_check"] is False  # --no-output-check reached the check here
         # stock build + SWA model: the restore is exact but the first query re-prefills (no
         # checkpoints after a restart); the sidecar build brings them with the file: HIT
         assert r["verdict"]["kind"] == VERDICT[build], r["verdict"]
@@ -132,12 +133,13 @@ def test_list_start_park_there_move_here_restore_and_back(build, user_ssh, real_
 
         # and back: here -> the host, restored there and judged by the host's kv-valet check
         back = cli_json("sessions", "move", "chat", "--from", here.name, "--to", f"box:{there.name}",
-                        "--restore", "--slot", "0", "--json")
+                        "--restore", "--slot", "0", "--no-output-check", "--json")
         assert back["moved"] and back["target"] == f"box:{there.name}"
         assert back["record"]["profile"] == there.name and back["record"]["n_tokens"] == n_tokens
         assert sshd.sha256(Path(back["record"]["save_dir"]) / back["record"]["state_file"]) == before
         rb = back["restore"]
         assert rb["slot_id"] == 0 and rb["n_restored"] == n_tokens
+        assert rb["report"]["output_check"] is False  # and the host's kv-valet check
         assert rb["verdict"]["kind"] == VERDICT[build], rb["verdict"]
         assert cli_json("sessions", "list", "--profile", here.name, "--json") == []
         [listed] = cli_json("hosts", "sessions", "box", "--profile", there.name, "--json")

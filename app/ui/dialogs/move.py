@@ -104,6 +104,12 @@ class MoveDialog(QDialog):
         self.restore = QCheckBox("Then restore it there and judge a first query (the verdict)")
         self.restore.setEnabled(running)
         self.restore.setChecked(running)
+        # the output check costs a second, cold prefill of the whole chat at the target: the user's choice
+        self.output_check = QCheckBox("…and compare its output with a cold prefill (slower: the chat is "
+                                      "prefilled once more)")
+        self.output_check.setEnabled(running)
+        self.output_check.setChecked(running)
+        self.restore.toggled.connect(self.output_check.setEnabled)
         note = QLabel("" if running else f"'{target.name}' is not running: the session is received there, ready to "
                       "resume when it starts; nothing is restored now.")
         note.setWordWrap(True)
@@ -112,11 +118,12 @@ class MoveDialog(QDialog):
         buttons.rejected.connect(self.reject)
         self.ok_button = buttons.button(QDialogButtonBox.Ok)
         lay = QVBoxLayout(self)
-        for w in (self.move_button, self.copy_button, self.restore, note, buttons):
+        for w in (self.move_button, self.copy_button, self.restore, self.output_check, note, buttons):
             lay.addWidget(w)
 
-    def choice(self, result: int) -> tuple[bool, bool] | None:
-        """(copy, restore), or None when cancelled."""
+    def choice(self, result: int) -> tuple[bool, bool, bool] | None:
+        """(copy, restore, output check), or None when cancelled."""
         if result != QDialog.Accepted:
             return None
-        return self.copy_button.isChecked(), self.restore.isEnabled() and self.restore.isChecked()
+        restore = self.restore.isEnabled() and self.restore.isChecked()
+        return self.copy_button.isChecked(), restore, restore and self.output_check.isChecked()

@@ -91,8 +91,8 @@ class SessionMoves(QObject):
             self.move_dialog = None
         if choice is None:
             return None
-        copy, restore = choice
-        return await self.move_or_copy(rec, row, copy=copy, restore=restore)
+        copy, restore, output_check = choice
+        return await self.move_or_copy(rec, row, copy=copy, restore=restore, output_check=output_check)
 
     def menu_for(self, rec: SessionRecord) -> QMenu:
         menu = QMenu(self.panel)
@@ -141,7 +141,7 @@ class SessionMoves(QObject):
         return make(row)
 
     async def move_or_copy(self, rec: SessionRecord, row: ServerRow, *, copy: bool,
-                           restore: bool = False) -> tuple[bool, str]:
+                           restore: bool = False, output_check: bool = True) -> tuple[bool, str]:
         """Move (or copy) ``rec`` to ``row``'s profile, with a progress bar whose Cancel stops it; the
         outcome is said, with the verdict of a restore there when ``restore``. A cancel that lands
         after the target listed the session says that both copies remain (``on_committed``)."""
@@ -196,7 +196,7 @@ class SessionMoves(QObject):
             dialog.deleteLater()
             self.progress = None
         if result is not None and restore and not cancel["asked"]:
-            text += " " + await self._restore(target, result.record.name, row)
+            text += " " + await self._restore(target, result.record.name, row, output_check=output_check)
         self.panel.say(text, ok=ok, op=Operation.MOVE)
         self.panel.refresh()
         if self.panel.controller.sessions is not None:
@@ -205,14 +205,14 @@ class SessionMoves(QObject):
         self.sig_done.emit(ok, text)
         return ok, text
 
-    async def _restore(self, target, name: str, row: ServerRow) -> str:
+    async def _restore(self, target, name: str, row: ServerRow, *, output_check: bool = True) -> str:
         """Restore ``name`` at ``target`` and judge a first query: the verdict, or why not."""
         from app.servers.remote_sessions import restore_and_judge, verdict_text
 
         self.panel.set_busy(True)
         try:
             restored = await restore_and_judge(target, name, server_service=self.list_panel.controller.service,
-                                               target_id=row.target_id)
+                                               target_id=row.target_id, output_check=output_check)
         except Exception as e:  # report: the move stands; the restore's failure is said and logged
             log.warning("restore of %r at %s after the move failed", name, row.target_id, exc_info=True)
             return f"The restore there failed: {e}"
