@@ -275,6 +275,10 @@ class ProxyServer:
         self._url: str | None = None
         self._stopping = False
         self._inflight = TaskGroup("the proxy's request handlers")  # the handlers running now (stop() ends them)
+        # intercepted requests now: in ``before`` (held by the proxy: a slot lease, a park, a restore), and
+        # sent upstream with their answer not ended (what a gateway reads: app.proxy.metrics)
+        self.waiting = 0
+        self.running = 0
 
     def __repr__(self) -> str:
         key = "set" if self._api_key else "none"
@@ -384,14 +388,18 @@ class ProxyServer:
                 _cut(request)
             return resp
         given = list(parsed.items())  # what the client sent, to see what ``before`` changed
+        self.waiting += 1
         try:
             sent, ctx = await self._interceptor.before(request.path, request.headers, parsed)
         except Exception as e:
             log.exception("the proxy's interceptor failed before %s %s", request.method, request.path)
             return _error(500, f"the proxy could not prepare the request: {type(e).__name__}: {e}",
                           "server_error")
+        finally:
+            self.waiting -= 1
         collector = _Collector(bool(sent.get("stream")))
         broken = False
+        self.running += 1
         try:
             content = _upstream_body(body, given, sent)
             headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-type"]
@@ -402,6 +410,7 @@ class ProxyServer:
             collector.error = collector.error or f"{type(e).__name__}: {e}"
             raise
         finally:
+            self.running -= 1
             self._interceptor.ended(ctx)
             # shielded: a second cancellation (the proxy stopping) does not cut ``after`` short
             await asyncio.shield(track(self._after(ctx, collector, request.method, request.path),

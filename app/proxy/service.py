@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from app.core.observers import Observers
+from app.core.rules import kv_unified
 from app.core.background import TaskGroup
 from app.core.conversation import Cause, Conversation, Explanation, Message, RequestRecord, ServerCaching
 from app.core.timings import Timings
@@ -33,7 +34,7 @@ from app.proxy import explain as explain_mod
 from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
-from app.proxy.metrics import ProxyMetrics
+from app.proxy.metrics import ProxyMetrics, proxy_load, served_model_name
 from app.sessions.resume import ResumeHazard, ResumeMismatch, ResumeRefused, ResumeUseless
 from app.sessions.watch import common_prefix
 from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name, recover_leases
@@ -332,7 +333,10 @@ class ProxyService:
         self._started_at = h.started_at
         self._backend = self._make_backend(h) if self._make_backend is not None else SessionBackend(h, self.servers)
         self._backend.disk_budget_bytes = self.disk_budget_bytes
-        self.metrics = ProxyMetrics(self.profile, self._prefill_ms_per_token)
+        n_ctx, unified = [int(r.get("n_ctx") or 0) for r in slots if isinstance(r, dict)], bool(p and kv_unified(p))
+        self.metrics = ProxyMetrics(self.profile, self._prefill_ms_per_token, model_name=served_model_name(props),
+                                    load=lambda: proxy_load(self.http, None if self.steps_aside else self.leases,
+                                                            n_ctx, unified))
         self._backend.metrics = self.metrics
         self.on_record(self.metrics.observe_request)
         if not self.router:
