@@ -17,6 +17,7 @@ from PySide6.QtCore import Qt
 
 from app import paths
 from app.core.profile import LaunchProfile
+from app.core.units import fmt_duration
 from app.server.client import LlamaClient
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
@@ -24,6 +25,7 @@ from app.ui.panels import build_window
 from app.ui.monitor.panel import SlotsTableModel
 from app.ui.sessions.panel import SessionsPanel
 from app.ui.sessions.controller import Operation
+from app.ui.sessions.model import COL_SIDECAR
 from tests.conftest import run, signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_supervisor_fake import FAKE, free_port
@@ -134,10 +136,6 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
         assert panel.model.records[0].last_verdict == "HIT"
         # the prefill it avoided, at the rate measured from the first fill, shows in the status bar
         assert panel.model.records[0].time_saved_s > 0
-        from app.ui.sessions.model import COL_SAVED
-
-        saved_cell = panel.model.index(0, COL_SAVED)
-        assert panel.model.data(saved_cell) != "-" and "saved" in panel.model.data(saved_cell, Qt.ToolTipRole)
         assert w.time_saved_label.text().startswith("Time saved by resumes: ")
         assert "cache_n" in w.time_saved_label.toolTip()
         monitor_verdict = signal_future(w.monitor_panel.sig_snapshot, lambda snap: any(
@@ -147,6 +145,9 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
 
         open_tab(qtbot, w, panel)
         click_row(qtbot, panel, "long chat")
+        # and, for this session, in the details line under the table
+        saved = fmt_duration(panel.selected().time_saved_s)
+        assert f"Time saved: {saved} (the last resume saved " in panel.list.details.text()
         label, ok, text = await click(qtbot, panel, panel.delete_button, Operation.DELETE)
         assert ok and panel.model.records == [] and not rec.state_path.exists()
         assert not rec.state_path.with_name(rec.state_file + ".ckpt").exists()
@@ -195,7 +196,7 @@ def test_check_and_ab_by_clicks(setup, qloop, qtbot):
         assert panel.controller.service is not None
         # the build's sidecar behaviour, from the server's start line, named in the Monitor
         assert "PKCL v2" in w.monitor_panel.sidecar_label.text()
-        tip = panel.source_model.data(panel.source_model.index(0, 5), Qt.ToolTipRole)
+        tip = panel.source_model.data(panel.source_model.index(0, COL_SIDECAR), Qt.ToolTipRole)
         assert "On this server (v2): this build will load the sidecar's" in tip
         assert sidecar.read_bytes() == before  # put back byte-identical
         with Catalog(paths.catalog_path()) as cat:

@@ -47,15 +47,17 @@ def test_a_sessions_size_and_time_saved_read_the_same_in_the_window_and_the_cli(
 
     from app.cli.sessions import list_line
     from app.store.catalog import SessionRecord
-    from app.ui.sessions.model import COL_SAVED, COL_SIZE, SessionsModel
+    from app.ui.sessions.model import COL_NAME, SessionsModel
 
     rec = SessionRecord(id=1, name="chat", profile="p", state_file="chat.bin", save_dir="/x",
                         state_size=41 * MiB + 123_456, sidecar_size=7 * MiB, n_tokens=4096,
                         time_saved_s=725.0, last_time_saved_s=12.0)
     model = SessionsModel()
     model.set_records([rec])
-    size = model.data(model.index(0, COL_SIZE), Qt.DisplayRole)
-    saved = model.data(model.index(0, COL_SAVED), Qt.DisplayRole)
+    # the window shows them in the row's tooltip (and the details line under the table)
+    facts = dict(line.split(": ", 1) for line in model.data(model.index(0, COL_NAME), Qt.ToolTipRole).splitlines()
+                 if ": " in line)
+    size, saved = facts["Size"].split(" (")[0], facts["Time saved"].split(" (")[0]
     assert size == fmt_bytes(rec.state_size + rec.sidecar_size) == "48.1 MiB"
     assert saved == fmt_duration(rec.time_saved_s) == "12 min 5 s"
     line = list_line(rec)

@@ -6,6 +6,12 @@ and what each row shows; :class:`ShownSessions` is the
 (:func:`filter_pattern` over ``FILTER_ROLE``) and sorted by the clicked header
 (``SORT_ROLE``: numbers as numbers). The verdict column is painted in the
 verdict's colour by :class:`app.ui.widgets.delegates.VerdictDelegate` (``VERDICT_ROLE``).
+
+The columns are what a user weighs when choosing what to resume, the verdict next to the
+name; the rest of a session (its model file, size on disk, time saved, files) is in
+:func:`session_facts`, which the row's tooltip and the details line under the table show.
+With a model file and a size column the table needed a horizontal scroll to reach the
+Verdict in a 1,280-px window (issue #37).
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QRegularExpression, QSortFilterProxyModel, Qt
 
 from app.core.units import fmt_duration
-from app.core.verdict import TIME_SAVED_HELP
 from app.store.catalog import SessionRecord
 
 SIDECAR_HELP = {
@@ -29,12 +34,13 @@ SIDECAR_HELP = {
     "not needed": "A dense model keeps every position: resumes need no checkpoint.",
     "present, unverified": "A companion checkpoint file is there, in a format KV Valet cannot check.",
 }
-COLUMNS = ["Name", "Model", "Tokens", "Size", "Age", "Sidecar", "Last restore", "Time saved", "Verdict"]
-(COL_NAME, COL_MODEL, COL_TOKENS, COL_SIZE, COL_AGE, COL_SIDECAR, COL_RESTORE, COL_SAVED,
- COL_VERDICT) = range(len(COLUMNS))
+COLUMNS = ["Name", "Verdict", "Tokens", "Age", "Sidecar", "Last restore"]
+COL_NAME, COL_VERDICT, COL_TOKENS, COL_AGE, COL_SIDECAR, COL_RESTORE = range(len(COLUMNS))
 #: The order a first click on a header sorts in: biggest, oldest and most recent restore first.
-FIRST_CLICK_ORDER = {COL_TOKENS: Qt.DescendingOrder, COL_SIZE: Qt.DescendingOrder, COL_AGE: Qt.DescendingOrder,
-                     COL_RESTORE: Qt.DescendingOrder, COL_SAVED: Qt.DescendingOrder}
+FIRST_CLICK_ORDER = {COL_TOKENS: Qt.DescendingOrder, COL_AGE: Qt.DescendingOrder, COL_RESTORE: Qt.DescendingOrder}
+#: The header's tooltip on the name: where the columns that are not in the table went.
+NAME_HELP = ("The session's name. Its model file, size on disk and time saved are in the line under the table "
+             "(the selected session) and in the tooltip of its name.")
 SORT_ROLE = int(Qt.UserRole) + 1  # numbers for numeric columns, case-folded text for the others
 FILTER_ROLE = int(Qt.UserRole) + 2  # column 0: name, model file, profile and verdict, for the filter box
 VERDICT_ROLE = int(Qt.UserRole) + 3  # the verdict column's verdict, coloured by app.ui.widgets.delegates.VerdictDelegate
@@ -66,6 +72,23 @@ def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
+def session_facts(r: SessionRecord, *, full: bool = False) -> list[str]:
+    """What the table's columns leave out of a session, one fact a line: its model file (the
+    whole path when ``full``), its size on disk and the prefill time its resumes saved; with
+    ``full`` also its state file and profile. The details line under the table shows the
+    selected session's; the tooltip of a row's name shows them ``full``."""
+    model = r.model_path if full else Path(r.model_path).name
+    cache = f"K {r.cache_type_k or '?'}, V {r.cache_type_v or '?'}; {r.memory_kind}"
+    size = (f"{_size(r.state_size + r.sidecar_size)} (state file {_size(r.state_size)}, "
+            f"sidecar {_size(r.sidecar_size)})")
+    saved = fmt_duration(r.time_saved_s) if r.time_saved_s or r.last_time_saved_s is not None else "-"
+    last = ("the last resume re-prefilled: it saved nothing" if r.last_time_saved_s == 0 else
+            f"the last resume saved {fmt_duration(r.last_time_saved_s)}"
+            if r.last_time_saved_s is not None else "no resume judged yet")
+    facts = [f"Model: {model or '-'} (KV cache {cache})", f"Size: {size}", f"Time saved: {saved} ({last})"]
+    return facts + [f"State file: {r.state_path}, profile {r.profile}"] if full else facts
+
+
 class _Row:
     """What the table shows of one record, worked out once per change of the record
     (a repaint of a thousand rows asks for these many times)."""
@@ -73,17 +96,12 @@ class _Row:
     __slots__ = ("cells", "sort", "haystack", "verdict")
 
     def __init__(self, r: SessionRecord):
-        model = Path(r.model_path).name
-        size = r.state_size + r.sidecar_size
         verdict = str(r.last_verdict) if r.last_verdict else ""
-        saved = fmt_duration(r.time_saved_s) if r.time_saved_s or r.last_time_saved_s is not None else "-"
-        self.cells = (r.name, model or "-", f"{r.n_tokens:,}", _size(size), None,
-                      r.sidecar_status + (f" ({r.sidecar_count})" if r.sidecar_count else ""), None,
-                      saved, verdict or "-")
-        self.sort = (r.name.casefold(), model.casefold(), r.n_tokens, float(size), -float(r.updated_at or 0.0),
-                     str(r.sidecar_status), -1.0 if r.last_restore_ms is None else float(r.last_restore_ms),
-                     float(r.time_saved_s or 0.0), verdict.casefold())
-        self.haystack = "  ".join((r.name, model, r.profile, verdict))
+        self.cells = (r.name, verdict or "-", f"{r.n_tokens:,}", None,
+                      r.sidecar_status + (f" ({r.sidecar_count})" if r.sidecar_count else ""), None)
+        self.sort = (r.name.casefold(), verdict.casefold(), r.n_tokens, -float(r.updated_at or 0.0),
+                     str(r.sidecar_status), -1.0 if r.last_restore_ms is None else float(r.last_restore_ms))
+        self.haystack = "  ".join((r.name, Path(r.model_path).name, r.profile, verdict))
         self.verdict = verdict
 
 
@@ -149,8 +167,8 @@ class SessionsModel(QAbstractTableModel):
                 return FIRST_CLICK_ORDER.get(section, Qt.AscendingOrder).value  # an int, as Qt reads it
             if role == _TOOLTIP and section == COL_AGE:
                 return "Time since the session was last parked (or renamed)."
-            if role == _TOOLTIP and section == COL_SAVED:
-                return TIME_SAVED_HELP
+            if role == _TOOLTIP and section == COL_NAME:
+                return NAME_HELP
         return None
 
     def data(self, index: QModelIndex, role: int = _DISPLAY) -> Any:
@@ -175,7 +193,7 @@ class SessionsModel(QAbstractTableModel):
         if role == VERDICT_ROLE:  # painted in its colour by the verdict column's delegate (light or dark)
             return self._rows[row].verdict if col == COL_VERDICT else None
         if role == _ALIGNMENT:
-            return _RIGHT if col in (COL_TOKENS, COL_SIZE, COL_SAVED) else None
+            return _RIGHT if col == COL_TOKENS else None
         if role == _TOOLTIP:
             r = self.records[row]
             if col == COL_SIDECAR:
@@ -184,15 +202,8 @@ class SessionsModel(QAbstractTableModel):
                 return f"{text}\n\n{view}" if view else text
             if col == COL_VERDICT:
                 return r.last_verdict_reason or "No query judged since the last resume."
-            if col == COL_SAVED:
-                last = ("the last resume re-prefilled: it saved nothing" if r.last_time_saved_s == 0 else
-                        f"the last resume saved {fmt_duration(r.last_time_saved_s)}"
-                        if r.last_time_saved_s is not None else "no resume judged yet")
-                return f"{last}.\n\n{TIME_SAVED_HELP}"
-            if col == COL_MODEL:
-                return f"{r.model_path}\nKV cache: K {r.cache_type_k}, V {r.cache_type_v}; {r.memory_kind}"
-            if col == COL_NAME:
-                return f"{r.state_path}\nprofile {r.profile}"
+            if col in (COL_NAME, COL_TOKENS, COL_RESTORE):  # the facts no column shows
+                return "\n".join([r.name, *session_facts(r, full=True)])
             if col == COL_AGE:
                 return f"parked {_when(r.updated_at)}" + (
                     f", first parked {_when(r.created_at)}" if r.created_at and r.created_at < r.updated_at else "")

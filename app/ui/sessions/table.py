@@ -1,4 +1,4 @@
-"""The Sessions tab's list: the table of parked sessions, its filter box and counts.
+"""The Sessions tab's list: the table of parked sessions, its filter box, counts and details line.
 
 A :class:`SessionsTable` is a widget of its own: the
 :class:`~app.ui.sessions.panel.SessionsPanel` places it and gives it the records to show
@@ -6,6 +6,10 @@ A :class:`SessionsTable` is a widget of its own: the
 lists every session; ``model`` (:class:`~app.ui.sessions.model.ShownSessions`, a
 :class:`QSortFilterProxyModel`) is what ``view`` shows: filtered by the filter box, sorted by
 a click on a header. :meth:`selected`, :meth:`index_of` and :meth:`select` map between the two.
+
+The table fits the tab without a horizontal scroll bar: the name takes the room the short
+columns leave (elided when long), and ``details`` under it shows what no column does
+(:func:`~app.ui.sessions.model.session_facts`) for the selected session.
 """
 
 from __future__ import annotations
@@ -15,14 +19,19 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
                                QVBoxLayout, QWidget)
 
 from app.core.states import SidecarStatus
+from app.core.verdict import TIME_SAVED_HELP
 from app.store.catalog import SessionRecord
-from app.ui.sessions.model import COL_VERDICT, VERDICT_ROLE, SessionsModel, ShownSessions, filter_pattern
+from app.ui.sessions.model import (COL_NAME, COL_VERDICT, VERDICT_ROLE, SessionsModel, ShownSessions, filter_pattern,
+                                   session_facts)
 from app.ui.widgets.common import wrapping_label
 from app.ui.widgets.delegates import VerdictDelegate
 
 
+NO_DETAILS = "Select a session to see its model file, size on disk and time saved."
+
+
 class SessionsTable(QWidget):
-    """The filter box, the table of sessions, the disk usage under it."""
+    """The filter box, the table of sessions, the selected session's details and the disk usage under it."""
     activated = Signal()  # a row double-clicked (the panel resumes it)
 
     def __init__(self, parent: QWidget | None = None):
@@ -44,10 +53,12 @@ class SessionsTable(QWidget):
         view.verticalHeader().setSectionResizeMode(QHeaderView.Fixed)  # no row measures every cell
         view.setWordWrap(False)
         header = view.horizontalHeader()
-        # Fit the columns to what is on screen, not to every one of a thousand rows each time they change.
+        # Fit the short columns to what is on screen, not to every one of a thousand rows each time they
+        # change; the name takes the rest of the width, elided when long, so the table never scrolls sideways.
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(COL_NAME, QHeaderView.Stretch)
         header.setResizeContentsPrecision(0)
-        header.setStretchLastSection(True)
+        header.setStretchLastSection(False)
         header.setSortIndicatorClearable(True)  # a third click goes back to "most recently parked first"
         header.setSortIndicator(-1, Qt.AscendingOrder)
         view.setSortingEnabled(True)  # a click on a header sorts by that column
@@ -59,6 +70,12 @@ class SessionsTable(QWidget):
                                "word typed here (any case, any order).")
         self.filter.textChanged.connect(self._on_filter)
         self.shown_label = QLabel("")
+        self.details = wrapping_label()  # what no column shows, of the selected session
+        self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.details.setText(NO_DETAILS)
+        # a fact a line, room for the three kept: the table does not jump when a row is selected
+        self.details.setMinimumHeight(3 * self.details.fontMetrics().lineSpacing())
+        self.details.setAlignment(Qt.AlignLeft | Qt.AlignTop)
         self.usage_label = wrapping_label()
         self.usage_label.setText("No parked sessions.")
         self.usage_label.setToolTip("Disk space of the parked sessions: their state files and checkpoint sidecars.")
@@ -70,7 +87,18 @@ class SessionsTable(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(filter_row)
         lay.addWidget(view, 1)
+        lay.addWidget(self.details)
         lay.addWidget(self.usage_label)
+        view.selectionModel().selectionChanged.connect(self.show_details)
+        self.model.dataChanged.connect(self.show_details)  # the selected session's record changed
+        self.model.modelReset.connect(self.show_details)
+
+    def show_details(self, *_args) -> None:
+        """The selected session's facts that no column shows, in the line under the table."""
+        rec = self.selected()
+        self.details.setText("\n".join(session_facts(rec)) if rec is not None else NO_DETAILS)
+        self.details.setToolTip("\n".join(session_facts(rec, full=True)) + f"\n\n{TIME_SAVED_HELP}"
+                                if rec is not None else "")
 
     def show_records(self, records, usage: str) -> bool:
         """Show ``records`` (the table changes only where they changed) and the disk usage line;
