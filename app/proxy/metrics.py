@@ -76,11 +76,11 @@ def kv_usage(views: Iterable[SlotView], outside: Mapping[int, tuple[str, int]], 
     the server restarts or sleeps, idle-slot caching clears it (the watch reads ``/slots`` after a request
     to see that) or a request the proxy passed through untouched runs there; the prompt such a request
     leaves in a slot the proxy holds free is counted too (``outside``). A ``/slots`` read per scrape would
-    be fresher during a request, but a gateway scrapes every 50 ms or so (the endpoint picker's default),
-    and each read is a task in the server's queue: it waits out the current batch of a long prefill, and
-    it restarts the quiet second in which llama-server notices a non-streamed client that went away (see
-    ``CUT_SHORT_QUIET_EVERY_S`` in :mod:`app.proxy.service`), so reads that often would keep an abandoned
-    generation running. The picture costs nothing and never touches the server. Its one lag: a slot in
+    be fresher during a request, but a gateway scrapes every 50 ms (the endpoint picker's default), and
+    each read is a task in the server's queue whose result restarts the quiet second in which llama-server
+    notices a non-streamed client that went away (see ``CUT_SHORT_QUIET_EVERY_S`` in
+    :mod:`app.proxy.service`): reads that often would keep an abandoned generation running. The picture
+    costs nothing and never touches the server. Its one lag: a slot in
     use counts what it held when its request began (the conversation it kept, the park restored into it,
     nothing for a new one) until the answer says what it holds.
 
