@@ -36,6 +36,11 @@ def add_commands(sub) -> None:
                     help="put the conversation proxy on the profile's host and port (the server moves to a "
                          "private loopback port): every request pinned to a slot, conversations parked and "
                          "restored by themselves, each request judged (also: proxy = true in the profile)")
+    sv.add_argument("--kv-events", default=None, metavar="ENDPOINT",
+                    help="with --proxy: publish the server's KV events (blocks stored and removed in its slots and "
+                         "parks, all cleared on a restart; vLLM's ZMQ format, for KV-aware routers) on a ZMQ PUB "
+                         "socket bound at ENDPOINT, e.g. tcp://127.0.0.1:5557 (another address shows every "
+                         "conversation's token ids to whoever reaches it); off unless given")
     sv.add_argument("--port", type=int, default=None, metavar="PORT",
                     help="with HOST:PROFILE: the port the proxy listens on here, on 127.0.0.1 (default: the "
                          "host profile's own port)")
@@ -79,6 +84,10 @@ async def cmd_serve(args) -> int:
                   f"conversation proxy here in front of its server; `kv-valet hosts start {host_name} "
                   f"{remote_profile}` starts that server there", file=sys.stderr)
             return EXIT_FAIL
+        if getattr(args, "kv_events", None):
+            print("error: --kv-events is for a server here: a host's server behind the proxy here publishes "
+                  "none (its parks are read there)", file=sys.stderr)
+            return Exit.USAGE
         return await serve_remote(args, host_name, remote_profile)
     if getattr(args, "port", None) is not None:
         print("error: --port is for HOST:PROFILE (a profile here listens where it says)", file=sys.stderr)
@@ -86,9 +95,14 @@ async def cmd_serve(args) -> int:
     profile = load_profile(args.profile)
     if getattr(args, "proxy", False):
         profile = profile.replace(proxy=True)
+    kv_events = getattr(args, "kv_events", None)
+    if kv_events and not profile.proxy:
+        print("error: --kv-events needs the proxy (--proxy, or proxy = true in the profile): the proxy is what "
+              "knows each slot's tokens", file=sys.stderr)
+        return Exit.USAGE
     from app.proxy.service import ProxyFront  # the proxy in front when the profile says so
 
-    service = ServerService(park_timeout_s=args.park_timeout, front=ProxyFront())
+    service = ServerService(park_timeout_s=args.park_timeout, front=ProxyFront(kv_events=kv_events))
     tid = profile_target_id(profile.name)
     # The Cache health detectors, as in the window: findings with the known issue and the remedy.
     health = CacheHealth()

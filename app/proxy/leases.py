@@ -293,6 +293,8 @@ class SlotLeases:
         self._outside: dict[int, tuple[str, int]] = {}
         self._park_tokens: dict[str, int] = {}
         self.ram_chosen = 0
+        #: told ``(event, conversation)`` of every journaled change (the proxy's KV events follow them)
+        self.on_change: Callable[[str, str | None], None] | None = None
 
     # -- what the faces read
 
@@ -923,6 +925,8 @@ class SlotLeases:
     def _journal(self, event: str, slot: _Slot | None, *, conv_id: str | None = None, park: str | None = None,
                  n_tokens: int | None = None, detail: str = "", state: SlotState | None = None,
                  touched: Iterable[Conversation | None] = ()) -> None:
+        if self.on_change is not None:
+            self.on_change(event, conv_id or (slot.holder if slot is not None else None))
         if self._store is None:
             return
         entry = self._entry(event, slot, conv_id=conv_id, park=park, n_tokens=n_tokens, detail=detail, state=state)

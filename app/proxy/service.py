@@ -34,6 +34,7 @@ from app.proxy import explain as explain_mod
 from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
+from app.proxy.kv_follow import KvFollower
 from app.proxy.metrics import ProxyMetrics, proxy_load, served_model_name
 from app.sessions.resume import ResumeHazard, ResumeMismatch, ResumeRefused, ResumeUseless
 from app.sessions.watch import common_prefix
@@ -257,10 +258,11 @@ class ProxyService:
     def __init__(self, servers: ServerService, target_id: str, *, store: ConversationStore | None = None,
                  disk_budget_bytes: int | None = None, save_before_idle_clear: bool = True,
                  profile_name: str | None = None,
-                 backend: Callable[[ServerHandle], SessionBackend] | None = None):
+                 backend: Callable[[ServerHandle], SessionBackend] | None = None, kv_events: str | None = None):
         """``profile_name``: the name its conversations are kept under (default: the server's profile);
         ``backend``: makes the leases' slot operations for the server's handle (default: the server's
-        session service here; app.proxy.remote's for a host's server)."""
+        session service here; app.proxy.remote's for a host's server); ``kv_events``: a ZMQ endpoint to
+        publish the slots' and parks' KV events on (app.proxy.kv_follow; None: off)."""
         self.servers = servers
         self.target_id = target_id
         self.store = store if store is not None else ConversationStore()
@@ -288,6 +290,8 @@ class ProxyService:
         self._fixed_name = profile_name is not None
         self._make_backend = backend
         self.router = False  # the server is a router (read from /props at start)
+        self.kv_events = kv_events
+        self.kv: KvFollower | None = None  # made by start() when kv_events names an endpoint
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -353,6 +357,10 @@ class ProxyService:
                                                save_before_clear=self.save_before_idle_clear)
             for note in self.caching.notes:
                 log.info("server %s: %s", self.target_id, note)
+            if self.kv_events:
+                self.kv = KvFollower(self, self.kv_events)
+                self.kv.start()
+                log.info("KV events of %s on %s", self.target_id, self.kv.publisher.bound)
         else:
             log.info("server %s is a router: the proxy passes its requests through, judged", self.target_id)
         if h.supervisor is not None:
@@ -412,6 +420,8 @@ class ProxyService:
     async def stop(self) -> None:
         if self.watch is not None:
             self.watch.close()
+        if self.kv is not None:
+            await self.kv.close()
         if self.http is not None:
             await self.http.stop()
             self.http = None
@@ -608,6 +618,9 @@ class ProxyService:
             await self.watch.check_cleared()  # did this request's task make the server clear idle slots?
         if ok or n_tokens is not None:  # a request that failed unseen (the server died): what it held before stays
             conv.n_tokens = n_tokens or 0
+        if self.kv is not None and ok and t is not None and t.prompt_n is not None:
+            route = "chat" if p.path in CHAT_PATHS else "text" if p.path in TEXT_PATHS else None
+            self.kv.request_ended(conv.id, route, p.body, (t.cache_n or 0) + t.prompt_n)
         conv.last_used = time.time()
         conv.requests += 1
         self.index.add(conv.id, conv.chain)
@@ -831,7 +844,10 @@ class ProxyService:
         self.index.forget(conv_id)
         self.texts.forget(conv_id)
         if self.leases is not None:
-            return await self.leases.forget(conv_id)
+            gone = await self.leases.forget(conv_id)
+            if self.kv is not None:
+                self.kv.forgotten(conv_id)
+            return gone
         return self.store.forget(conv_id)
 
 
@@ -856,13 +872,16 @@ class ProxyFront:
     ``proxy = true`` (:class:`app.servers.launch.Front`): the window and ``kv-valet serve`` give it to
     their :class:`ServerService`; :func:`app.servers.launch.launch_profile` decides the rest."""
 
+    def __init__(self, kv_events: str | None = None) -> None:
+        self.kv_events = kv_events  # a ZMQ endpoint for the proxy's KV events (None: off; app.proxy.kv_follow)
+
     async def start(self, servers: ServerService, handle: ServerHandle, host: str, port: int,
                     api_key: str | None, *, slots_endpoint: bool = True) -> ProxyService:
         from app.settings import load_or_defaults
 
         prefs, _problem = load_or_defaults()  # a broken settings file is said by the window and `settings`
         proxy = ProxyService(servers, handle.id, disk_budget_bytes=prefs.proxy_disk_budget_bytes(),
-                             save_before_idle_clear=prefs.proxy_save_before_idle_clear)
+                             save_before_idle_clear=prefs.proxy_save_before_idle_clear, kv_events=self.kv_events)
         await proxy.start(host, port, api_key=api_key, slots_endpoint=slots_endpoint)
         return proxy
 
