@@ -224,8 +224,8 @@ async def test_header_case_and_a_public_root():
 async def test_metrics_without_the_servers_own(profile):
     """A server without --metrics: the proxy's /metrics answers as the server does (its 501: the
     profile said no metrics, llama.cpp's own metrics tests expect it); /kv-valet/metrics serves KV
-    Valet's families alone, parsed by prometheus_client's own parser, its request counter the
-    proxy's records."""
+    Valet's families alone (with the vLLM-named ones a gateway reads), parsed by prometheus_client's
+    own parser, its request counter the proxy's records."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with Proxied(profile) as p:
@@ -236,7 +236,7 @@ async def test_metrics_without_the_servers_own(profile):
             assert (await h.get("/kv-valet/metrics")).status_code == 200
             text = (await h.get("/kv-valet/metrics")).text
         names = {f.name for f in text_string_to_metric_families(text)}
-        assert names and all(n.startswith("kvvalet_") for n in names)
+        assert names and all(n.startswith(("kvvalet_", "vllm:")) for n in names)  # KV Valet's, and a gateway's
         [req] = [s for f in text_string_to_metric_families(text) for s in f.samples
                  if s.name == "kvvalet_proxy_requests_total"]
         assert req.value == 1 and req.labels["verdict"] == "NEW"
