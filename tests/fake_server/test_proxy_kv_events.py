@@ -109,6 +109,21 @@ async def test_a_conversation_is_in_its_slot_then_on_disk_then_back_and_a_restar
         assert s.view.seqs == list(range(s.view.seqs[0], s.view.seqs[-1] + 1))  # no batch lost
 
 
+async def test_a_new_proxy_says_the_parks_of_an_earlier_run(profile):
+    """The app stopped (its proxy parked A first) and started again: the new proxy reads A's park from
+    its state file and a router hears of it on disk, before A's next turn."""
+    from app.core.lifecycle import StopTrigger
+
+    async with Subscribed(profile) as s:
+        a = await s.tokens(prompt("A"))
+        await s.ask(prompt("A"))
+        await s.servers.park_then_stop(s.handle.id, StopTrigger.SERVE)
+    async with Subscribed(profile) as s2:
+        await s2.caught_up()
+        assert s2.view.prefix("DISK", a) == len(a) // 16 * 16 > 0
+        assert s2.view.blocks.get("GPU", {}) == {}
+
+
 async def test_kv_events_are_off_unless_asked(profile):
     servers = ServerService(front=ProxyFront())
     try:
