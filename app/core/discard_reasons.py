@@ -25,10 +25,7 @@ in :mod:`app.proxy.explain`. Pure: no I/O.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from app.core.verdict import Reuse
+from typing import Any, Protocol
 
 TAIL = "so the restored cache was discarded"
 
@@ -47,7 +44,33 @@ def status_of(s) -> str:
     return str(s or "").lower()
 
 
-def why_discarded(e: "Reuse", diverged: bool) -> str:
+class RestoreFacts(Protocol):
+    """What :func:`why_discarded` reads of a restore: the fields of :class:`app.core.verdict.Reuse`
+    that say why. Named here, so that the judge imports its reasons and not the reverse."""
+
+    @property
+    def reusable(self) -> int | None: ...
+    @property
+    def common_prefix(self) -> int | None: ...
+    @property
+    def full_reprocess_logged(self) -> bool: ...
+    @property
+    def sidecar_status(self) -> Any: ...
+    @property
+    def sidecar_loaded_count(self) -> int | None: ...
+    @property
+    def sidecar_count(self) -> int | None: ...
+    @property
+    def build_persists(self) -> bool | None: ...
+    @property
+    def ctx_checkpoints(self) -> int | None: ...
+    @property
+    def behaviour(self) -> Any: ...
+    @property
+    def prediction(self) -> Any: ...
+
+
+def why_discarded(e: RestoreFacts, diverged: bool) -> str:
     """The reason a restore of ``e.reusable`` tokens was discarded, ending in :data:`TAIL`.
     ``diverged``: the new prompt left the saved tokens before the tolerance of their end."""
     from app.core.sidecar_behaviour import Behaviour, discard_reason

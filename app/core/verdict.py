@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.checkpoints import CheckpointFigures
+from app.core.discard_reasons import count, plural, status_of, why_discarded
 
 
 class VerdictKind(enum.StrEnum):
@@ -173,8 +174,6 @@ def judge(e: Reuse) -> Verdict:
     processed, or what could be reused less what was processed. The reason is a sentence with the
     figures; a DISCARDED one says why (:func:`app.core.discard_reasons.why_discarded`).
     """
-    from app.core.discard_reasons import count, plural, status_of, why_discarded
-
     reusable, cache_n, prompt_n, total, ms_ = e.reusable, e.cache_n, e.prompt_n, e.prompt_total, e.prompt_ms
     if e.new or (not reusable and not e.restored):
         return Verdict(VerdictKind.NEW, "nothing to reuse yet: the conversation's first request",

@@ -1,21 +1,20 @@
 """What :class:`app.servers.service.ServerService` tells its subscribers: typed events, each
-carrying the server's target id (``profile:NAME`` or ``url:URL``), and the report of one
-park-then-stop. The window re-emits them as Qt signals; ``kv-valet serve`` prints them.
+carrying the server's target id (``profile:NAME`` or ``url:URL``). The window re-emits them as
+Qt signals; ``kv-valet serve`` prints them. The report of one park-then-stop is a value of the
+sessions layer (:mod:`app.sessions.park_stop`): the session service returns it too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 from app.core.lifecycle import StopTrigger
 from app.core.states import ServerState
 from app.server.launcher import LaunchPlan
 from app.server.outcome import Outcome
-from app.sessions.park import ParkResult
-from app.sessions.resume_plan import PlanEntry
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # type-only, still an arrow (a downward one): the events load without the service
     from app.sessions.service import SessionService
 
 
@@ -74,24 +73,3 @@ class Parking:
 
 ServerEvent = Union[StateChanged, LaunchPlanned, LaunchRefused, Progress, SessionsChanged, Parking, Notice,
                     ProxyChanged]
-
-
-@dataclass
-class ParkStopReport:
-    """What one park-then-stop did."""
-
-    trigger: StopTrigger
-    target_id: str
-    results: list[ParkResult] = field(default_factory=list)
-    plan: list[PlanEntry] = field(default_factory=list)
-    stopped: bool = False
-    interrupted: str | None = None  # "a second signal" / "the 120 s limit": the parks were cut short
-    error: str | None = None  # the parks could not run (the server stopped answering …)
-
-    @property
-    def failed(self) -> list[ParkResult]:
-        return [r for r in self.results if not r.ok]
-
-    @property
-    def complete(self) -> bool:
-        return not self.failed and self.interrupted is None and self.error is None

@@ -40,6 +40,7 @@ from app.core.states import ServerState
 from app.monitor.process import ProcessMonitor
 from app.monitor.sampler import Sampler, Samplers
 from app.monitor.snapshot import take_snapshot
+from app.sessions.park_stop import ParkStopReport
 from app.sessions.service import ServiceError, SessionService
 from app.server.attach import AttachedServer
 from app.server.client import LlamaClient
@@ -52,8 +53,8 @@ from app.server.supervisor import (LaunchError, LogBuffer, PidRecord, StartFaile
                                    find_leftover_server, terminate_leftover)
 from app.server.targets import (TargetSpec, client_for, free_loopback_port, listening_pid,  # noqa: F401
                                 load_profile, profile_target_id, resolve_target, url_target_id)
-from app.servers.events import (LaunchPlanned, LaunchRefused, Notice, Parking, ParkStopReport,
-                                Progress, ProxyChanged, ServerEvent, SessionsChanged, StateChanged)
+from app.servers.events import (LaunchPlanned, LaunchRefused, Notice, Parking, Progress, ProxyChanged,
+                                ServerEvent, SessionsChanged, StateChanged)
 from app.store.catalog import Catalog
 
 if TYPE_CHECKING:

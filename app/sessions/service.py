@@ -26,7 +26,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from app.core.observers import Observers
 from app.core.confirmation import NeedsConfirmation
@@ -44,6 +44,7 @@ from app.sessions.move_in import recover_moves
 from app.sessions.protocol import Capabilities
 from app.sessions.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
     recover_parks
+from app.sessions.park_stop import ParkStopReport
 from app.sessions.resume import ResumeRefused, ResumeResult, find_session, resume_session
 from app.sessions.resume_plan import (PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan,
                                   write_resume_plan_entries)
@@ -57,9 +58,6 @@ from app.server.client import LlamaClient, ServerError, ServerUnreachable
 from app.server.launcher import resolve_api_key
 from app.server.logparse import Kind, PromptEval, SidecarMode
 from app.store.catalog import Catalog, SessionRecord
-
-if TYPE_CHECKING:
-    from app.servers.events import ParkStopReport
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +103,7 @@ class SessionService:
         self._closed = False
         self._owns_client = True
         # the server service's park-then-stop for this server (set by app.servers.service)
-        self.park_then_stop: Callable[[str | None], Awaitable["ParkStopReport"]] | None = None
+        self.park_then_stop: Callable[[str | None], Awaitable[ParkStopReport]] | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
 
     # -- connecting ------------------------------------------------------------
@@ -390,7 +388,7 @@ class SessionService:
             write_resume_plan_entries(self.profile_name, lost)
         return lost
 
-    async def park_all_and_stop(self, prefix: str | None = None) -> "ParkStopReport":
+    async def park_all_and_stop(self, prefix: str | None = None) -> ParkStopReport:
         """Park every slot, write the resume plan, stop the server: the server service's one
         park-then-stop (app.servers.service), which the server's handle wires in here. A slot
         that failed to park keeps the server running (its tokens would be lost)."""

@@ -24,21 +24,38 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from app.core.park_files import parked_positions
 from app.core.verdict import Verdict, time_saved
 from app.server.logparse import Kind
-from app.store.catalog import PendingVerdict
-
-if TYPE_CHECKING:  # no import at run time: the service imports this module
-    from app.sessions.resume import ResumeResult
-    from app.sessions.service import SessionService
+from app.sessions.resume import ResumeResult
+from app.sessions.target import ServerTarget
+from app.sessions.watch import ResumeWatcher
+from app.store.catalog import Catalog, PendingVerdict
 
 log = logging.getLogger(__name__)
 
 
-def attach_verdicts(service: "SessionService", supervisor) -> None:
+class VerdictOwner(Protocol):
+    """What the relay uses of its session service (:class:`app.sessions.service.SessionService`,
+    which builds its relay and imports this module): named here so the arrow goes one way."""
+
+    catalog: Catalog
+    target: ServerTarget
+    watcher: ResumeWatcher
+    relay: VerdictRelay
+
+    @property
+    def profile_name(self) -> str: ...
+
+    @property
+    def persists_checkpoints(self) -> bool | None: ...
+
+    def feed_log(self, item) -> None: ...
+
+
+def attach_verdicts(service: VerdictOwner, supervisor) -> None:
     """Feed every line of ``supervisor``'s log (the server this process runs) to
     ``service``: its verdicts, including those of resumes other processes did, the
     time-saved ledger and the prefill-rate samples. Notes older than the server's
@@ -51,7 +68,7 @@ def attach_verdicts(service: "SessionService", supervisor) -> None:
 class VerdictRelay:
     """One service's side of the catalog's pending verdicts (see the module doc)."""
 
-    def __init__(self, service: "SessionService"):
+    def __init__(self, service: VerdictOwner):
         self._svc = service
         # Set by attach_verdicts: when the server whose log this service reads started.
         # None: this service reads no log (a CLI command) and only leaves notes.
@@ -64,7 +81,7 @@ class VerdictRelay:
         return self._svc.profile_name
 
     # -- the resuming process ----------------------------------------------------
-    def note_restore(self, result: "ResumeResult") -> PendingVerdict | None:
+    def note_restore(self, result: ResumeResult) -> PendingVerdict | None:
         """A resume of this service: leave the note for whoever watches the log, and
         arm this service's own watcher too (it judges when it watches the log)."""
         svc, rec = self._svc, result.record

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QInputDialog, QSizePolicy, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QTabWidget,
@@ -18,13 +17,11 @@ from app.servers.service import (CACHE_EVENTS_VERBOSITY, DiscoveryError, binary_
 from app.server.outcome import Outcome
 from app.store.profiles import ProfileStore
 from app.ui.dialogs.preferences import WindowPreferences
+from app.ui.panel_set import Panels
 from app.ui.widgets import theme
 from app.ui.servers.controller import ServerController
 from app.ui.quitting import QuitsInOrder
 from app.ui.widgets.status_bar import MessageStatusBar
-
-if TYPE_CHECKING:
-    from app.ui.panels import Panels
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +37,7 @@ SERVER_LIFETIME = (
 class MainWindow(QuitsInOrder, QMainWindow):
     sig_closed = Signal()
 
-    def __init__(self, store: ProfileStore, controller: ServerController, panels: "Panels"):
+    def __init__(self, store: ProfileStore, controller: ServerController, panels: Panels):
         """Built by app.ui.panels.build_window: the server controller and the panels come in made."""
         super().__init__()
         self.setWindowTitle("KV Valet")

@@ -1,6 +1,6 @@
 """The window's panels, built in one place: for the app (:mod:`app.ui.app`) and for the tests.
 
-:func:`build_window` makes the server controller, the panels (:class:`Panels`), the
+:func:`build_window` makes the server controller, the panels (:class:`app.ui.panel_set.Panels`), the
 :class:`~app.ui.main_window.MainWindow` that shows them, and wires them to each other
 (:func:`app.ui.wiring.wire`: the tray, the shutdown guard, the moves, a host's view).
 ``tabs=False`` leaves out the Sessions, Monitor, Cache health and Conversations tabs (a test of
@@ -9,31 +9,19 @@ the profile form or of the status bar needs no server panels).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from app import settings
 from app.store.profiles import ProfileStore
 from app.ui.conversations.panel import ConversationsPanel
 from app.ui.main_window import MainWindow
 from app.ui.monitor.health_panel import HealthPanel
 from app.ui.monitor.panel import MonitorPanel
+from app.ui.panel_set import Panels
 from app.ui.servers.controller import ServerController
 from app.ui.servers.list_panel import ServerListPanel
 from app.ui.servers.log_panel import LogPanel
 from app.ui.servers.profile_panel import ProfilePanel
 from app.ui.sessions.controller import SessionsController
 from app.ui.sessions.panel import SessionsPanel
-
-
-@dataclass
-class Panels:
-    profiles: ProfilePanel
-    log: LogPanel
-    server_list: ServerListPanel
-    sessions: SessionsPanel | None = None
-    monitor: MonitorPanel | None = None
-    health: HealthPanel | None = None
-    conversations: ConversationsPanel | None = None
 
 
 def sessions_panel(*, catalog=None, store: ProfileStore | None = None, confirm=None) -> SessionsPanel:

@@ -23,8 +23,9 @@ from app.core.lifecycle import StopTrigger
 from app.core.profile import LaunchProfile
 from app.servers.launch import launch_profile
 from app.servers.service import ServerHandle, ServerService, profile_target_id
-from app.servers.events import (LaunchPlanned, LaunchRefused, Notice, Parking, ParkStopReport, Progress, ProxyChanged,
-                                ServerEvent, SessionsChanged, StateChanged)
+from app.servers.events import (LaunchPlanned, LaunchRefused, Notice, Parking, Progress, ProxyChanged, ServerEvent,
+                                SessionsChanged, StateChanged)
+from app.sessions.park_stop import ParkStopReport
 from app.core.states import ServerState
 from app.server.supervisor import LogBuffer
 
