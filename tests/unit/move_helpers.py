@@ -12,6 +12,7 @@ from app.server.sidecar import Checkpoint, write_pkcl
 from app.server.statefile import write_state_file
 from app.store.catalog import Catalog, SessionRecord
 from app.store.profiles import ProfileStore
+from tests.conftest import free_port
 
 N_TOKENS = 300
 
@@ -25,7 +26,9 @@ def model_file(folder: Path, name: str = "model.gguf", seed: bytes = b"GGUF") ->
 
 
 def profile(folder: Path, name: str, model: Path, **kw) -> LaunchProfile:
-    """A profile with its own save folder; a binary that is not there (its build stays unknown)."""
+    """A profile with its own save folder; a binary that is not there (its build stays unknown); a port
+    nothing listens on (not the default 8080, where another test's server may answer the move's look-ups)."""
+    kw.setdefault("port", free_port())
     p = LaunchProfile(name=name, model=str(model), server_binary=str(folder / "no-such-llama-server"),
                       ctx_size=4096, parallel=2, slot_save_path=str(folder / f"{name}-slots") + "/", **kw)
     ProfileStore().save(p)
