@@ -32,7 +32,7 @@ engine behind each proxy), beside KV Valet's own ``kvvalet_proxy_*`` families:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -40,11 +40,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily
 
 from app.core.conversation import RequestRecord
 from app.core.verdict import WASTEFUL, VerdictKind
-from app.proxy.leases import SlotState, SlotView
-
-if TYPE_CHECKING:
-    from app.proxy.http import ProxyServer
-    from app.proxy.leases import SlotLeases
+from app.proxy.http import ProxyServer
+from app.proxy.leases import SlotLeases, SlotState, SlotView
 
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: vLLM's labels on its engine families (vllm/v1/metrics/loggers.py): the served model, the engine's index
