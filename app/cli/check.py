@@ -77,7 +77,8 @@ def run_check(args) -> int:
 
 async def _run(args, catalog) -> int:
     from app.cli.connect import connect
-    from app.sessions.check import DEFAULT_QUESTION, to_csv, to_json, to_markdown
+    from app.sessions.check_export import to_csv, to_json, to_markdown
+    from app.sessions.check_report import DEFAULT_QUESTION
     from app.core.confirmation import NeedsConfirmation
     from app.sessions.service import ServiceError
     from app.sessions.watch import FileLogBuffer

@@ -413,7 +413,7 @@ async def restore_and_judge(endpoint, name: str, slot: int | None = None, *, ser
     from app.move.move import LocalEndpoint
 
     if isinstance(endpoint, LocalEndpoint):
-        from app.sessions.check import report_dict
+        from app.sessions.check_export import report_dict
 
         svc = sessions if sessions is not None else await server_service.sessions(target_id)
         d = report_dict(await svc.check(name, slot, force=True, output_check=output_check))

@@ -6,11 +6,12 @@
   model's chat format (what a chat client does; re-tokenising can move the tail;
   :mod:`app.sessions.probe_turn`). Each probe starts from a fresh restore
   and is judged from the first query's ``cache_n`` / ``prompt_n``.
-* :func:`ab_check` runs the seed's A/B on the same state file: once with its
+* :func:`app.sessions.ab.ab_check` runs the seed's A/B on the same state file: once with its
   checkpoint sidecar, once with the sidecar moved aside (``<state>.ckpt`` →
   ``<state>.ckpt.kvv-hidden``), optionally plus a baseline full prefill in an
   empty slot. Hiding is journaled in the catalog *before* the rename and always
-  undone in ``finally``; :func:`recover_hidden_sidecars` undoes it after a crash.
+  undone in ``finally``; :func:`app.sessions.sidecar_hide.recover_hidden_sidecars`
+  undoes it after a crash.
 
   **Protocol.** As the seed ran it, each probe runs in a fresh server process
   (``restart``: KV Valet restarts the server it supervises, same binary, flags and
@@ -25,7 +26,7 @@
 * **The output check** (on by default; ``output_check=False`` / ``--no-output-check`` turns
   it off): each probe's first query is a greedy continuation of a few tokens with their top
   log-probs (:func:`app.core.output_check.sampling`), and the same prompt is then prefilled
-  cold (:func:`_cold`: the slot erased, ``cache_prompt: false``, so the server starts at
+  cold (``_cold``: the slot erased, ``cache_prompt: false``, so the server starts at
   ``n_past`` 0 and uses nothing the restore brought) and scored on the same prefixes (another
   cold prefill after each position where the cold side took another token). The two sides'
   log-probs are compared position by position (:func:`app.core.output_check.compare`) against
@@ -33,24 +34,20 @@
   whose log-probs moved further is judged DIFFERS ("output differs from a cold prefill"),
   whatever it reused. One cold
   prefill per distinct prompt: the A/B's arms share it (both arms' outputs are compared with
-  the same cold one). The cold prefills run after every probe (:func:`_check_outputs`): on the
+  the same cold one). The cold prefills run after every probe (:func:`check_outputs`): on the
   fork a slot keeps its checkpoints across an erase and a restore, and a later probe would
   reuse the ones a cold prefill made.
 * :func:`leaves_nothing`: a check or an A/B empties the slot it restored into when it ends, so
   a stop's park of every slot parks nothing of it as a new session.
-* :func:`to_markdown` / :func:`to_csv` / :func:`to_json` export the same figures.
+* The reports are values (app.sessions.check_report); app.sessions.check_export writes them out
+  as Markdown, CSV, JSON and text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import csv
-import inspect
-import io
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,7 +62,6 @@ from app.core.states import SidecarStatus
 from app.core.timings import Timings
 from app.sessions import sidecar_check
 from app.sessions.behaviour import predict_for_target
-from app.sessions.journal import HideJournal, Journal, JournalKind, Owner, Recovery, recover, recovers, replay
 from app.sessions.probe_turn import next_turn
 from app.sessions.slots import SlotError, find_row, held
 from app.sessions.target import ServerTarget
@@ -75,26 +71,13 @@ from app.sessions.watch import judge_from_completion, scan_events
 from app.server.client import ServerError, ServerUnreachable
 from app.server.gguf_info import ModelFileError, read_model_info
 from app.server.logparse import Kind
-from app.server.sidecar import sidecar_candidates
 from app.server.statefile import StateFileError, read_state_header, read_state_tokens
 from app.store.catalog import Catalog, HistoryEvent, SessionRecord
+from app.sessions.check_report import (DEFAULT_QUESTION, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS,
+                                       CheckError, CheckReport, ProbeRow)
+
 
 log = logging.getLogger(__name__)
-
-DEFAULT_QUESTION = "\nIn one short sentence, what was this about?"
-HIDDEN_SUFFIX = ".kvv-hidden"
-
-ARM_WITH = "with sidecar"
-ARM_HIDDEN = "sidecar hidden"
-ARM_WITH_EXACT = "with sidecar, exact tokens"
-ARM_HIDDEN_EXACT = "sidecar hidden, exact tokens"
-ARM_BASELINE = "baseline (empty slot)"
-PROBE_EXACT = "exact tokens"
-PROBE_TEXT = "text"
-
-PROTOCOL_RESTARTS = "across restarts"  # each probe in a fresh server process (the seed's A/B)
-PROTOCOL_ONE_PROCESS = "one process"  # every probe in the running server (arms can confound)
-PROTOCOLS = (PROTOCOL_RESTARTS, PROTOCOL_ONE_PROCESS)
 
 Restarter = Callable[[], Awaitable[None]]
 ProgressFn = Callable[[str], None]
@@ -105,95 +88,10 @@ PROGRESS_POLL_S = 0.5
 TAIL_ROLLBACK = 4
 
 
-class CheckError(Exception):
-    """The check cannot run (message is user-facing)."""
-
-
-# --------------------------------------------------------------------------- reports
-
-@dataclass
-class ProbeRow:
-    """One restore + first query (or the baseline prefill)."""
-
-    name: str
-    restore_ms: float | None
-    prompt_ms: float | None
-    prompt_n: int | None
-    cache_n: int | None
-    ttft_ms: float | None
-    n_restored: int | None
-    checkpoints_loaded: int | None
-    verdict: Verdict
-    prompt_tokens: int | None = None
-    fresh_process: bool = False  # the server was restarted right before this probe
-    confounded: str = ""  # why an earlier probe's leftovers decided this one ("" = clean)
-    output: oc.OutputCheck | None = None  # the output check's result (None: not run, the baseline)
-    pending: Any = field(default=None, repr=False, compare=False)  # (prompt, answer) until the output check
-
-    @property
-    def total_ms(self) -> float | None:
-        if self.prompt_ms is None:
-            return None
-        return (self.restore_ms or 0.0) + self.prompt_ms
-
-
-@dataclass
-class ABReport:
-    session: str
-    profile: str
-    build: str
-    slot_id: int
-    n_restored: int
-    sidecar_status: str
-    sidecar_count: int
-    rows: list[ProbeRow]
-    delta_prefill_speedup: float | None  # prompt_ms hidden / prompt_ms with sidecar
-    end_to_end_speedup: float | None  # (restore + prompt) hidden / (restore + prompt) with
-    baseline_speedup: float | None = None  # baseline prompt_ms / (restore + prompt) with sidecar
-    note: str = ""
-    had_sidecar: bool = True
-    at: float = field(default_factory=time.time)
-    protocol: str = PROTOCOL_RESTARTS
-    behaviour: str = "unknown"  # the build's sidecar behaviour (app.core.sidecar_behaviour)
-    output_check: bool = True  # each arm's output compared with a cold prefill's
-    question_sent: str = ""  # how the chat probe sent the question ("" when no chat probe ran as text)
-
-    def row(self, name: str) -> ProbeRow | None:
-        return next((r for r in self.rows if r.name == name), None)
-
-    @property
-    def confounded(self) -> list[ProbeRow]:
-        return [r for r in self.rows if r.confounded]
-
-
-@dataclass
-class CheckReport:
-    session: str
-    profile: str
-    build: str
-    slot_id: int
-    n_restored: int
-    sidecar_status: str
-    sidecar_count: int
-    question: str
-    probes: list[ProbeRow]
-    verdict: Verdict  # the worst of the probes
-    warnings: list[str] = field(default_factory=list)
-    ab: ABReport | None = None
-    at: float = field(default_factory=time.time)
-    protocol: str = PROTOCOL_ONE_PROCESS
-    behaviour: str = "unknown"
-    output_check: bool = True  # each probe's output compared with a cold prefill's
-    question_sent: str = ""  # how the text probe sent the question ("" when it did not run)
-
-    def probe(self, name: str) -> ProbeRow | None:
-        return next((r for r in self.probes if r.name == name), None)
-
-
 # --------------------------------------------------------------------------- preparation
 
 @dataclass
-class _Ctx:
+class CheckContext:
     target: ServerTarget
     record: SessionRecord
     slot_id: int
@@ -228,7 +126,7 @@ def _say(cb: ProgressFn | None, text: str) -> None:
     say_progress(cb, text, "check")
 
 
-async def _prefill_text(ctx: _Ctx, what: str, n_prompt: int | None, seq: int | None) -> str | None:
+async def _prefill_text(ctx: CheckContext, what: str, n_prompt: int | None, seq: int | None) -> str | None:
     """How far the running query's prefill is: from ``GET /slots`` (build 11434 answers it between
     batches: ``is_processing``, ``n_prompt_tokens_processed``, ``n_prompt_tokens_cache``), else from
     the server's log (``prompt processing, n_tokens = N, progress = P``, printed after 3 s of it)."""
@@ -255,7 +153,7 @@ async def _prefill_text(ctx: _Ctx, what: str, n_prompt: int | None, seq: int | N
     return f"{what}: prefilling {n:,} tokens ({frac:.0%})"
 
 
-async def _with_progress(ctx: _Ctx, what: str, n_prompt: int | None, query) -> dict:
+async def with_progress(ctx: CheckContext, what: str, n_prompt: int | None, query) -> dict:
     """Await ``query`` (a completion on the check's slot); meanwhile, every PROGRESS_POLL_S, say how
     far its prefill is when that changed (a 32K-token prefill takes minutes on a CPU)."""
     if ctx.on_progress is None:
@@ -279,8 +177,8 @@ async def _with_progress(ctx: _Ctx, what: str, n_prompt: int | None, query) -> d
             task.cancel()
 
 
-async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int,
-                   on_progress: ProgressFn | None = None) -> _Ctx:
+async def prepare(target: ServerTarget, record: SessionRecord, slot_id: int,
+                   on_progress: ProgressFn | None = None) -> CheckContext:
     _say(on_progress, f"reading the state file of '{record.name}'")
     path = state_path_of(target, record)
     try:
@@ -323,11 +221,11 @@ async def _prepare(target: ServerTarget, record: SessionRecord, slot_id: int,
     except ServerError:
         pass
     prediction = await asyncio.to_thread(predict_for_target, target, path, header.token_count)
-    return _Ctx(target, record, slot_id, path, tokens, status, count, sidecar_path, build_persists, bos_text,
+    return CheckContext(target, record, slot_id, path, tokens, status, count, sidecar_path, build_persists, bos_text,
                 warnings, prediction, on_progress)
 
 
-def _hidden_prediction(ctx: _Ctx) -> LoadPrediction:
+def hidden_prediction(ctx: CheckContext) -> LoadPrediction:
     """The A/B's second arm: the same build with no sidecar next to the state file."""
     return predict_load(ctx.target.behaviour, MISSING, n_restored=len(ctx.tokens),
                         ctx_checkpoints=ctx.target.ctx_checkpoints)
@@ -355,7 +253,7 @@ async def _log_since(target: ServerTarget, seq: int | None, slot_id: int, wait_f
         await asyncio.sleep(0.02)
 
 
-async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
+async def _restore(ctx: CheckContext) -> tuple[float, int, int | None]:
     """Restore the session into the slot; (restore_ms, n_restored, log seq before)."""
     t = ctx.target
     seq = _log_seq(t)
@@ -373,7 +271,7 @@ async def _restore(ctx: _Ctx) -> tuple[float, int, int | None]:
     return restore_ms, n, seq
 
 
-async def _prompt_for(ctx: _Ctx, mode: str, question: str) -> tuple[Any, list[int] | None]:
+async def _prompt_for(ctx: CheckContext, mode: str, question: str) -> tuple[Any, list[int] | None]:
     """The probe's prompt and, when known, its tokens (for the common prefix). The "text" probe sends
     the question as a chat client sends the next turn: through the model's chat format
     (:mod:`app.sessions.probe_turn`), else as raw text after the chat (``ctx.question_sent`` says which)."""
@@ -434,7 +332,7 @@ class _Output:
     cold: dict[Any, oc.Continuation | str] = field(default_factory=dict)  # a str: why there is none
 
 
-async def _output_for(target: ServerTarget, record: SessionRecord, k: int) -> _Output:
+async def output_for(target: ServerTarget, record: SessionRecord, k: int) -> _Output:
     """The output check's settings for this server's model: the drift bound of its architecture
     (:mod:`app.core.output_drift`; the largest of all when the model file cannot be read here)."""
     arch = precision = None
@@ -455,7 +353,7 @@ def _key(prompt: Any) -> Any:
     return tuple(prompt) if isinstance(prompt, list) else prompt
 
 
-async def _cold(ctx: _Ctx, prompt: Any, output: _Output, n_predict: int | None = None,
+async def _cold(ctx: CheckContext, prompt: Any, output: _Output, n_predict: int | None = None,
                 what: str = "the same prompt") -> oc.Continuation | str:
     """The prompt prefilled cold and continued greedily for ``n_predict`` tokens (``k`` by
     default), or why it could not be: the slot erased, then ``cache_prompt: false``, so the server
@@ -471,7 +369,7 @@ async def _cold(ctx: _Ctx, prompt: Any, output: _Output, n_predict: int | None =
         ctx.target.restored.pop(ctx.slot_id, None)
         n = len(prompt) if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) else None
         ctx.say(f"output check: a cold prefill of {what}" + (f" ({n:,} tokens)" if n else ""))
-        resp = await _with_progress(ctx, "output check, cold prefill", n, client.completion(
+        resp = await with_progress(ctx, "output check, cold prefill", n, client.completion(
             prompt, slot_id=ctx.slot_id, n_predict=output.k if n_predict is None else n_predict,
             cache_prompt=False, extra=oc.sampling()))
         cold: oc.Continuation | str = oc.continuation(resp)
@@ -481,7 +379,7 @@ async def _cold(ctx: _Ctx, prompt: Any, output: _Output, n_predict: int | None =
     return cold
 
 
-async def _output_check(ctx: _Ctx, prompt: Any, resp: dict, output: _Output) -> oc.OutputCheck:
+async def _output_check(ctx: CheckContext, prompt: Any, resp: dict, output: _Output) -> oc.OutputCheck:
     """The resumed continuation against cold prefills scored on the same prefixes: the first after
     the prompt, each next one after the prompt and the resumed side's tokens up to where the previous
     cold one took another token (:func:`app.core.output_check.next_cold`), until every position has
@@ -504,13 +402,13 @@ async def _output_check(ctx: _Ctx, prompt: Any, resp: dict, output: _Output) -> 
     return oc.compare(warm, colds, output.k, bound=output.bound)
 
 
-async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: int = 1,
+async def run_probe(ctx: CheckContext, name: str, mode: str, question: str, *, n_predict: int = 1,
                  sidecar_status: str | None = None, checkpoints_expected: int | None = None,
                  restart: Restarter | None = None, earlier: bool = False, prediction=None,
                  output: _Output | None = None) -> ProbeRow:
     if restart is not None:
         ctx.say(f"{name}: restarting the server (a fresh process for this probe)")
-        await _restart(ctx, restart)
+        await restart_server(ctx, restart)
     restore_ms, n_restored, seq = await _restore(ctx)
     prompt, toks = await _prompt_for(ctx, mode, question)
     extra = oc.sampling() if output is not None else None
@@ -518,7 +416,7 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
         n_predict = max(n_predict, output.k)
     ctx.say(f"{name}: the first query" + (f" ({len(toks):,} tokens)" if toks else ""))
     try:
-        resp = await _with_progress(ctx, name, len(toks) if toks else None, ctx.target.client.completion(
+        resp = await with_progress(ctx, name, len(toks) if toks else None, ctx.target.client.completion(
             prompt, slot_id=ctx.slot_id, n_predict=n_predict, extra=extra))
     except ServerError as exc:
         raise CheckError(f"the probe query failed: {exc.message}") from None
@@ -550,7 +448,7 @@ async def _probe(ctx: _Ctx, name: str, mode: str, question: str, *, n_predict: i
                     confounded=confounded, pending=(prompt, resp) if output is not None else None)
 
 
-async def _check_outputs(ctx: _Ctx, rows: list[ProbeRow], output: _Output | None) -> None:
+async def check_outputs(ctx: CheckContext, rows: list[ProbeRow], output: _Output | None) -> None:
     """The output check of every probe, once all of them have run: the cold prefills come last,
     because on a build that keeps a slot's checkpoints across an erase and a restore (the fork)
     the checkpoints a cold prefill makes would otherwise be there for the next probe to reuse."""
@@ -565,7 +463,7 @@ async def _check_outputs(ctx: _Ctx, rows: list[ProbeRow], output: _Output | None
         row.verdict = oc.with_output(row.verdict, row.output)
 
 
-async def _restart(ctx: _Ctx, restart: Restarter) -> None:
+async def restart_server(ctx: CheckContext, restart: Restarter) -> None:
     """A fresh server process (same binary, flags, state file) before a probe."""
     try:
         await restart()
@@ -577,7 +475,7 @@ async def _restart(ctx: _Ctx, restart: Restarter) -> None:
     ctx.target.last_tasks.clear()
 
 
-def _record_event(catalog: Catalog, record: SessionRecord, kind: str, build: str, row: ProbeRow,
+def record_event(catalog: Catalog, record: SessionRecord, kind: str, build: str, row: ProbeRow,
                   extra: dict | None = None) -> None:
     if record.id is None:
         return
@@ -656,16 +554,16 @@ async def check_resume(target: ServerTarget, record: SessionRecord, slot_id: int
     "prefilling 12,288 of 32,768 tokens", the cold prefills)."""
 
     async def run() -> CheckReport:
-        ctx = await _prepare(target, record, slot_id, on_progress)
+        ctx = await prepare(target, record, slot_id, on_progress)
         rows = []
-        output = await _output_for(target, record, output_tokens) if output_check else None
+        output = await output_for(target, record, output_tokens) if output_check else None
         for i, mode in enumerate(variants):
             name = PROBE_EXACT if mode == "exact" else PROBE_TEXT
-            rows.append(await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restart,
+            rows.append(await run_probe(ctx, name, mode, question, n_predict=n_predict, restart=restart,
                                      earlier=i > 0, output=output))
-        await _check_outputs(ctx, rows, output)
+        await check_outputs(ctx, rows, output)
         for row in rows:
-            _record_event(target.catalog, record, "check", target.build, row,
+            record_event(target.catalog, record, "check", target.build, row,
                           {"question": question, "protocol": PROTOCOL_RESTARTS if restart else PROTOCOL_ONE_PROCESS,
                            "confounded": row.confounded or None})
         clean = [r for r in rows if not r.confounded] or rows
@@ -701,391 +599,3 @@ def not_its_own_files(report: CheckReport, problems: list[str]) -> CheckReport:
                       rollback_tokens=v.rollback_tokens, checkpoints_loaded=v.checkpoints_loaded,
                       figures={**v.figures, "files_not_parked": True, "measured_kind": v.kind.value})
     return replace(report, verdict=verdict, warnings=[*report.warnings, *problems])
-
-
-# --------------------------------------------------------------------------- A/B
-
-def _hidden_path(sidecar: Path) -> Path:
-    return sidecar.with_name(sidecar.name + HIDDEN_SUFFIX)
-
-
-def hide_sidecar(catalog: Catalog, sidecar: Path) -> tuple[int, Path]:
-    """Move ``sidecar`` aside, journaled first. Returns (journal id, hidden path)."""
-    hidden = _hidden_path(sidecar)
-    if hidden.exists():
-        running = [e for e in Journal(catalog).in_flight(JournalKind.AB_HIDE)
-                   if isinstance(e.entry, HideJournal) and e.entry.hidden == str(hidden)]
-        if running:
-            raise CheckError(f"another A/B check is running on this session ({hidden.name} is hidden): "
-                             "wait until it has finished")
-        raise CheckError(f"{hidden.name} already exists: a previous A/B did not finish; "
-                         "restart the app to put it back")
-    journal = Journal(catalog)
-    jid = journal.begin(HideJournal(str(sidecar), str(hidden), sidecar.stat().st_size, Owner.me()))
-    try:
-        os.rename(sidecar, hidden)
-    except OSError:
-        journal.end(jid)
-        raise
-    return jid, hidden
-
-
-def _put_back(sidecar: Path, hidden: Path) -> str | None:
-    """Rename ``hidden`` back to ``sidecar``; a message when it could not be done."""
-    if not hidden.exists():
-        return None if sidecar.exists() else f"{sidecar.name} is gone (neither it nor {hidden.name} exists)"
-    if sidecar.exists():
-        return (f"{sidecar.name} was written again while hidden; the older copy stays as {hidden.name}")
-    os.rename(hidden, sidecar)
-    return None
-
-
-def unhide_sidecar(catalog: Catalog, jid: int, sidecar: Path, hidden: Path) -> None:
-    msg = _put_back(sidecar, hidden)
-    if msg:
-        log.warning(msg)
-    Journal(catalog).end(jid)
-
-
-@recovers(JournalKind.AB_HIDE)
-def recover_hidden_sidecars(run: Recovery) -> list[str]:
-    """Put back every sidecar an A/B left hidden (the app or the server died mid-A/B). A/B
-    checks still running, here or in another process, are left alone. Run at start
-    (:func:`app.sessions.journal.recover`) and before an A/B."""
-    assert run.catalog is not None
-
-    def handle(e: HideJournal) -> str | None:
-        sidecar, hidden = Path(e.sidecar), Path(e.hidden)
-        existed = hidden.exists()
-        msg = _put_back(sidecar, hidden)
-        if msg:
-            log.warning(msg)
-            return None
-        return f"put back the sidecar {sidecar} that an interrupted A/B check had hidden" if existed else None
-
-    return replay(run.catalog, JournalKind.AB_HIDE, handle, lambda e: f"the sidecar {e.sidecar} an A/B check hid")
-
-
-async def _maybe_await(x) -> None:
-    if inspect.isawaitable(x):
-        await x
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b <= 0:
-        return None
-    return a / b
-
-
-async def ab_check(target: ServerTarget, record: SessionRecord, slot_id: int, *, baseline: bool = False,
-                   question: str = DEFAULT_QUESTION, n_predict: int = 1,
-                   between_arms: Callable[[], Awaitable[None] | None] | None = None,
-                   restart: Restarter | None = None, protocol: str | None = None, output_check: bool = True,
-                   output_tokens: int = oc.OUTPUT_TOKENS, exact_probes: bool = True,
-                   chat_probe: str = "text", on_progress: ProgressFn | None = None) -> ABReport:
-    """Resume the same state file with its sidecar and with the sidecar hidden; each
-    arm's first query as a chat client sends it (text), then the exact-append probe
-    as a second row; optionally a baseline full prefill.
-
-    ``protocol`` PROTOCOL_RESTARTS (the seed's; the default when ``restart`` is given)
-    needs ``restart`` (a fresh server process before each probe); PROTOCOL_ONE_PROCESS
-    runs every probe in the running server and labels a probe that reused an earlier
-    probe's checkpoints.
-    ``output_check``: both arms' outputs compared with one cold prefill per prompt (an arm whose
-    output differs is DIFFERS).
-    ``exact_probes``: False runs each arm's chat probe only (at 32K tokens on a CPU the hidden arm's
-    exact append is another full prefill of minutes).
-    ``chat_probe``: how each arm's first query stands for a chat client: "text" (the saved tokens
-    detokenised and re-tokenised, the default) or "rollback" (in exact tokens, the last
-    TAIL_ROLLBACK saved tokens dropped: the same small rollback, for a model whose tokenizer does
-    not round-trip text, such as llama.cpp's test models).
-    ``on_progress(text)``: where the A/B is (as :func:`check_resume`'s).
-    ``between_arms`` is a test hook run after the first arm."""
-    if protocol is None:
-        protocol = PROTOCOL_RESTARTS if restart is not None else PROTOCOL_ONE_PROCESS
-    if chat_probe not in ("text", "rollback"):
-        raise CheckError(f"unknown chat probe '{chat_probe}' (use: text, rollback)")
-    if protocol not in PROTOCOLS:
-        raise CheckError(f"unknown A/B protocol '{protocol}' (use: {', '.join(PROTOCOLS)})")
-    if protocol == PROTOCOL_RESTARTS and restart is None:
-        raise CheckError("the A/B across restarts needs a server KV Valet runs (it restarts it between arms, "
-                         "as the seed's A/B did); for this server run it in one process, whose arms can "
-                         "confound on a build that keeps checkpoints across restores")
-    restarter = restart if protocol == PROTOCOL_RESTARTS else None
-    recover([JournalKind.AB_HIDE], Recovery(target.catalog))
-
-    async def run() -> ABReport:
-        ctx = await _prepare(target, record, slot_id, on_progress)
-        sidecar = sidecar_candidates(ctx.state_path)[0]
-        if record.sidecar_file:
-            sidecar = ctx.state_path.with_name(record.sidecar_file)
-        has_sidecar = sidecar.is_file()
-        rows: list[ProbeRow] = []
-        output = await _output_for(target, record, output_tokens) if output_check else None
-
-        async def arm(names: tuple[str, str], **kw) -> None:
-            for name, mode in zip(names, (chat_probe, "exact") if exact_probes else (chat_probe,)):
-                row = await _probe(ctx, name, mode, question, n_predict=n_predict, restart=restarter,
-                                   earlier=bool(rows), output=output, **kw)
-                rows.append(row)
-
-        def record_arm(row: ProbeRow) -> None:
-            _record_event(target.catalog, record, "ab", target.build, row,
-                          {"arm": row.name, "protocol": protocol, "confounded": row.confounded or None})
-
-        await arm((ARM_WITH, ARM_WITH_EXACT))
-        if between_arms is not None:
-            await _maybe_await(between_arms())
-        if has_sidecar:
-            ctx.say(f"hiding the sidecar ({sidecar.name}) for the second arm")
-            pid, hidden = hide_sidecar(target.catalog, sidecar)
-            try:
-                await arm((ARM_HIDDEN, ARM_HIDDEN_EXACT), sidecar_status=SidecarStatus.MISSING.value,
-                          prediction=_hidden_prediction(ctx))
-            finally:
-                unhide_sidecar(target.catalog, pid, sidecar, hidden)
-        else:
-            await arm((ARM_HIDDEN, ARM_HIDDEN_EXACT))
-        await _check_outputs(ctx, rows, output)  # the cold prefills after every arm: none can reuse theirs
-        for row in rows:
-            record_arm(row)
-        with_row = next(r for r in rows if r.name == ARM_WITH)
-        hidden_row = next(r for r in rows if r.name == ARM_HIDDEN)
-        base_row = None
-        if baseline:
-            if restarter is not None:
-                ctx.say("baseline: restarting the server (a fresh process for the cold prefill)")
-                await _restart(ctx, restarter)
-            base_row = await _baseline(ctx, question, n_predict)
-            rows.append(base_row)
-            _record_event(target.catalog, record, "baseline", target.build, base_row,
-                          {"arm": ARM_BASELINE, "protocol": protocol})
-        if record.id is not None:
-            target.catalog.update_verdict(record.id, with_row.verdict.kind.value, with_row.verdict.reason)
-        if not has_sidecar:
-            if ctx.sidecar_status == SidecarStatus.NOT_NEEDED.value:
-                note = "no sidecar to hide (a dense model needs none): both arms ran the same"
-            elif with_row.verdict.kind is VerdictKind.DISCARDED:
-                note = "both arms re-prefill: this build wrote no sidecar"
-            else:
-                note = "no sidecar to hide: both arms ran the same"
-        else:
-            note = (f"sidecar with {ctx.sidecar_count} checkpoint{'s' if ctx.sidecar_count != 1 else ''} "
-                    f"hidden for the second arm and put back")
-        if protocol == PROTOCOL_RESTARTS:
-            note += "; every probe ran in a fresh server process (as the seed's A/B)"
-        else:
-            confounded = [r.name for r in rows if r.confounded]
-            note += ("; all probes ran in one server process" + (
-                f": {', '.join(confounded)} confounded (reused checkpoints an earlier probe left; "
-                "do not trust its ratio, run the A/B across restarts)" if confounded else ""))
-        return ABReport(
-            session=record.name, profile=record.profile, build=target.build, slot_id=slot_id,
-            n_restored=with_row.n_restored or len(ctx.tokens), sidecar_status=ctx.sidecar_status,
-            sidecar_count=ctx.sidecar_count, rows=rows,
-            delta_prefill_speedup=_ratio(hidden_row.prompt_ms, with_row.prompt_ms),
-            end_to_end_speedup=_ratio(hidden_row.total_ms, with_row.total_ms),
-            baseline_speedup=_ratio(base_row.prompt_ms, with_row.total_ms) if base_row else None,
-            note=note, had_sidecar=has_sidecar, protocol=protocol, behaviour=str(target.behaviour),
-            output_check=output_check, question_sent=ctx.question_sent,
-        )
-
-    return await target.queue.run(f"A/B {record.name}", leaves_nothing(target, slot_id, run))
-
-
-async def _baseline(ctx: _Ctx, question: str, n_predict: int) -> ProbeRow:
-    """Full prefill of the same tokens + question in an emptied slot, no cache reuse."""
-    client = ctx.target.client
-    await client.erase_slot(ctx.slot_id)
-    ctx.target.restored.pop(ctx.slot_id, None)
-    q = await client.tokenize(question)
-    prompt = list(ctx.tokens) + list(q)
-    ctx.say(f"baseline: a full prefill of {len(prompt):,} tokens in the emptied slot")
-    resp = await _with_progress(ctx, "baseline", len(prompt), client.completion(
-        prompt, slot_id=ctx.slot_id, n_predict=n_predict, cache_prompt=False))
-    t = Timings.of(resp)
-    n = t.prompt_n
-    v = Verdict(VerdictKind.UNKNOWN, f"baseline: full prefill of {n:,} tokens in an empty slot (reference)"
-                if n is not None else "baseline: full prefill in an empty slot (reference)",
-                n_restored=0, prompt_n=n, cache_n=t.cache_n, prompt_ms=t.prompt_ms,
-                figures={"baseline": True})
-    return ProbeRow(name=ARM_BASELINE, restore_ms=None, prompt_ms=t.prompt_ms, prompt_n=n,
-                    cache_n=t.cache_n, ttft_ms=t.ttft_ms, n_restored=0, checkpoints_loaded=None,
-                    verdict=v, prompt_tokens=resp.get("tokens_evaluated"))
-
-
-# --------------------------------------------------------------------------- exports
-
-ROW_FIELDS = ["name", "restore_ms", "prompt_ms", "prompt_n", "cache_n", "ttft_ms", "n_restored",
-              "checkpoints_loaded", "verdict", "reason", "fresh_process", "confounded", "output",
-              "output_first_diff"]
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(float(x), 2)
-
-
-def row_dict(row: ProbeRow) -> dict[str, Any]:
-    return {"name": row.name, "restore_ms": _r(row.restore_ms), "prompt_ms": _r(row.prompt_ms),
-            "prompt_n": row.prompt_n, "cache_n": row.cache_n, "ttft_ms": _r(row.ttft_ms),
-            "n_restored": row.n_restored, "checkpoints_loaded": row.checkpoints_loaded,
-            "verdict": row.verdict.kind.value, "reason": row.verdict.reason,
-            "fresh_process": row.fresh_process, "confounded": row.confounded or None,
-            "output": row.output.status.value if row.output is not None else None,
-            "output_first_diff": (row.output.first_diff.index if row.output is not None
-                                  and row.output.first_diff is not None else None)}
-
-
-def row_json(row: ProbeRow) -> dict[str, Any]:
-    """A row for the JSON export: :func:`row_dict` and the output check in full."""
-    return {**row_dict(row), "output_check": row.output.to_dict() if row.output is not None else None}
-
-
-def ratios(ab: ABReport) -> dict[str, float | None]:
-    return {"delta_prefill_speedup": _r(ab.delta_prefill_speedup), "end_to_end_speedup": _r(ab.end_to_end_speedup),
-            "baseline_speedup": _r(ab.baseline_speedup)}
-
-
-def _ab_dict(ab: ABReport) -> dict[str, Any]:
-    return {"type": "ab", "session": ab.session, "profile": ab.profile, "build": ab.build, "slot_id": ab.slot_id,
-            "n_restored": ab.n_restored, "sidecar_status": ab.sidecar_status, "sidecar_count": ab.sidecar_count,
-            "had_sidecar": ab.had_sidecar, "note": ab.note, "at": ab.at, "protocol": ab.protocol,
-            "behaviour": ab.behaviour, "output_check": ab.output_check, "question_sent": ab.question_sent or None,
-            "rows": [row_json(r) for r in ab.rows], "ratios": ratios(ab)}
-
-
-def report_dict(report: CheckReport | ABReport) -> dict[str, Any]:
-    if isinstance(report, ABReport):
-        return _ab_dict(report)
-    return {"type": "check", "session": report.session, "profile": report.profile, "build": report.build,
-            "slot_id": report.slot_id, "n_restored": report.n_restored, "sidecar_status": report.sidecar_status,
-            "sidecar_count": report.sidecar_count, "question": report.question, "at": report.at,
-            "protocol": report.protocol, "behaviour": report.behaviour, "output_check": report.output_check,
-            "question_sent": report.question_sent or None,
-            "verdict": {"kind": report.verdict.kind.value, "reason": report.verdict.reason},
-            "warnings": list(report.warnings), "probes": [row_json(r) for r in report.probes],
-            "ab": _ab_dict(report.ab) if report.ab else None}
-
-
-def to_json(report: CheckReport | ABReport) -> str:
-    return json.dumps(report_dict(report), indent=2)
-
-
-def to_csv(report: CheckReport | ABReport) -> str:
-    """One row per probe / arm (section "probe" / "ab"), then one per ratio (section "ratio")."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["section", *ROW_FIELDS, "value"])
-
-    def rows(section: str, items: list[ProbeRow]) -> None:
-        for r in items:
-            d = row_dict(r)
-            w.writerow([section, *("" if d[k] is None else d[k] for k in ROW_FIELDS), ""])
-
-    ab = report if isinstance(report, ABReport) else report.ab
-    if isinstance(report, CheckReport):
-        rows("probe", report.probes)
-    if ab is not None:
-        rows("ab", ab.rows)
-        for k, v in ratios(ab).items():
-            w.writerow(["ratio", k, *([""] * (len(ROW_FIELDS) - 1)), "" if v is None else v])
-    return buf.getvalue()
-
-
-def _fmt(x, unit: str = "", digits: int = 1) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        return f"{x:,.{digits}f}{unit}"
-    return f"{x:,}{unit}"
-
-
-def _md_table(items: list[ProbeRow]) -> list[str]:
-    out = ["| run | restore ms | prompt ms | prompt_n | cache_n | TTFT ms | checkpoints | verdict | output |",
-           "|---|---:|---:|---:|---:|---:|---:|---|---|"]
-    for r in items:
-        d = row_dict(r)
-        verdict = "reference" if r.verdict.figures.get("baseline") else d["verdict"]
-        if r.confounded:
-            verdict += " (confounded)"
-        out.append(f"| {r.name} | {_fmt(d['restore_ms'])} | {_fmt(d['prompt_ms'])} | {_fmt(d['prompt_n'])} | "
-                   f"{_fmt(d['cache_n'])} | {_fmt(d['ttft_ms'])} | {_fmt(d['checkpoints_loaded'])} | {verdict} | "
-                   f"{output_cell(r)} |")
-    return out
-
-
-def output_cell(r: ProbeRow) -> str:
-    """The output check in a table cell ("same 8/8", "DIFFERS at 3", "off", "–" for the baseline)."""
-    if r.output is None:
-        return "–" if r.verdict.figures.get("baseline") else "off"
-    return r.output.short()
-
-
-def _output_lines(items: list[ProbeRow], enabled: bool) -> list[str]:
-    if not enabled:
-        return ["- output check: off (--no-output-check)"]
-    out = []
-    for r in items:
-        if r.output is None:
-            continue
-        line = f"- {r.name}, output check: {r.output.reason}"
-        if r.output.status is not oc.Status.MATCH and (r.output.warm_text or r.output.cold_text):
-            line += f" (resumed: {r.output.warm_text!r}; cold: {r.output.cold_text!r})"
-        out.append(line)
-    return out
-
-
-def _question_lines(question: str, sent: str) -> list[str]:
-    """How the chat probe asked its question ("as a user turn through the model's chat template")."""
-    if not sent:
-        return []
-    return [f"- the chat probe's question{f' {question.strip()!r}' if question.strip() else ''}: sent {sent}"]
-
-
-def _ratio_text(x: float | None) -> str:
-    return "–" if x is None else f"{x:,.2f}×"
-
-
-def _md_ab(ab: ABReport) -> list[str]:
-    out = [f"### A/B: sidecar vs hidden ({ab.n_restored:,} tokens restored; protocol: {ab.protocol}; "
-           f"build's sidecar behaviour: {ab.behaviour})", ""]
-    out += _md_table(ab.rows)
-    rt = ratios(ab)
-    out += ["", f"- delta-prefill speed-up (prompt ms hidden / with sidecar, chat-client query): "
-                f"{_ratio_text(rt['delta_prefill_speedup'])}",
-            f"- end-to-end resume speed-up ((restore + prompt) hidden / with): {_ratio_text(rt['end_to_end_speedup'])}"]
-    if rt["baseline_speedup"] is not None:
-        out.append(f"- baseline full prefill / resume with sidecar: {_ratio_text(rt['baseline_speedup'])}")
-    if ab.note:
-        out.append(f"- {ab.note}")
-    out += _question_lines("", ab.question_sent)
-    out += _output_lines(ab.rows, ab.output_check)
-    return out
-
-
-def to_markdown(report: CheckReport | ABReport) -> str:
-    if isinstance(report, ABReport):
-        head = [f"## KV Valet A/B: {report.session}", "",
-                f"Profile {report.profile}, build {report.build}, slot {report.slot_id}; "
-                f"sidecar {report.sidecar_status} ({report.sidecar_count} checkpoints).", ""]
-        return "\n".join(head + _md_ab(report)) + "\n"
-    out = [f"## KV Valet check: {report.session}", "",
-           f"Profile {report.profile}, build {report.build}, slot {report.slot_id}; {report.n_restored:,} tokens "
-           f"restored; sidecar {report.sidecar_status} ({report.sidecar_count} checkpoints); protocol: "
-           f"{report.protocol}; build's sidecar behaviour: {report.behaviour}.", ""]
-    out += _md_table(report.probes)
-    out += ["", f"**Verdict: {report.verdict.kind.value}**: {report.verdict.reason}"]
-    for r in report.probes:
-        out.append(f"- {r.name}: {r.verdict.reason}")
-    out += _question_lines(report.question, report.question_sent)
-    out += _output_lines(report.probes, report.output_check)
-    for w in report.warnings:
-        out.append(f"- warning: {w}")
-    if report.ab:
-        out += [""] + _md_ab(report.ab)
-    return "\n".join(out) + "\n"
-
-
-def to_text(report: CheckReport | ABReport) -> str:
-    """The table for a terminal (the markdown reads fine as plain text)."""
-    return to_markdown(report)

@@ -33,12 +33,14 @@ from app.core.confirmation import NeedsConfirmation
 from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
 from app.core.verdict import Verdict, VerdictKind
+from app.sessions import ab as ab_job
 from app.sessions import check as check_job
 from app.sessions import files_check
 from app.sessions.behaviour import (identify_target, memory_kind_from_log, memory_kind_from_log_file, mode_from_log,
                                     mode_from_log_file)
-from app.sessions.check import (PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError, CheckReport,
-                            recover_hidden_sidecars)
+from app.sessions.check_report import (DEFAULT_QUESTION, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError,
+                                       CheckReport)
+from app.sessions.sidecar_hide import recover_hidden_sidecars
 from app.sessions.journal import Recovery, recover
 from app.sessions.move_in import recover_moves
 from app.sessions.protocol import Capabilities
@@ -498,7 +500,7 @@ class SessionService:
                                      "lost unless you park them first"])
 
     async def check(self, name: str, slot_id: int | None = None, *, force: bool = False,
-                    question: str = check_job.DEFAULT_QUESTION, protocol: str | None = None,
+                    question: str = DEFAULT_QUESTION, protocol: str | None = None,
                     output_check: bool = True, on_progress=None) -> CheckReport:
         """Restore ``name`` and judge a first query twice (exact tokens, text); ``output_check``:
         each probe's output compared with a cold prefill's (DIFFERS when it differs)."""
@@ -523,7 +525,7 @@ class SessionService:
         return report
 
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False,
-                 question: str = check_job.DEFAULT_QUESTION, between_arms=None,
+                 question: str = DEFAULT_QUESTION, between_arms=None,
                  protocol: str | None = None, output_check: bool = True, exact_probes: bool = True,
                  chat_probe: str = "text", on_progress=None) -> ABReport:
         """The A/B: the same state file with its sidecar and with it hidden, across restarts
@@ -538,7 +540,7 @@ class SessionService:
         if restart is not None:
             await self._confirm_restarts(slot, force)
         try:
-            report = await check_job.ab_check(self.target, rec, slot, baseline=baseline, question=question,
+            report = await ab_job.ab_check(self.target, rec, slot, baseline=baseline, question=question,
                                               between_arms=between_arms, restart=restart, protocol=protocol,
                                               output_check=output_check, exact_probes=exact_probes,
                                               chat_probe=chat_probe, on_progress=on_progress)

@@ -44,7 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.sessions.check import ab_check, to_markdown  # noqa: E402
+from app.sessions.ab import ab_check  # noqa: E402
+from app.sessions.check_export import to_markdown  # noqa: E402
 from app.sessions.target import ServerTarget  # noqa: E402
 from app.sessions.watch import FileLogBuffer  # noqa: E402
 from app.server.client import LlamaClient  # noqa: E402
@@ -188,7 +189,7 @@ async def sidecar_build(args, tmp: Path) -> None:
     import statistics
 
     from app.core.profile import LaunchProfile
-    from app.sessions.check import ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, PROTOCOLS
+    from app.sessions.check_report import ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, PROTOCOLS
     from app.sessions.service import SessionService
     from app.server.discovery import ensure_default_model
     from app.server.launcher import make_supervisor, plan_launch

@@ -50,8 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.sessions.check import ARM_BASELINE, ARM_HIDDEN, ARM_WITH, ARM_WITH_EXACT  # noqa: E402
-from app.sessions.check import PROTOCOL_RESTARTS  # noqa: E402
+from app.sessions.check_report import ARM_BASELINE, ARM_HIDDEN, ARM_WITH, ARM_WITH_EXACT  # noqa: E402
+from app.sessions.check_report import PROTOCOL_RESTARTS  # noqa: E402
 
 TEXT = ("The valet parks each car in a numbered bay and writes the bay on a ticket. "
         "When the owner returns, the valet reads the ticket and fetches the car without searching. ")

@@ -9,10 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-
-from app.sessions.check import (ARM_BASELINE, ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, HIDDEN_SUFFIX, PROBE_EXACT, PROBE_TEXT, CheckError,
-                            ab_check, check_resume, hide_sidecar, recover_hidden_sidecars, to_csv, to_json,
-                            to_markdown)
+from app.sessions.ab import ab_check
+from app.sessions.check import check_resume
+from app.sessions.check_export import to_csv, to_json, to_markdown
+from app.sessions.check_report import (ARM_BASELINE, ARM_HIDDEN, ARM_HIDDEN_EXACT, ARM_WITH, ARM_WITH_EXACT, PROBE_EXACT,
+                                       PROBE_TEXT, CheckError)
+from app.sessions.sidecar_hide import HIDDEN_SUFFIX, hide_sidecar, recover_hidden_sidecars
 from app.sessions import journal
 from app.sessions.journal import Recovery
 from app.sessions.target import ServerTarget

@@ -8,7 +8,7 @@ from pathlib import Path
 from app import paths
 from app.core.lifecycle import StopTrigger
 from app.server.launcher import slot_save_path_for
-from app.sessions.check import PROTOCOL_ONE_PROCESS
+from app.sessions.check_report import PROTOCOL_ONE_PROCESS
 from app.store.catalog import Catalog
 from tests.fake_server.test_server_service import PROMPT, _launched, complete
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-
-from app.sessions.check import ARM_HIDDEN, ab_check
+from app.sessions.ab import ab_check
+from app.sessions.check_report import ARM_HIDDEN
 from app.core.verdict import VerdictKind
 from tests.fake_server.test_check_ab import catalog, make_target, park, warm_tokenizer  # noqa: F401
 

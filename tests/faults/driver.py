@@ -68,7 +68,7 @@ def report_lock_waits() -> None:
 def install_pause(op: str, point: str | None) -> None:
     if not point:
         return
-    import app.sessions.check as check_mod
+    import app.sessions.ab as ab_mod
     from app.server.client import LlamaClient
     from app.store.catalog import Catalog
 
@@ -99,14 +99,14 @@ def install_pause(op: str, point: str | None) -> None:
 
         Catalog.add_event = add_event
     elif (op, point) == ("ab", "hidden"):
-        original_hide = check_mod.hide_sidecar
+        original_hide = ab_mod.hide_sidecar
 
         def hide_sidecar(catalog, sidecar):
             out = original_hide(catalog, sidecar)
             freeze_here(point)
             return out
 
-        check_mod.hide_sidecar = hide_sidecar
+        ab_mod.hide_sidecar = hide_sidecar
     else:
         raise SystemExit(f"unknown pause point {op}/{point}")
 

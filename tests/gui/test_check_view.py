@@ -9,7 +9,7 @@ import json
 import pytest
 from PySide6.QtGui import QImage
 
-from app.sessions.check import ABReport, CheckReport, ProbeRow
+from app.sessions.check_report import ABReport, CheckReport, ProbeRow
 from app.core.verdict import Reuse, VerdictKind, judge
 from app.store.catalog import HistoryEvent
 from app.ui.dialogs.check import CheckDialog, export_png

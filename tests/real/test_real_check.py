@@ -12,7 +12,10 @@ import asyncio
 import pytest
 
 from app import paths
-from app.sessions.check import PROBE_EXACT, PROBE_TEXT, ab_check, check_resume, to_json
+from app.sessions.ab import ab_check
+from app.sessions.check import check_resume
+from app.sessions.check_export import to_json
+from app.sessions.check_report import PROBE_EXACT, PROBE_TEXT
 from app.sessions.target import ServerTarget
 from app.core.verdict import VerdictKind
 from app.server.client import LlamaClient

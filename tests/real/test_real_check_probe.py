@@ -18,7 +18,9 @@ import pytest
 from app import paths
 from app.core.lifecycle import StopTrigger
 from app.servers.service import ServerService
-from app.sessions.check import PROBE_TEXT, PROTOCOL_ONE_PROCESS, check_resume, to_markdown
+from app.sessions.check import check_resume
+from app.sessions.check_export import to_markdown
+from app.sessions.check_report import PROBE_TEXT, PROTOCOL_ONE_PROCESS
 from app.store.catalog import Catalog
 from tests.real.helpers import TEXT, connect_target, start_server
 

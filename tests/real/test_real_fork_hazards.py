@@ -21,7 +21,7 @@ from app.server.logparse import CheckpointRestored, parse_line
 from app.server.sidecar import read_facts
 from app.sessions import park as park_module
 from app.sessions.behaviour import predict_for_target
-from app.sessions.check import PROBE_TEXT
+from app.sessions.check_report import PROBE_TEXT
 from app.sessions.park import TMP_PREFIX
 from app.sessions.service import ServiceError
 from tests.real.helpers import TEXT

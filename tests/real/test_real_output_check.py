@@ -26,7 +26,8 @@ from app.core.output_check import (OUTPUT_TOKENS, Continuation, Status, cold_pro
 from app.core.output_drift import bound_for
 from app.core.verdict import VerdictKind
 from app.server.sidecar import read_facts
-from app.sessions.check import PROBE_EXACT, PROBE_TEXT, to_csv, to_json, to_markdown
+from app.sessions.check_export import to_csv, to_json, to_markdown
+from app.sessions.check_report import PROBE_EXACT, PROBE_TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 from tests.real.test_real_sidecar_modes import mode, mode_profile  # noqa: F401  (fixture)
 from tests.real.test_real_sidecar_verdicts import Running

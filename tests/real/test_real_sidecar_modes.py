@@ -21,7 +21,8 @@ import pytest
 from app.core.sidecar_behaviour import Behaviour
 from app.core.verdict import VerdictKind
 from app.sessions.behaviour import predict_for_target
-from app.sessions.check import ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS
+from app.sessions.check_report import (ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT, PROTOCOL_ONE_PROCESS,
+                                       PROTOCOL_RESTARTS)
 from app.core.confirmation import NeedsConfirmation
 from app import paths
 from app.server.launcher import slot_save_path_for

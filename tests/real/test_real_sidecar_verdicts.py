@@ -17,7 +17,7 @@ import pytest
 
 from app import paths
 from app.core.verdict import VerdictKind
-from app.sessions.check import ARM_BASELINE, ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT
+from app.sessions.check_report import ARM_BASELINE, ARM_HIDDEN, ARM_WITH, PROBE_EXACT, PROBE_TEXT
 from app.servers.service import ServerService
 from app.core.states import SidecarStatus
 from app.server.sidecar import inspect_sidecar

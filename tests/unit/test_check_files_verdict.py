@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from app.core.verdict import Verdict, VerdictKind
-from app.sessions.check import CheckReport, not_its_own_files
+from app.sessions.check import not_its_own_files
+from app.sessions.check_report import CheckReport
 
 SAID = "not the sidecar this session parked (Y.bin.ckpt): last checkpoint at 1,923, parked with 2,185"
 

@@ -15,7 +15,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QApplication, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout)
 
-from app.sessions.check import ABReport, CheckReport, output_cell, to_csv, to_json, to_markdown
+from app.sessions.check_export import output_cell, to_csv, to_json, to_markdown
+from app.sessions.check_report import ABReport, CheckReport
 from app.ui.widgets import theme
 from app.ui.widgets.delegates import VerdictDelegate
 from app.ui.dialogs.check_charts import ABChart, HistoryChart, _ab_of, _rows_of, verdict_color

@@ -19,7 +19,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from app.sessions.check import ABReport, CheckReport, ProbeRow, ratios
+from app.sessions.check_export import ratios
+from app.sessions.check_report import ABReport, CheckReport, ProbeRow
 from app.ui.widgets import theme
 from app.ui.widgets.theme import colour
 
