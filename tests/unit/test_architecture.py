@@ -477,8 +477,8 @@ def test_line_count_is_physical_lines(tmp_path):
 # app/ui and app/cli decide nothing about servers: they go through app.servers.service and
 # app.sessions.service. From app/server they may take value types only (log events and the log
 # buffer they read, a crash's outcome, the client's errors). From the session steps (app/sessions)
-# likewise: the session service and the Sessions protocol, the park-then-stop report, and the
-# values below (errors, reports, enums); no step (a park, a listing, a deletion, an exporter).
+# likewise: the session service and the Sessions protocol, the modules of values (and of their
+# written forms), and the values below; no step (a park, a listing, a deletion, a probe).
 
 SERVER_VALUES = {
     "app.server.logparse": {"Kind", "LogEvent"},
@@ -486,9 +486,12 @@ SERVER_VALUES = {
     "app.server.outcome": {"Outcome", "Cause"},
     "app.server.client": {"ServerError", "ServerUnreachable", "Health"},
 }
-#: modules of app/sessions a face may take anything from: the doors, and a module of values only
+#: modules of app/sessions a face may take anything from: the doors (the service, the protocol), and
+#: the modules of values and of their written forms (a park-then-stop's report, a check's reports
+#: and their exports)
 SESSION_DOORS = {"app.sessions.service", "app.sessions.protocol", "app.sessions.park_stop",
                  "app.sessions.check_report", "app.sessions.check_export"}
+#: the values a face may take from a module of steps: errors, a park's result, a recovery, an enum
 SESSION_VALUES = {
     "app.sessions.records": {"AmbiguousName"},
     "app.sessions.resume": {"ResumeFailed", "ResumeMismatch", "ResumeRefused"},
@@ -496,10 +499,10 @@ SESSION_VALUES = {
     "app.sessions.journal": {"Recovery"},
     "app.sessions.slots": {"Purpose"},
 }
-#: face module -> the session steps it still calls itself. Issue #37 moves them behind the
-#: service or out of the steps (item 4: reports' and exporters' wording out of app/sessions; the
-#: Sessions tab and the CLI through one door). An entry goes as soon as its import does (the test
-#: says so); nothing may be added.
+#: face module -> the session steps it still calls itself, until issue #37 moves them behind the
+#: service or out of the steps (items 2 and 4: the Sessions tab and the CLI through one door, the
+#: wording out of the steps). An entry goes as soon as its import does (the test says so); nothing
+#: may be added.
 FACE_STEPS_FOR_NOW: dict[str, set[str]] = {
     "cli/check.py": {"app.sessions.watch.FileLogBuffer"},
     "cli/serve.py": {"app.sessions.park.describe"},
