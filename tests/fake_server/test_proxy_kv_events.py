@@ -43,10 +43,14 @@ class Subscribed:
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(self.proxy.kv.publisher.bound)
         self.view = vllm.View()
-        first = self.view.apply(await asyncio.wait_for(self.sub.recv_multipart(), 60))
-        # a subscriber's arrival is answered with the whole state, from scratch
-        assert isinstance(first.events[0], vllm.AllBlocksCleared)
-        return self
+        # a subscriber's arrival is answered with the whole state, from scratch (a batch published while
+        # the subscription was on its way may come first: the state after it says all of it again)
+        for _ in range(100):
+            frames = await asyncio.wait_for(self.sub.recv_multipart(), 60)
+            if isinstance(vllm.decode(frames[2]).events[0], vllm.AllBlocksCleared):
+                self.view.apply(frames)
+                return self
+        raise AssertionError("no AllBlocksCleared after subscribing")
 
     async def __aexit__(self, *exc):
         self.sub.close()
