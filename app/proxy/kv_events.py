@@ -13,8 +13,8 @@ weighs below a device hit), and a server restart as ``AllBlocksCleared`` followe
 
 **The format** follows vLLM's ``vllm/distributed/kv_events.py`` (msgspec structs, ``tag=True``,
 ``array_like=True``, as in vLLM's ``examples/online_serving/kv_events_subscriber.py``; decoded the same
-way by Dynamo's ``lib/llm/src/kv_router/.../zmq`` wire types, which read ``[ts, events, dp_rank]`` and
-tagged arrays): a batch is the msgpack array ``[ts, [event, ...], data_parallel_rank]`` and each event a
+way by Dynamo's Rust wire types for vLLM's ZMQ events, ``KvEventBatch`` and ``RawKvEvent``, which read
+``[ts, events, dp_rank]`` and tagged arrays): a batch is the msgpack array ``[ts, [event, ...], data_parallel_rank]`` and each event a
 tagged array
 
 * ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``
