@@ -1,6 +1,6 @@
 """``kv-valet sessions move|copy|facts|receive``: a parked session to another profile or host.
 
-``move``/``copy`` run here (app.move.move); ``facts`` and ``receive`` are what another
+``move``/``copy`` run here (app.move.transfer); ``facts`` and ``receive`` are what another
 machine's ``kv-valet`` asks this one over SSH: the source's session and files, and the
 target's facts, commit and abort (the same code a local move runs).
 """
@@ -86,7 +86,8 @@ class _Progress:
 
 
 def _endpoint(spec: str | None, catalog, hosts: dict):
-    from app.move.move import LocalEndpoint, MoveError, RemoteEndpoint, parse_target
+    from app.move.endpoints import LocalEndpoint, RemoteEndpoint
+    from app.move.values import MoveError, parse_target
 
     try:
         host, profile = parse_target(spec) if spec else (None, None)
@@ -102,7 +103,8 @@ def _endpoint(spec: str | None, catalog, hosts: dict):
 
 
 def cmd_move(args, keep: bool) -> int:
-    from app.move.move import MoveError, MoveRefused, move_session
+    from app.move.transfer import move_session
+    from app.move.values import MoveError, MoveRefused
 
     catalog = _catalog()
     hosts: dict = {}
@@ -173,7 +175,7 @@ def cmd_move(args, keep: bool) -> int:
 
 async def _restore(args, target, name: str) -> dict:
     """Restore ``name`` at the target and judge a first query (``kv-valet check`` there)."""
-    from app.move.move import LocalEndpoint
+    from app.move.endpoints import LocalEndpoint
     from app.servers.remote_sessions import restore_and_judge
 
     if not isinstance(target, LocalEndpoint):
@@ -192,7 +194,8 @@ async def _restore(args, target, name: str) -> dict:
 
 
 def cmd_facts(args) -> int:
-    from app.move.move import MoveError, source_session
+    from app.move.facts import source_session
+    from app.move.values import MoveError
 
     catalog = _catalog()
     try:
@@ -207,8 +210,9 @@ def cmd_facts(args) -> int:
 
 
 def cmd_receive(args) -> int:
-    from app.move.move import (MoveError, adopt, check_move_id, describe_target, discard, receiving_folder,
-                               settle_move, temp_name)
+    from app.move.facts import describe_target, receiving_folder
+    from app.move.receive import adopt, discard, manifest_path, settle
+    from app.move.values import MoveError, check_move_id
 
     catalog = _catalog()
     try:
@@ -222,20 +226,20 @@ def cmd_receive(args) -> int:
         # commit and abort need the folder only (the rules ran at --describe): no binary or model look-ups
         save_dir, model_path = receiving_folder(args.profile)
         if args.abort:  # the sender gave up, or lost the commit's answer: settle it (app.sessions.move_in)
-            listed, messages = settle_move(catalog, args.abort, save_dir)
+            listed, messages = settle(catalog, args.abort, save_dir)
             for msg in messages:
                 note(msg)
             _print({"committed": asdict(listed) if listed is not None else None})
             return Exit.OK
-        manifest_path = save_dir / temp_name(args.commit, ".json")
+        manifest_file = manifest_path(save_dir, args.commit)
         try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             discard(save_dir, args.commit)
-            raise CliError(f"the move's manifest {manifest_path.name} is not readable: {e}") from None
+            raise CliError(f"the move's manifest {manifest_file.name} is not readable: {e}") from None
         if manifest.get("move_id") != args.commit:
             discard(save_dir, args.commit)
-            raise CliError(f"the manifest {manifest_path.name} is of another move")
+            raise CliError(f"the manifest {manifest_file.name} is of another move")
         rec = adopt(catalog, args.profile, save_dir, manifest, model_path=model_path)
         _print({"record": asdict(rec)})
         return Exit.OK

@@ -404,13 +404,13 @@ async def _json_of(host, argv: list[str]) -> dict:
 async def restore_and_judge(endpoint, name: str, slot: int | None = None, *, server_service=None,
                             target_id: str | None = None, sessions=None,
                             output_check: bool = True) -> dict[str, Any]:
-    """Restore ``name`` at ``endpoint`` (app.move.move: a profile here, or a host's) and judge a
+    """Restore ``name`` at ``endpoint`` (app.move.endpoints: a profile here, or a host's) and judge a
     first query: ``{"slot_id", "n_restored", "verdict": {"kind", "reason"}, "report"}``. Here through
     an open session service (``sessions``, the CLI's), else the running server's
     (``server_service.sessions(target_id)``, the window's); on a host through its ``kv-valet check``.
     ``output_check`` False leaves out the comparison with a cold prefill (``--no-output-check``): the
     verdict then rests on the tokens and checkpoints reused, and costs no second prefill of the chat."""
-    from app.move.move import LocalEndpoint
+    from app.move.endpoints import LocalEndpoint
 
     if isinstance(endpoint, LocalEndpoint):
         from app.sessions.check_export import report_dict

@@ -241,8 +241,8 @@ class RemoteServerSource:
             self.error = str(e) or type(e).__name__
 
     def move_endpoint(self, row: ServerRow):
-        """Where a move to ``row`` goes: that host's profile (app.move.move.RemoteEndpoint)."""
-        from app.move.move import RemoteEndpoint
+        """Where a move to ``row`` goes: that host's profile (app.move.endpoints.RemoteEndpoint)."""
+        from app.move.endpoints import RemoteEndpoint
 
         return RemoteEndpoint(self.host, self.name, row.profile)
 
@@ -420,13 +420,13 @@ def move_targets(rows: list[ServerRow], source_target_id: str | None) -> list[Se
 def move_verdict(name: str, target: ServerRow, *, copy: bool, result=None, error: BaseException | None = None,
                  ) -> tuple[bool, str]:
     """What a move or copy of session ``name`` to ``target`` ended in, for the user: the
-    result (app.move.move.MoveResult) or the error it raised (a refusal names its rules)."""
+    result (app.move.values.MoveResult) or the error it raised (a refusal names its rules)."""
     verb, where = ("Copied" if copy else "Moved"), f"'{target.name}'" + (
         f" on {target.host}" if target.host != THIS_MACHINE else "")
     if error is not None:
         reasons = getattr(error, "reasons", None)
         why = "; ".join(reasons) if reasons else (str(error) or type(error).__name__)
-        # a refusal, or a move error that says itself what became of the session (a commit cut: app.move.move)
+        # a refusal, or a move error that says itself what became of the session (a commit cut: app.move.transfer)
         kept = "" if reasons or " is kept at " in why else " The session is where it was; nothing was added there."
         return False, f"Not {verb.lower()} '{name}' to {where}: {why}.{kept}"
     text = f"{verb} '{name}' to {where} as '{result.record.name}' ({fmt_bytes(result.bytes)}, SHA-256 checked)."
@@ -439,7 +439,7 @@ def move_verdict(name: str, target: ServerRow, *, copy: bool, result=None, error
 
 def move_cancelled(name: str, target: ServerRow, *, copy: bool, committed=None) -> tuple[bool, str]:
     """What a move or copy of ``name`` to ``target`` that the user cancelled left. ``committed``:
-    the result (app.move.move.MoveResult) ``move_session`` passed to ``on_committed`` when the
+    the result (app.move.values.MoveResult) ``move_session`` passed to ``on_committed`` when the
     target had listed the session before the cancel landed (then both copies exist), else None."""
     verb, where = ("copy" if copy else "move"), f"'{target.name}'" + (
         f" on {target.host}" if target.host != THIS_MACHINE else "")

@@ -115,7 +115,7 @@ class HideJournal:
 
 @dataclass
 class MoveInJournal:
-    """The commit of a move into ``save_dir`` (app.move.move.adopt): the verified temporary
+    """The commit of a move into ``save_dir`` (app.move.receive.adopt): the verified temporary
     files (``kvv-move-<move_id>.<role>.part``) are renamed to ``final`` + suffix, then the row
     ``record`` is written. ``files``: suffix ("" for the state file) -> {"size", "sha256",
     "ino"} of each verified file (a rename keeps the inode)."""

@@ -5,7 +5,7 @@ A move into this machine journals its commit (``catalog.pending``, kind ``move-i
 that entry; whoever opens the catalog next (the session service's connect, the next move,
 ``kv-valet sessions …``, ``kv-valet sessions receive``) finishes it (every file in place or still
 at its temporary name, inode, size and SHA-256 as sent: renamed and listed) or rolls it back (its
-files removed). The move itself (:mod:`app.move.move`) writes the entries; this module, in the
+files removed). The move itself (:mod:`app.move.receive`) writes the entries; this module, in the
 sessions layer, reads them, so a session service recovers without importing the move layer above it.
 """
 

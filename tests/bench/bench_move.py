@@ -6,7 +6,7 @@ a veth pair, this checkout's real ``kv-valet`` there), in throw-away config/data
 
 * **move throughput**: a parked session of ``--mib`` MiB (one state file with a real header,
   random payload) moved here -> ``box:there`` (SFTP writes) and back (SFTP reads) with
-  :func:`app.move.move.move_session`, against ``scp`` of the same file each way with the same
+  :func:`app.move.transfer.move_session`, against ``scp`` of the same file each way with the same
   key and known_hosts (OpenSSH 9's scp speaks SFTP too). Interleaved (move up, move down, scp up,
   scp down) so all see the same machine load; ``--runs`` of each (default 5), medians. MB/s of
   the transfer phase (first byte to last, from the move's progress) and of the whole move (the
@@ -81,7 +81,7 @@ class _Clock:
 
 async def _move(source, target) -> tuple[float, float, int]:
     """(whole seconds, transfer seconds, bytes) of one move of "big"."""
-    from app.move.move import move_session
+    from app.move.transfer import move_session
 
     clock = _Clock()
     t0 = time.perf_counter()
@@ -96,7 +96,7 @@ def _med(xs: list[float]) -> float:
 
 
 async def transfers(sshd, runs: int, mib: int, work: Path) -> dict:
-    from app.move.move import LocalEndpoint, RemoteEndpoint
+    from app.move.endpoints import LocalEndpoint, RemoteEndpoint
     from tests.ssh.test_ssh_move import remote_profile
     from tests.unit.move_helpers import model_file, open_catalog, park_file, profile
 

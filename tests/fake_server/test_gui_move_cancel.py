@@ -15,7 +15,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QPushButton
 
 from app import paths
-from app.move.move import LocalEndpoint
+from app.move.endpoints import LocalEndpoint
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from tests.conftest import free_port, signal_future

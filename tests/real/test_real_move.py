@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from app.move.move import LocalEndpoint, MoveCancelled, move_session
+from app.move.endpoints import LocalEndpoint
+from app.move.transfer import move_session
+from app.move.values import MoveCancelled
 from app.sessions.park import park_slot
 from app.sessions.records import list_sessions
 from app.store.profiles import ProfileStore

@@ -8,7 +8,7 @@ the commit stops at POINT: it writes ``at POINT PID`` into the FIFO ``FIFO_DIR/a
 reading the FIFO ``FIFO_DIR/go``, everything frozen as it is (the files lock held where the
 commit holds it). The test kills the SSH connection there (and this process, or lets it go on).
 
-Points (each wraps the function the commit really calls; app.move.move ``adopt``/``_commit``):
+Points (each wraps the function the commit really calls; app.move.receive ``adopt``/``_commit``):
 
 * ``verified``: the copied files checked (size, SHA-256, header); the files lock not taken yet;
 * ``journaled``: the journal entry written, nothing renamed;
@@ -29,7 +29,7 @@ POINTS = ("verified", "journaled", "sidecar-placed", "renamed", "listed", "answe
 
 def install(point: str, fifos: Path) -> None:
     import app.cli.move as cli_move
-    import app.move.move as move
+    import app.move.receive as receive
     from app.sessions.journal import Journal, MoveInJournal
     from app.store.catalog import Catalog
 
@@ -44,13 +44,13 @@ def install(point: str, fifos: Path) -> None:
         with open(fifos / "go") as f:
             f.readline()
 
-    verify = move._verify_temps
+    verify = receive._verify_temps
 
     def _verify_temps(*a, **kw):
         verify(*a, **kw)
         freeze("verified")
 
-    move._verify_temps = _verify_temps
+    receive._verify_temps = _verify_temps
     begin = Journal.begin
 
     def journal_begin(self, entry):

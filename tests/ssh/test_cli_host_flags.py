@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from app.core.profile import LaunchProfile
-from app.move.move import RemoteEndpoint
+from app.move.endpoints import RemoteEndpoint
 from tests.conftest import free_port
 from tests.ssh.test_ssh_end_to_end import cli, cli_json, user_ssh  # noqa: F401  (user_ssh: fixture)
 

@@ -16,7 +16,9 @@ import hashlib
 import psutil
 import pytest
 
-from app.move.move import LocalEndpoint, MoveError, RemoteEndpoint, move_session
+from app.move.endpoints import LocalEndpoint, RemoteEndpoint
+from app.move.transfer import move_session
+from app.move.values import MoveError
 from tests.ssh.conftest import connection_processes
 from tests.ssh.host_pause import POINTS
 from tests.ssh.test_ssh_move import remote_profile

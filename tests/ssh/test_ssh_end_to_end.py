@@ -30,7 +30,8 @@ import pytest
 
 from app import paths
 from app.core.profile import LaunchProfile
-from app.move.move import LocalEndpoint, RemoteEndpoint, move_session
+from app.move.endpoints import LocalEndpoint, RemoteEndpoint
+from app.move.transfer import move_session
 from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from tests.conftest import free_port

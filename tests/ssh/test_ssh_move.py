@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from app.core.profile import LaunchProfile
-from app.move.move import LocalEndpoint, MoveCancelled, MoveRefused, RemoteEndpoint, move_session
+from app.move.endpoints import LocalEndpoint, RemoteEndpoint
+from app.move.transfer import move_session
+from app.move.values import MoveCancelled, MoveRefused
 from tests.unit.move_helpers import model_file, open_catalog, park_file, profile
 
 

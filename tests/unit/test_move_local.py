@@ -1,4 +1,4 @@
-"""Moves between two profiles on this machine (app.move.move), on parked files without a server:
+"""Moves between two profiles on this machine (app.move.transfer), on parked files without a server:
 the files arrive whole (SHA-256 checked at the target), the sidecar travels with its state file,
 and a failure or an interruption leaves the source intact and nothing listed at the target."""
 
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from app.move.move import (MOVE_PREFIX, LocalEndpoint, MoveCancelled, MoveError, MoveRefused, move_session,
-                           preview, temp_name)
+from app.move.endpoints import LocalEndpoint
+from app.move.transfer import move_session, preview
+from app.move.values import MoveCancelled, MoveError, MoveRefused
+from app.sessions.move_in import MOVE_PREFIX, temp_name
 from app.sessions.records import list_sessions
 from tests.unit.move_helpers import folder_names, model_file, open_catalog, park_file, profile
 

@@ -9,7 +9,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from app.move.move import LocalEndpoint, MoveRefused, describe_target, move_session, slots_ctx
+from app.move.endpoints import LocalEndpoint
+from app.move.facts import describe_target, slots_ctx
+from app.move.transfer import move_session
+from app.move.values import MoveRefused
 from app.store.profiles import ProfileStore
 from tests.fake_server.conftest import run_fake_server
 from tests.unit.move_helpers import N_TOKENS, model_file, open_catalog, park_file, profile

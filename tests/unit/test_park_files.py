@@ -307,7 +307,8 @@ def test_the_proxy_says_why_it_left_the_park_parked():
 
 
 def test_a_move_refuses_another_chats_sidecar_before_copying_and_goes_on_with_yes(tmp_path, catalog):
-    from app.move.move import _files_problems, source_session
+    from app.move.facts import source_session
+    from app.move.transfer import _files_problems
 
     x = _write_park(tmp_path, "X.bin", X_POSITIONS)
     y = _write_park(tmp_path, "Y.bin", Y_POSITIONS)
@@ -351,7 +352,9 @@ def test_a_move_of_a_park_whose_sidecar_was_replaced_is_refused_then_goes_on_wit
     before anything is copied; ``force`` (``--yes``) moves it, saying so, and the files arrive as they are."""
     import asyncio
 
-    from app.move.move import LocalEndpoint, MoveRefused, move_session
+    from app.move.endpoints import LocalEndpoint
+    from app.move.transfer import move_session
+    from app.move.values import MoveRefused
     from tests.unit.move_helpers import model_file, open_catalog, park_file, profile
 
     model = model_file(tmp_path)

@@ -5,7 +5,7 @@ The menu lists the other servers of the server list that run from a profile
 how (app.ui.dialogs.move.MoveDialog: move or copy, then restore there and judge). The
 source is this machine's catalog, or the host whose server the Sessions tab shows
 (app.ui.servers.remote_view). The move itself is
-:func:`app.move.move.move_session` (the compatibility rules first, then the copy with its
+:func:`app.move.transfer.move_session` (the compatibility rules first, then the copy with its
 SHA-256 check and the atomic rename at the target), with a progress bar that can cancel it
 and the outcome said on the tab's message line (:func:`app.servers.server_list.move_verdict`),
 with the restore's verdict when asked (app.servers.remote_sessions.restore_and_judge).
@@ -130,7 +130,8 @@ class SessionMoves(QObject):
                                            profile=rec.profile))
 
     def _endpoint_at(self, row: ServerRow):
-        from app.move.move import LocalEndpoint, MoveError
+        from app.move.endpoints import LocalEndpoint
+        from app.move.values import MoveError
 
         if row.host == THIS_MACHINE:
             return LocalEndpoint(self.panel.controller.catalog, row.profile)
@@ -147,7 +148,8 @@ class SessionMoves(QObject):
         after the target listed the session says that both copies remain (``on_committed``)."""
         import asyncio
 
-        from app.move.move import MoveCancelled, MoveError, move_session
+        from app.move.transfer import move_session
+        from app.move.values import MoveCancelled, MoveError
 
         verb = "Copying" if copy else "Moving"
         self.progress = dialog = QProgressDialog(f"{verb} '{rec.name}' to '{row.name}'…", "Cancel", 0, 1000,

@@ -1,0 +1,200 @@
+"""The target's half of a move, on this machine: the temporary files checked, renamed and listed.
+
+The sender streams each file to a temporary name in the target's folder; :func:`adopt` checks them
+(size, SHA-256 read back from this disk, the state header), then, under the catalog's files lock
+and a ``move-in`` journal entry, renames them into place (both or neither) and writes the row. It
+runs here for a move between two profiles and on a host through ``kv-valet sessions receive``.
+:func:`discard` removes a move's temporary files (an abort), :func:`clean_stale` those a crash
+left, :func:`settle` answers a sender that lost its commit's answer. Finishing or rolling back a commit a killed process left is :mod:`app.sessions.move_in`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from app import files as fileio
+from app.move.values import MoveError, check_move_id
+from app.sessions.journal import Recovery
+from app.sessions.move_in import (MOVE_PREFIX, SIDECAR_SUFFIXES, discard_temps, recover_moves, settle_move,
+                                  sha256_of, temp_name, write_receipt)
+from app.store.catalog import Catalog, SessionRecord
+
+log = logging.getLogger(__name__)
+
+#: A temporary file of a move nobody has written for this long is a crash's leftover.
+STALE_AFTER_S = 600.0
+_TEMP_RE = re.compile(r"kvv-move-[0-9a-f]{12}\.(state|ckpt|checkpoints|json)\.part")
+
+
+def clean_stale(save_dir: str | os.PathLike, *, now: float | None = None,
+                max_age: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the temporary files of moves nobody has written for ``max_age`` seconds."""
+    folder = Path(save_dir)
+    if not folder.is_dir():
+        return []
+    now = time.time() if now is None else now
+    removed = []
+    for p in folder.glob(MOVE_PREFIX + "*"):
+        if not _TEMP_RE.fullmatch(p.name):
+            continue
+        try:
+            if p.lstat().st_mtime < now - max_age:
+                p.unlink()
+                removed.append(p)
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+def discard(save_dir: str | os.PathLike, move_id: str) -> list[Path]:
+    """Remove every temporary file of move ``move_id`` (an aborted or finished move)."""
+    return discard_temps(save_dir, check_move_id(move_id))
+
+
+def manifest_path(save_dir: str | os.PathLike, move_id: str) -> Path:
+    """Where the sender wrote the manifest of move ``move_id`` before asking for its commit."""
+    return Path(save_dir) / temp_name(check_move_id(move_id), ".json")
+
+
+def settle(catalog: Catalog, move_id: str, save_dir: str | os.PathLike) -> tuple[SessionRecord | None, list[str]]:
+    """What became of move ``move_id`` here, for a sender that gave up on it or lost its commit's
+    answer (:func:`app.sessions.move_in.settle_move`): the row when its commit listed the session,
+    else None (rolled back: its files removed), and what recovery did."""
+    return settle_move(catalog, check_move_id(move_id), save_dir)
+
+
+def _free_state_name(catalog: Catalog, save_dir: Path, name: str) -> str:
+    """``<slug>.bin`` (or ``<slug>-N.bin``) that no session, no file and no stray sidecar holds."""
+    from app.sessions.park import slugify
+
+    taken = {r.state_file for r in catalog.list() if Path(r.save_dir) == save_dir}
+    base = slugify(name)
+    for i in range(1, 1000):
+        cand = f"{base}.bin" if i == 1 else f"{base}-{i}.bin"
+        if cand in taken or any(os.path.lexists(save_dir / (cand + s)) for s in ("", *SIDECAR_SUFFIXES)):
+            continue
+        return cand
+    raise MoveError(f"no free file name for '{name}' in {save_dir}")
+
+
+_RESET = {"id": None, "last_restore_ms": None, "last_n_restored": None, "last_restore_at": None,
+          "last_verdict": None, "last_verdict_reason": None, "time_saved_s": 0.0, "last_time_saved_s": None,
+          "files_verified": ""}  # the sender's stamps: the first look here hashes (parked_files travels: same bytes)
+
+
+def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int) -> None:
+    from app.server.statefile import StateFileError, read_state_header
+
+    suffixes = [f.get("suffix", "") for f in files]
+    if suffixes.count("") != 1 or any(s not in ("", *SIDECAR_SUFFIXES) for s in suffixes):
+        raise MoveError("the move's manifest does not name one state file and its sidecars")
+    for f in files:
+        p = save_dir / temp_name(move_id, f["suffix"])
+        if not p.is_file() or p.is_symlink():
+            raise MoveError(f"the copied {'state file' if not f['suffix'] else 'sidecar'} is not there: {p.name}")
+        size = p.stat().st_size
+        if size != int(f["size"]):
+            raise MoveError(f"{p.name} has {size:,} bytes, {int(f['size']):,} were sent")
+        digest = sha256_of(p)
+        if digest != f["sha256"]:
+            raise MoveError(f"checksum mismatch: {p.name} arrived with SHA-256 {digest[:12]}…, "
+                            f"{str(f['sha256'])[:12]}… was sent")
+    try:
+        header = read_state_header(save_dir / temp_name(move_id, ""))
+    except StateFileError as e:
+        raise MoveError(f"the copied state file is not usable: {e}") from None
+    if n_tokens and header.token_count != n_tokens:
+        raise MoveError(f"the copied state file holds {header.token_count:,} tokens, the session "
+                        f"{n_tokens:,}: it changed during the move")
+
+
+def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, manifest: dict[str, Any], *,
+          model_path: str = "", receipt: bool = True) -> SessionRecord:
+    """The target's half of a move: check the temporary files (size, SHA-256 read back from
+    this disk, state header), then rename them into place and write the catalog row, under
+    the catalog's files lock and a journal entry (:func:`app.sessions.move_in.recover_moves`); returns the stored
+    row. On any failure the temporary files are removed and nothing is listed.
+    ``model_path``: the target profile's model. ``receipt``: leave the move's receipt for a
+    sender in another process that may lose this answer (:func:`app.sessions.move_in.settle_move`); a move within
+    this process has the answer."""
+    folder = Path(save_dir)
+    move_id = check_move_id(manifest.get("move_id", ""))
+    try:
+        name = str(manifest["name"]).strip()
+        files = list(manifest["files"])
+        src = dict(manifest["record"])
+        if not name:
+            raise MoveError("a session name cannot be empty")
+        _verify_temps(folder, move_id, files, int(src.get("n_tokens") or 0))
+        from app.sessions.files_lock import files_locked
+
+        with files_locked(catalog):
+            for msg in recover_moves(Recovery(catalog, lock_held=True)):  # a commit a killed process left: its name, its files
+                log.info("move %s: %s", move_id, msg)
+            if catalog.get(profile_name, name) is not None:
+                raise MoveError(f"profile '{profile_name}' already has a session named '{name}'")
+            final = _free_state_name(catalog, folder, name)
+            sidecar = next((f["suffix"] for f in files if f["suffix"]), None)
+            known = {f.name for f in fields(SessionRecord)}
+            values = {k: v for k, v in src.items() if k in known}
+            values.update(_RESET)
+            values.update(name=name, profile=profile_name, save_dir=str(folder), state_file=final,
+                          sidecar_file=final + sidecar if sidecar else None,
+                          model_path=model_path or values.get("model_path", ""),
+                          notes=f"copied from {manifest.get('source') or src.get('profile', '?')}")
+            rec = SessionRecord(**values)
+            stored = _commit(catalog, folder, move_id, final, files, rec, receipt=receipt)
+    finally:
+        discard(folder, move_id)
+    return stored
+
+
+def _commit(catalog: Catalog, folder: Path, move_id: str, final: str, files: list[dict],
+            rec: SessionRecord, *, receipt: bool = True) -> SessionRecord:
+    """Rename the verified temporary files to ``final`` (+ suffix) and write ``rec``, under a
+    journal entry written first (the files lock held by the caller)."""
+    from app.sessions.journal import Journal, MoveInJournal, Owner
+
+    journaled: dict[str, dict[str, Any]] = {}
+    for f in files:
+        tmp = folder / temp_name(move_id, f["suffix"])
+        fileio.make_private(tmp)
+        _fsync_file(tmp)  # an SFTP upload is not on the disk yet: the row must never outlive the bytes
+        journaled[f["suffix"]] = {"size": int(f["size"]), "sha256": str(f["sha256"]), "ino": tmp.stat().st_ino}
+    journal = Journal(catalog)
+    jid = journal.begin(MoveInJournal(save_dir=str(folder), move_id=move_id, final=final, files=journaled,
+                                      record=asdict(rec), owner=Owner.me()))
+    placed: list[Path] = []
+    try:
+        for f in sorted(files, key=lambda f: f["suffix"] == ""):  # the sidecar first, the state file last
+            dest = folder / (final + f["suffix"])
+            os.replace(folder / temp_name(move_id, f["suffix"]), dest)
+            placed.append(dest)
+        fileio.fsync_dir(folder)
+        stored = catalog.add_or_replace(rec)
+    except BaseException:
+        for p in placed:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        journal.end(jid)
+        raise
+    # listed: the receipt tells a sender that lost this answer (a cut connection) what became of its move
+    if receipt:
+        write_receipt(catalog, move_id, stored)
+    journal.end(jid)
+    return stored
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
