@@ -33,7 +33,7 @@ def _bounded(kind, lo, hi, what):
 
 
 def add_commands(sub) -> argparse.ArgumentParser:
-    from app.tools.loadcheck import MAX_N_PREDICT, MAX_SECONDS, MAX_STREAMS, MIN_SECONDS
+    from app.tools.loadcheck_limits import MAX_N_PREDICT, MAX_SECONDS, MAX_STREAMS, MIN_SECONDS
 
     p = sub.add_parser(
         "loadcheck", help="N parallel streams for T seconds: inter-token gaps and stalls per stream",

@@ -33,11 +33,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from app.server.client import ServerError, ServerUnreachable
+from app.tools.loadcheck_limits import MAX_N_PREDICT, MAX_SECONDS, MAX_STREAMS, MIN_SECONDS
 
-MAX_STREAMS = 64
-MAX_SECONDS = 600.0
-MIN_SECONDS = 1.0
-MAX_N_PREDICT = 4096
 ERROR_BACKOFF_S = 0.5  # a worker whose request failed waits this long before the next one
 PROGRESS_EVERY_S = 0.25
 MAX_ERRORS_KEPT = 20
