@@ -180,7 +180,7 @@ async def describe_target(catalog: Catalog, profile_name: str, *, where: str | N
     from dataclasses import replace
 
     from app.core.profile import ProfileError
-    from app.sessions.park import model_identity
+    from app.sessions.model_identity import model_identity
     from app.server.targets import load_profile
 
     try:

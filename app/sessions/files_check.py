@@ -34,7 +34,7 @@ from app.store.catalog import Catalog, SessionRecord
 
 log = logging.getLogger(__name__)
 
-#: The sidecar suffixes next to a state file (as app.sessions.park.SIDECAR_SUFFIXES).
+#: The sidecar suffixes next to a state file (as app.sessions.park_commit.SIDECAR_SUFFIXES).
 SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
 SUFFIXES = (STATE, *SIDECAR_SUFFIXES)
 

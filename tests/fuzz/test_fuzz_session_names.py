@@ -12,7 +12,8 @@ from pathlib import Path
 
 from hypothesis import example, given, strategies as st
 
-from app.sessions.park import TMP_PREFIX, pick_state_file, slugify
+from app.sessions.park import pick_state_file, slugify
+from app.sessions.park_commit import TMP_PREFIX
 from app.store.catalog import Catalog
 from tests.fuzz.fuzzkit import outcome
 

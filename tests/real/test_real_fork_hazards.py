@@ -22,7 +22,7 @@ from app.server.sidecar import read_facts
 from app.sessions import park as park_module
 from app.sessions.behaviour import predict_for_target
 from app.sessions.check_report import PROBE_TEXT
-from app.sessions.park import TMP_PREFIX
+from app.sessions.park_commit import TMP_PREFIX
 from app.sessions.service import ServiceError
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
