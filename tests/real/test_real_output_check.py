@@ -29,10 +29,11 @@ from app.server.sidecar import read_facts
 from app.sessions.check_export import to_csv, to_json, to_markdown
 from app.sessions.check_report import PROBE_EXACT, PROBE_TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
-from tests.real.test_real_sidecar_modes import mode, mode_profile  # noqa: F401  (fixture)
+from tests.real.test_real_sidecar_modes import mode, mode_profile, parked_once  # noqa: F401  (fixture)
 from tests.real.test_real_sidecar_verdicts import Running
 
-pytestmark = pytest.mark.real_server
+#: one worker runs this module's tests, so the chats A and B are parked once (park_a_and_b)
+pytestmark = [pytest.mark.real_server, pytest.mark.xdist_group("output-check")]
 
 
 QUESTION = "\nSpot"  # the next log line: its tokens depend on the window, not only on the question
@@ -51,16 +52,19 @@ B = _log("Library log.", 2, ["Shelf", "Rack", "Room"], ["poetry book", "atlas", 
          ["Ivo", "Jana", "Kofi", "Lena", "Mio"], ["lends", "shows", "lists"], 200)  # cut to A's length less 8
 
 
-async def park_a_and_b(srv):
+async def park_a_and_b(profile):
     """A in slot 0, B (cut to A's length less 8 tokens, so its last checkpoint lies just below A's
-    rollback point) in slot 1; both parked with sidecars of at least 2 checkpoints."""
-    client = srv.svc.target.client
-    n_a = len(await client.tokenize(A))
-    b_tokens = list(await client.tokenize(B))[:n_a - 8]
-    for slot, prompt in ((0, A), (1, b_tokens)):  # greedy, so every run parks the same tokens
-        await client.completion(prompt, slot_id=slot, n_predict=4, extra=sampling())
-    rec_a = (await srv.svc.park(0, "A")).record
-    rec_b = (await srv.svc.park(1, "B")).record
+    rollback point) in slot 1; both parked with sidecars of at least 2 checkpoints, the server stopped
+    (parked once per worker: the tests of this module share an xdist group)."""
+    async def park(srv):
+        client = srv.svc.target.client
+        n_a = len(await client.tokenize(A))
+        b_tokens = list(await client.tokenize(B))[:n_a - 8]
+        for slot, prompt in ((0, A), (1, b_tokens)):  # greedy, so every run parks the same tokens
+            await client.completion(prompt, slot_id=slot, n_predict=4, extra=sampling())
+        return [(await srv.svc.park(0, "A")).record, (await srv.svc.park(1, "B")).record]
+
+    rec_a, rec_b = await parked_once(profile, ("A and B", A, B), park, ["A", "B"])
     for rec in (rec_a, rec_b):
         assert read_facts(rec.state_path).count >= 2, rec
     return rec_a, rec_b
@@ -74,8 +78,7 @@ def test_a_correct_restore_is_a_hit_whose_output_matches_a_cold_prefill(mode_pro
     mode(monkeypatch, "fork")
 
     async def go():
-        async with Running(mode_profile) as srv:
-            await park_a_and_b(srv)
+        await park_a_and_b(mode_profile)
         async with Running(mode_profile) as srv:
             check = await srv.svc.check("A", 0, force=True, question=QUESTION)
             assert check.output_check
@@ -98,8 +101,7 @@ def test_a_wrong_restore_another_chats_sidecar_is_never_a_pass(mode_profile, mon
     mode(monkeypatch, "fork")
 
     async def go():
-        async with Running(mode_profile) as srv:
-            rec_a, rec_b = await park_a_and_b(srv)
+        rec_a, rec_b = await park_a_and_b(mode_profile)
         shutil.copyfile(_sidecar(rec_b), _sidecar(rec_a))  # B's sidecar over A's
         n_b = read_facts(rec_b.state_path).count
         async with Running(mode_profile) as srv:

@@ -54,27 +54,43 @@ async def park_chat(srv, name: str, slot: int = 0, prompt: str = CHAT):
 
 async def parked_chat(profile, name: str, prompt: str = CHAT):
     """A chat parked from slot 0 of a server of ``profile`` (in the mode of ``KVV_SIDECAR_MODE``) as
-    ``name``, the server stopped: for a test that needs "a parked chat" and then restarts. The first test
-    of this worker that asks parks it (a server started, filled and parked through the service); a later
-    one gets the same files (same binary, mode, model, flags and prompt: the same bytes) copied into its
-    own slot folder and the same record in its own catalog. A park costs a server start and a one-thread
+    ``name``, the server stopped: for a test that needs "a parked chat" and then restarts (see
+    :func:`parked_once`)."""
+    async def park(srv):
+        return [await park_chat(srv, name, 0, prompt)]
+
+    [rec] = await parked_once(profile, ("chat", prompt), park, [name])
+    return rec
+
+
+async def parked_once(profile, what, park, names: list[str]):
+    """The records ``park(srv)`` parks on a server of ``profile`` (in the mode of ``KVV_SIDECAR_MODE``),
+    the server stopped. The first test of this worker that asks for ``what`` parks them; a later one gets
+    the same files (same binary, mode, model, flags and prompts: the same bytes) copied into its own slot
+    folder and the same records, named ``names``, in its own catalog. A park costs a server start and a
     prefill of the whole chat."""
-    key = (os.environ.get("KVV_SIDECAR_MODE"), repr(profile.replace(port=0, slot_save_path="")), prompt)
-    made = PARKED_ONCE.get(key)  # (mode, profile but its port and folder, prompt)
+    key = (os.environ.get("KVV_SIDECAR_MODE"), repr(profile.replace(port=0, slot_save_path="")), what)
+    made = PARKED_ONCE.get(key)  # (mode, profile but its port and folder, what was parked)
     if made is None:
         async with Running(profile) as srv:
-            rec = await park_chat(srv, name, 0, prompt)
-        files = [rec.state_path, rec.state_path.with_name(rec.state_file + ".ckpt")]
-        PARKED_ONCE[key] = (rec, {f.name: f.read_bytes() for f in files if f.is_file()})
-        return rec
-    rec, files = made
+            recs = await park(srv)
+        kept = []
+        for rec in recs:
+            files = [rec.state_path, rec.state_path.with_name(rec.state_file + ".ckpt")]
+            kept.append((rec, {f.name: f.read_bytes() for f in files if f.is_file()}))
+        PARKED_ONCE[key] = kept
+        return recs
     save_dir = Path(slot_save_path_for(profile))
     save_dir.mkdir(parents=True, exist_ok=True)
-    for fname, data in files.items():
-        (save_dir / fname).write_bytes(data)
+    out = []
     with Catalog(paths.catalog_path()) as cat:
-        return cat.add_or_replace(dataclasses.replace(rec, id=None, name=name, save_dir=str(save_dir),
-                                                      files_verified="", created_at=0.0, updated_at=0.0))
+        for (rec, files), name in zip(made, names):
+            for fname, data in files.items():
+                (save_dir / fname).write_bytes(data)
+            out.append(cat.add_or_replace(dataclasses.replace(rec, id=None, name=name, save_dir=str(save_dir),
+                                                              files_verified="", created_at=0.0,
+                                                              updated_at=0.0)))
+    return out
 
 
 async def until(condition, guard: float = 120.0) -> None:
