@@ -123,7 +123,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_forget(args) -> int:
-    from app.proxy.service import forget_stored
+    from app.proxy.front import forget_stored
 
     conv, removed = forget_stored(args.id)
     if conv is None:

@@ -100,7 +100,7 @@ async def cmd_serve(args) -> int:
         print("error: --kv-events needs the proxy (--proxy, or proxy = true in the profile): the proxy is what "
               "knows each slot's tokens", file=sys.stderr)
         return Exit.USAGE
-    from app.proxy.service import ProxyFront  # the proxy in front when the profile says so
+    from app.proxy.front import ProxyFront  # the proxy in front when the profile says so
 
     service = ServerService(park_timeout_s=args.park_timeout, front=ProxyFront(kv_events=kv_events))
     tid = profile_target_id(profile.name)

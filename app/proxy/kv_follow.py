@@ -16,7 +16,8 @@ from typing import Protocol
 from app.core.background import TaskGroup
 from app.core.conversation import Conversation
 from app.proxy.kv_events import ProxyKv
-from app.proxy.leases import SlotLeases, SlotState
+from app.proxy.lease_table import SlotState
+from app.proxy.leases import SlotLeases
 from app.server.client import ServerError, ServerUnreachable
 from app.server.statefile import StateFileError, read_state_tokens
 

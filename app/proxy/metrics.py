@@ -41,7 +41,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily
 from app.core.conversation import RequestRecord
 from app.core.verdict import WASTEFUL, VerdictKind
 from app.proxy.http import ProxyServer
-from app.proxy.leases import SlotLeases, SlotState, SlotView
+from app.proxy.lease_table import SlotState, SlotView
+from app.proxy.leases import SlotLeases
 
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: vLLM's labels on its engine families (vllm/v1/metrics/loggers.py): the served model, the engine's index
@@ -76,7 +77,7 @@ def kv_usage(views: Iterable[SlotView], outside: Mapping[int, tuple[str, int]], 
     be fresher during a request, but a gateway scrapes every 50 ms (the endpoint picker's default), and
     each read is a task in the server's queue whose result restarts the quiet second in which llama-server
     notices a non-streamed client that went away (see ``CUT_SHORT_QUIET_EVERY_S`` in
-    :mod:`app.proxy.service`): reads that often would keep an abandoned generation running. The picture
+    :mod:`app.proxy.session_backend`): reads that often would keep an abandoned generation running. The picture
     costs nothing and never touches the server. Its one lag: a slot in
     use counts what it held when its request began (the conversation it kept, the park restored into it,
     nothing for a new one) until the answer says what it holds.

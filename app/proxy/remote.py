@@ -29,8 +29,9 @@ from app.core.states import Health
 from app.server.targets import TargetSpec
 from app.servers.remote_sessions import _json_of, park_result, resume_result
 from app.servers.service import ServerService
-from app.proxy.leases import RestoreAvoided
-from app.proxy.service import ProxyService, SessionBackend
+from app.proxy.lease_parks import RestoreAvoided
+from app.proxy.service import ProxyService
+from app.proxy.session_backend import SessionBackend
 from app.remote.host import RemoteError
 
 log = logging.getLogger(__name__)

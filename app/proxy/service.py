@@ -20,12 +20,9 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from app.core.observers import Observers
 from app.core.rules import kv_unified
-from app.core.background import TaskGroup
 from app.core.conversation import Cause, Conversation, Explanation, Message, RequestRecord, ServerCaching
 from app.core.timings import Timings
 from app.core.verdict import WASTEFUL, Reuse, VerdictKind, judge, tolerance
@@ -35,223 +32,29 @@ from app.proxy import identity
 from app.proxy import watch as watch_mod
 from app.proxy.http import ProxyServer, Result
 from app.proxy.kv_follow import KvFollower
+from app.proxy.lease_table import park_name
+from app.proxy.leases import SlotLeases, recover_leases
 from app.proxy.metrics import ProxyMetrics, proxy_load, served_model_name
-from app.sessions.resume import ResumeHazard, ResumeMismatch, ResumeRefused, ResumeUseless
-from app.sessions.watch import common_prefix
-from app.proxy.leases import Lease, RestoreAvoided, SlotLeases, park_name, recover_leases
+from app.proxy.records import Pending, RequestRecords
+from app.proxy.request_facts import CHAT_PATHS, TEXT_PATHS, answer_timings, client_choice, slot_actions_on
+from app.proxy.session_backend import SessionBackend, tokens_left
 from app.sessions.journal import Recovery
 from app.server.client import ServerError, ServerUnreachable
-from app.server.statefile import StateFileError, read_state_tokens
 from app.store.conversations import ConversationStore
 
 log = logging.getLogger(__name__)
 
-CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
-TEXT_PATHS = ("/v1/completions", "/completions", "/completion")
 #: Characters per token when a request's size must be guessed before the server tokenises it.
 CHARS_PER_TOKEN = 4
 #: The last request bodies kept (one per conversation, most recent): the previous prompt a token
 #: comparison renders. Past them (and after an app restart) it is rebuilt from the stored messages.
 BODIES_KEPT = 256
-#: After a streamed request cut short, /slots is read until the slot stops processing: this many reads
-#: at most, this far apart (the server stops a stream's task when its next chunk meets the closed
-#: connection, a few milliseconds)
-CUT_SHORT_READS = 50
-CUT_SHORT_READ_EVERY_S = 0.02
-#: ... and after a non-streamed one, fewer reads, further apart. llama-server (b11434, server-queue.cpp
-#: ``recv_with_timeout``) looks at a non-streamed request's connection only when no result has reached
-#: its waiting handler for HTTP_POLLING_SECONDS (1 s), and every other task's result, a /slots read's
-#: included, starts that second again: reads closer than a second would keep the abandoned generation
-#: running (measured: still generating 8 s after the client left, polled every 0.1 s; stopped within
-#: 1.1 s when polled every second). The first read waits that quiet second out.
 #: the longest a request waits for the bookkeeping of one passed through untouched that has just ended
 SETTLE_WAIT_S = 2.0
-CUT_SHORT_QUIET_READS = 6
-CUT_SHORT_QUIET_EVERY_S = 1.25
-
-
-class SessionBackend:
-    """The leases' slot operations through the server's session service: a conversation's park
-    is a catalog session (``proxy-<id>``), private like every park."""
-
-    def __init__(self, handle: ServerHandle, servers: ServerService):
-        self.handle, self.servers = handle, servers
-        self.checkpoints_loaded: dict[int, bool | None] = {}
-        # a restore with no usable sidecar into a slot holding another chat's checkpoints, on a build
-        # that keeps them across a restore (the turboquant fork): the session service's warning, or None
-        self.hazards: dict[int, str | None] = {}
-        # park name -> (path, body) of the request a restore of that park is for: the final check
-        self.requests: dict[str, tuple[str, dict]] = {}
-        self.metrics: ProxyMetrics | None = None  # told of each park and restore
-
-    @staticmethod
-    def _conv_of(name: str) -> str:
-        return name[len("proxy-"):] if name.startswith("proxy-") else name
-
-    async def _svc(self):
-        return await self.servers.sessions(self.handle.id)
-
-    async def _observed(self, kind: str, name: str, op):
-        """Await ``op`` (a park or a restore of ``name``) and tell the metrics how it went."""
-        t0 = time.monotonic()
-        try:
-            result = await op
-        except ResumeRefused:
-            raise  # not restored on purpose (a hazard, a restore that buys nothing): no restore to count
-        except BaseException:
-            if self.metrics is not None:
-                getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), 0.0, 0, ok=False)
-            raise
-        if self.metrics is not None:
-            getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), time.monotonic() - t0,
-                                                    self.parked_size(name), ok=True)
-        return result
-
-    #: the proxy's disk budget (bytes; None: no limit): a park predicted larger is refused before it runs
-    disk_budget_bytes: int | None = None
-
-    async def save(self, slot: int, name: str) -> int:
-        result = await self._observed("park", name, (await self._svc()).park(slot, name,
-                                                                           budget_bytes=self.disk_budget_bytes))
-        return result.record.n_tokens if result.record is not None else 0
-
-    async def restore(self, slot: int, name: str) -> int:
-        path = None
-        if name in self.requests:
-            path = self.requests[name][0]
-            await self._check_tokens(name, *self.requests[name])
-        # the turn the restore is for: a chat client's re-rendered messages, or a prompt sent as text
-        probe = "exact" if path in TEXT_PATHS else "chat"
-        try:
-            # never onto another chat's checkpoints (the fork keeps a slot's across a restore), and never
-            # where the resume matrix measured that the restore buys the turn nothing: re-process instead
-            # nor a park whose files are not the ones it wrote (another chat's sidecar copied over its own)
-            result = await self._observed("restore", name, (await self._svc()).resume(
-                name, slot, force=True, avoid_hazard=True, avoid_useless=probe, avoid_mismatch=True))
-        except ResumeMismatch as e:
-            raise RestoreAvoided(f"{explain_mod.FOREIGN_FILES}: {'; '.join(e.problems)}") from None
-        except ResumeUseless as e:
-            raise RestoreAvoided(f"{explain_mod.USELESS_RESTORE}: {e.reasons[0]}") from None
-        except ResumeHazard as e:
-            raise RestoreAvoided(e.hazard) from None
-        # did the restore bring context checkpoints back (a sidecar this build loads)? None: not known
-        # or not needed (a dense model keeps every position)
-        self.checkpoints_loaded[slot] = result.prediction.loads if result.prediction is not None else None
-        self.hazards[slot] = result.hazard
-        return result.n_restored
-
-    async def _check_tokens(self, name: str, path: str, body: dict) -> None:
-        """The final check before a restore: the park's own tokens (its state file) against the request's
-        prompt as the server tokenises it. A park that shares next to nothing with the request is not this
-        conversation's (an identity the messages got wrong): not restored (RestoreAvoided). When the check
-        cannot be made (no endpoint, an unreadable file) the restore goes on as decided."""
-        svc = self.handle.sessions
-        rec = svc.catalog.get(svc.profile_name, name) if svc is not None else None
-        if rec is None:
-            return
-        try:
-            saved = await asyncio.to_thread(read_state_tokens, rec.state_path)
-            if path in CHAT_PATHS or path in identity.ROUTED_PATHS:  # (the chat request they amount to)
-                text = await self.handle.client.apply_template(
-                    {k: v for k, v in body.items() if k in ("messages", "tools", "chat_template_kwargs")})
-            else:
-                text = body.get("prompt")
-                if not isinstance(text, str):
-                    return
-            prompt = [t for t, _piece in await self.handle.client.tokenize_pieces(text)]
-        except (StateFileError, OSError, ServerError, ServerUnreachable, KeyError, TypeError) as e:
-            log.info("park %s: its tokens were not checked against the request (%s)", name, e)
-            return
-        shared = shared_prefix(saved, prompt)
-        if len(saved) > tolerance(len(saved)) and shared <= tolerance(len(saved)):
-            raise RestoreAvoided(f"the park's own tokens are not this request's: they share {shared} of its "
-                                 f"{len(saved):,} tokens with the prompt")
-
-    async def erase(self, slot: int) -> None:
-        await self.handle.client.erase_slot(slot)
-
-    def parked_size(self, name: str) -> int:
-        svc = self.handle.sessions
-        rec = svc.catalog.get(svc.profile_name, name) if svc is not None else None
-        return (rec.state_size + rec.sidecar_size) if rec is not None else 0
-
-    def delete_park(self, name: str) -> None:
-        svc = self.handle.sessions
-        if svc is not None:
-            svc.delete(name)
-
-
 #: who took an idle slot when a request the proxy passed through untouched ran in it
 OUTSIDE = explain_mod.OUTSIDE
 #: the start of a router's conversations' setup (each from its model's: ProxyService._setup_of)
 ROUTER_SETUP = "router-"
-
-
-def answer_timings(final: dict | None) -> Timings | None:
-    """What an answer says of its prompt: llama-server's ``timings``, else the route's usage: Anthropic's
-    (``cache_read_input_tokens``, and ``input_tokens`` the ones processed) or the Responses API's
-    (``input_tokens`` all of them, ``input_tokens_details.cached_tokens`` the ones reused); a stream's
-    usage is in its ``message_start`` / ``response.completed`` event. None when it says neither."""
-    if not final:
-        return None
-    t = Timings.from_json(final.get("timings"))
-    if t is not None:
-        return t
-    usage = final.get("usage")
-    for outer in ("message", "response"):  # a stream's event wraps the answer
-        if not isinstance(usage, dict) and isinstance(final.get(outer), dict):
-            usage = final[outer].get("usage")
-    if not isinstance(usage, dict):
-        return None
-    n_in, out_n = usage.get("input_tokens"), usage.get("output_tokens")
-    if not isinstance(n_in, int):
-        return None
-    if isinstance(usage.get("cache_read_input_tokens"), int):
-        cache_n, prompt_n = usage["cache_read_input_tokens"], n_in
-    elif isinstance(usage.get("input_tokens_details"), dict) and isinstance(
-            usage["input_tokens_details"].get("cached_tokens"), int):
-        cache_n = usage["input_tokens_details"]["cached_tokens"]
-        prompt_n = max(0, n_in - cache_n)
-    else:
-        return None
-    return Timings(cache_n=cache_n, prompt_n=prompt_n, predicted_n=out_n if isinstance(out_n, int) and out_n else None)
-
-
-def client_choice(path: str, body: dict) -> str | None:
-    """Why a completion request must pass through untouched (the client asked for something the
-    proxy's pinning would change), or None: its own ``id_slot`` (>= 0), ``cache_prompt: false``, or a
-    batch of prompts (``"prompt": [..., ...]``, each answered in a slot of the server's choice)."""
-    slot = body.get("id_slot")
-    if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0:
-        return f"it asked for slot {slot} itself (\"id_slot\": {slot})"
-    if body.get("cache_prompt") is False:
-        return "it turned prompt caching off (\"cache_prompt\": false)"
-    prompt = body.get("prompt")
-    if path in TEXT_PATHS and isinstance(prompt, list) and len(prompt) > 1 \
-            and not all(isinstance(t, int) for t in prompt):
-        return f"it sent a batch of {len(prompt)} prompts, each answered in a slot of the server's choice"
-    return None
-
-
-@dataclass
-class _Pending:
-    conv: Conversation | None
-    lease: Lease | None
-    messages: list[Message]
-    previous: list[Message] | None
-    expected_reuse: int
-    new: bool
-    path: str
-    stream: bool
-    started: float = field(default_factory=time.time)
-    body: dict | None = None  # the request as the client sent it
-    previous_body: dict | None = None  # the conversation's previous request (for the token comparison)
-    restore_hazard: str | None = None  # restored into another chat's checkpoints (the fork keeps them)
-    own: str | None = None  # passed through untouched: why (client_choice)
-    own_cause: Cause = Cause.CLIENT_CHOSE  # ... and its cause (MULTIMODAL: it carries media)
-    settled: asyncio.Future | None = None  # with ``own``: done once ``after`` has seen what it did to the slots
-    tasks_before: dict[int, object] | None = None  # with ``own``: each slot's id_task before the request
-    slots_before: list | None = None  # with ``own``: the leases' view of the slots before the request
 
 
 class ProxyService:
@@ -276,15 +79,13 @@ class ProxyService:
         self.http: ProxyServer | None = None
         self.setup = ""
         self._started_at: float | None = None
-        self._record_cbs: Observers[[RequestRecord]] = Observers("the proxy's request records")
-        self._explained_cbs: Observers[[RequestRecord]] = Observers("the proxy's refined explanations")
+        self.records = RequestRecords(self.store, lambda: self.handle.client)
         self._stopped = False
         # the server's own caching (its --help and argv), and the live watch over it
         self.caching = ServerCaching()
         self.save_before_idle_clear = save_before_idle_clear
         self.watch: watch_mod.ServerWatch | None = None
         self._bodies: OrderedDict[str, dict] = OrderedDict()
-        self._explaining = TaskGroup("the proxy's token comparisons")
         self.metrics: ProxyMetrics | None = None  # its cache reuse in Prometheus (started with the proxy)
         self._profile_name: str | None = profile_name  # kept from the server's handle (see ``profile``)
         self._fixed_name = profile_name is not None
@@ -411,11 +212,11 @@ class ProxyService:
 
     async def settle(self) -> None:
         """Wait for the token comparisons running now (explanations refined after their request)."""
-        await self._explaining.wait()
+        await self.records.settle()
 
     def on_explained(self, cb: Callable[[RequestRecord], None]) -> None:
         """``cb(record)`` when a recorded request's explanation was refined (its first divergent token)."""
-        self._explained_cbs.add(cb)
+        self.records.on_explained(cb)
 
     async def stop(self) -> None:
         if self.watch is not None:
@@ -435,7 +236,7 @@ class ProxyService:
             await self.leases.save_dirty()
 
     def on_record(self, cb: Callable[[RequestRecord], None]) -> None:
-        self._record_cbs.add(cb)
+        self.records.on_record(cb)
 
     # -- what the leases need to decide ------------------------------------------------------
     def _prefill_ms_per_token(self) -> float | None:
@@ -451,11 +252,11 @@ class ProxyService:
         """A request passed through untouched has ended: until its ``after`` has read what it did to the
         slots (a slot it took, a prompt the server moved to its RAM cache), the next request waits for it
         (``before``): a client that sends its next request at once must find the slots as they are."""
-        if isinstance(ctx, _Pending) and ctx.own is not None:
+        if isinstance(ctx, Pending) and ctx.own is not None:
             ctx.settled = asyncio.get_running_loop().create_future()
             self._unsettled.add(ctx.settled)
 
-    def _settled(self, p: _Pending) -> None:
+    def _settled(self, p: Pending) -> None:
         if p.settled is not None:
             self._unsettled.discard(p.settled)
             if not p.settled.done():
@@ -505,7 +306,7 @@ class ProxyService:
                 # after a restart: its stored chain is the prompt's hash)
                 conv_id = self.texts.find(prompt) or self.index.find(chain, None)[0]
         else:
-            return body, _Pending(None, None, [], None, 0, True, path, stream)
+            return body, Pending(None, None, [], None, 0, True, path, stream)
         conv = self.conversations.get(conv_id) if conv_id else None
         if conv is not None and hint is not None and conv.hint != hint:
             if conv.hint is not None:  # found by its messages, but the client names another conversation
@@ -529,13 +330,13 @@ class ProxyService:
         if own is not None and not self.steps_aside:  # what the client asked for wins: no lease, no pinning
             conv.messages, conv.chain = messages, chain
             tasks = None if self.router else await self._slot_tasks()  # a router's /slots are its children's
-            return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
+            return body, Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
                                   body=body_seen, previous_body=previous_body, own=own, own_cause=own_cause,
                                   tasks_before=tasks,
                                   slots_before=self.leases.snapshot() if self.leases is not None else None)
         if self.steps_aside:  # the server keeps prompts itself: no pinning, no parks; judged all the same
             conv.messages, conv.chain = messages, chain
-            return body, _Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
+            return body, Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
                                   body=body_seen, previous_body=previous_body)
 
         def estimate() -> int:  # only when a restore is weighed: a whole history serialised again costs
@@ -566,7 +367,7 @@ class ProxyService:
         out["id_slot"] = lease.slot
         out["cache_prompt"] = True
         conv.messages, conv.chain = messages, chain
-        return out, _Pending(conv, lease, messages, previous, expected, new, path, stream, body=body_seen,
+        return out, Pending(conv, lease, messages, previous, expected, new, path, stream, body=body_seen,
                              previous_body=previous_body, restore_hazard=hazard)
 
     def _remember(self, conv_id: str, body: dict) -> dict | None:
@@ -590,7 +391,7 @@ class ProxyService:
 
     async def after(self, ctx: object, result: Result) -> None:
         p = ctx
-        assert isinstance(p, _Pending)
+        assert isinstance(p, Pending)
         if p.conv is None:
             return
         if p.own is not None:
@@ -608,7 +409,8 @@ class ProxyService:
         if t is not None and t.prompt_n is not None:
             n_tokens = (t.cache_n or 0) + t.prompt_n + (t.predicted_n or 0)
         if result.disconnected or n_tokens is None:
-            n_tokens = await self._tokens_in(lease.slot, streamed=p.stream)  # what a cut-short request left
+            n_tokens = await tokens_left(self.servers, self.target_id, lease.slot,
+                                         streamed=p.stream)  # what a cut-short request left
         assert self.leases is not None
         self.leases.release(lease, n_tokens or 0, ok=ok and bool(n_tokens))
         if self.metrics is not None:
@@ -667,32 +469,9 @@ class ProxyService:
         if verdict is VerdictKind.HIT and rate and t.cache_n:
             conv.time_saved_s += t.cache_n * rate / 1000.0
         self._save(conv)
-        self._record(conv, rec, p)
+        self.records.record(conv, rec, p)
 
-    def _record(self, conv: Conversation, rec: RequestRecord, p: _Pending) -> None:
-        """Store a judged request, tell the observers, and refine its explanation by tokens later."""
-        row = self.store.add_request(conv.id, rec)
-        self._record_cbs.emit(rec)
-        if rec.explanation is not None and explain_mod.wants_tokens(rec.verdict):
-            self._explaining.start(self._explain_by_tokens(row, rec, p), f"a request of {conv.id}")
-
-    async def _explain_by_tokens(self, row: int, rec: RequestRecord, p: _Pending) -> None:
-        """After the answer went out: the first divergent token against the conversation's previous
-        prompt, through the server (/apply-template, /tokenize), into the stored record."""
-        previous = p.previous_body
-        if previous is None and p.previous and p.path in CHAT_PATHS:
-            previous = watch_mod.body_of(p.previous)  # an app restart: rebuilt from the stored messages
-        if previous is None or p.body is None or rec.explanation is None:
-            return
-        found = await watch_mod.divergence(self.handle.client, p.path, previous, p.body)
-        if isinstance(found, str):
-            log.info("request of %s explained by messages only: %s", rec.conversation, found)
-            return
-        refined = replace(rec, explanation=explain_mod.with_divergent_token(rec.explanation, *found))
-        if self.store.set_explanation(row, refined.explanation):
-            self._explained_cbs.emit(refined)
-
-    async def _after_passthrough(self, p: _Pending, result: Result) -> None:
+    async def _after_passthrough(self, p: Pending, result: Result) -> None:
         """A request passed through unchanged (the server persists prompts itself): judged from its
         timings against what the conversation held after its last reply; nothing leased."""
         conv = p.conv
@@ -717,7 +496,7 @@ class ProxyService:
                             verdict=verdict, explanation=why)
         conv.last_verdict = verdict
         self._save(conv)
-        self._record(conv, rec, p)
+        self.records.record(conv, rec, p)
 
     async def _slot_tasks(self) -> dict[int, object] | None:
         """Each slot's ``id_task`` now (None: /slots could not be read)."""
@@ -728,7 +507,7 @@ class ProxyService:
             return None
         return {r.get("id"): r.get("id_task") for r in rows if isinstance(r, dict)}
 
-    async def _after_own(self, p: _Pending, result: Result) -> None:
+    async def _after_own(self, p: Pending, result: Result) -> None:
         """A request the client set its own slot or caching for, passed through untouched: the idle
         slots it ran in lose their conversations (the leases are told), and it is judged from its
         timings against what the conversation held, the client's choice given as the reason."""
@@ -781,40 +560,15 @@ class ProxyService:
         if judged:
             conv.last_verdict = verdict
         self._save(conv)
-        self.store.add_request(conv.id, rec)
-        self._record_cbs.emit(rec)
+        self.records.add(conv, rec)
 
-    def _note_prompt_tokens(self, p: _Pending, t: Timings | None) -> None:
+    def _note_prompt_tokens(self, p: Pending, t: Timings | None) -> None:
         """A text prompt's size in tokens, as the server counted it: what its continuation can reuse."""
         if p.conv is not None and p.path in TEXT_PATHS and t is not None and t.prompt_n is not None:
             self.texts.set_tokens(p.conv.id, (t.cache_n or 0) + t.prompt_n)
 
     def _save(self, conv: Conversation) -> None:
         self.store.save(conv, self.profile)
-
-    async def _tokens_in(self, slot: int, *, streamed: bool = True) -> int | None:
-        """What the slot holds after a request cut short. The server stops the task only when it notices
-        the closed connection: while /slots still shows it processing, its count grows, so it is read
-        again (``CUT_SHORT_READS`` times at most; a non-streamed request's ``CUT_SHORT_QUIET_READS``, a
-        quiet second apart, so that the server gets to look at the connection) before it is taken."""
-        row = None
-        reads, every = (CUT_SHORT_READS, CUT_SHORT_READ_EVERY_S) if streamed else \
-            (CUT_SHORT_QUIET_READS, CUT_SHORT_QUIET_EVERY_S)
-        for attempt in range(reads):
-            if attempt or not streamed:
-                await asyncio.sleep(every)
-            try:
-                svc = await self.servers.sessions(self.target_id)
-                rows = await svc.slot_rows()
-            except Exception as e:  # report: the slot's content is unknown: the lease frees it (one line: a
-                # server killed mid-request is an expected way to get here, not a bug worth a traceback)
-                log.warning("cannot read /slots after a cut-short request on slot %s: %s", slot,
-                            str(e) or type(e).__name__)
-                return None
-            row = next((r for r in rows if r.id == slot), None)
-            if row is None or not row.busy:
-                break
-        return row.tokens_held if row is not None else None
 
     def _on_server_state(self, state, outcome) -> None:
         """The server process ended (killed, crashed, stopped): every slot is empty from now on, and
@@ -849,89 +603,3 @@ class ProxyService:
                 self.kv.forgotten(conv_id)
             return gone
         return self.store.forget(conv_id)
-
-
-def slot_actions_on(profile) -> bool:
-    """Whether the user turned llama-server's slot actions on themselves (their profile names a
-    ``--slot-save-path``): only then may the proxy's clients save, restore and erase slots through it.
-    The folder the proxy needs for its own parks must not give them that."""
-    if profile is None:
-        return False
-    extra = tuple(profile.extra_args or ())
-    return bool(profile.slot_save_path) or any(a == "--slot-save-path" or a.startswith("--slot-save-path=")
-                                               for a in extra)
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    """Tokens ``a`` and ``b`` share from the start; one leading token may be the other's BOS alone."""
-    return max(common_prefix(a, b), common_prefix(a[1:], b), common_prefix(a, b[1:]))
-
-
-class ProxyFront:
-    """The conversation proxy as the front the server service puts before a server whose profile says
-    ``proxy = true`` (:class:`app.servers.launch.Front`): the window and ``kv-valet serve`` give it to
-    their :class:`ServerService`; :func:`app.servers.launch.launch_profile` decides the rest."""
-
-    def __init__(self, kv_events: str | None = None) -> None:
-        self.kv_events = kv_events  # a ZMQ endpoint for the proxy's KV events (None: off; app.proxy.kv_follow)
-
-    async def start(self, servers: ServerService, handle: ServerHandle, host: str, port: int,
-                    api_key: str | None, *, slots_endpoint: bool = True) -> ProxyService:
-        from app.settings import load_or_defaults
-
-        prefs, _problem = load_or_defaults()  # a broken settings file is said by the window and `settings`
-        proxy = ProxyService(servers, handle.id, disk_budget_bytes=prefs.proxy_disk_budget_bytes(),
-                             save_before_idle_clear=prefs.proxy_save_before_idle_clear, kv_events=self.kv_events)
-        await proxy.start(host, port, api_key=api_key, slots_endpoint=slots_endpoint)
-        return proxy
-
-    async def save_leftover(self, servers: ServerService, handle: ServerHandle, profile, rec) -> list[str]:
-        """The proxy's conversations in a leftover server's slots, saved under their own names (none
-        when the lease journal was not written by a proxy in front of this very server process)."""
-        store = ConversationStore()
-        try:
-            entries = store.journal_entries(profile.name)
-            if not entries or min(e.at for e in entries) < rec.create_time:
-                return []  # the journal predates this server process: it says nothing about its slots
-            from app.settings import load_or_defaults
-
-            prefs, _problem = load_or_defaults()
-            slots = await handle.client.slots()
-            backend = SessionBackend(handle, servers)
-            backend.disk_budget_bytes = prefs.proxy_disk_budget_bytes()
-            leases = SlotLeases(len(slots), backend, store=store, profile=profile.name,
-                                prefill_ms_per_token=lambda: None, restore_ms_estimate=lambda n: 0.0,
-                                disk_budget_bytes=prefs.proxy_disk_budget_bytes())
-            for msg in recover_leases(Recovery(subject=leases, same_process=True)):
-                log.info("proxy of %s after a crash: %s", profile.name, msg)
-            return await leases.save_dirty()
-        finally:
-            store.close()
-
-
-def forget_stored(conv_id: str, store: ConversationStore | None = None):
-    """Forget a conversation no running proxy holds: its records, and its park (a catalog session).
-    Returns (the conversation or None, the files deleted). The CLI's and the window's forget."""
-    from app import paths
-    from app.sessions.records import delete_session
-    from app.store.catalog import Catalog, CatalogError
-
-    own = store is None
-    store = store if store is not None else ConversationStore()
-    try:
-        conv = store.get(conv_id)
-        if conv is None:
-            return None, []
-        profile = store.profile_of(conv_id)
-        store.forget(conv_id)
-    finally:
-        if own:
-            store.close()
-    removed = []
-    if conv.parked_as and profile:
-        with Catalog(paths.catalog_path()) as catalog:
-            try:
-                removed = delete_session(catalog, conv.parked_as, profile)
-            except CatalogError:
-                removed = []  # its park was deleted already
-    return conv, removed

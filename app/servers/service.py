@@ -174,7 +174,7 @@ class ServerService:
         how long a park-then-stop may take (default: the preferences' ``park_timeout_s``);
         ``connect_sessions``: connect a session service to every server once it is Ready;
         ``front``: what stands before a server whose profile asks for it (the conversation proxy,
-        :class:`app.proxy.service.ProxyFront`; :func:`app.servers.launch.launch_profile` uses it)."""
+        :class:`app.proxy.front.ProxyFront`; :func:`app.servers.launch.launch_profile` uses it)."""
         self._catalog = catalog
         self._owns_catalog = catalog is None  # opened on first use, closed with the service
         self._store = store

@@ -52,7 +52,7 @@ class ProxyValues(Protocol):
 class JournalEntry:
     """One line of the slot lease journal.
 
-    ``state`` is the slot's state after the event (the value of app.proxy.leases.SlotState),
+    ``state`` is the slot's state after the event (the value of app.proxy.lease_table.SlotState),
     ``conversation`` the conversation it concerns (the slot's holder for a slot event), ``park``
     the parked session's name for a save/restore/deletion.
     """

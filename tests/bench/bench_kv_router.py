@@ -51,7 +51,7 @@ class Server:
         import httpx
 
         from app.core.profile import LaunchProfile
-        from app.proxy.service import ProxyFront
+        from app.proxy.front import ProxyFront
         from app.servers.launch import launch_profile
         from app.servers.service import ServerService
         from app.store.profiles import ProfileStore

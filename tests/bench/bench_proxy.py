@@ -281,7 +281,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
     the fake server; each turn direct and proxied (see the module's doc). Prints the table, returns the
     figures."""
     from app.core.profile import LaunchProfile
-    from app.proxy.service import ProxyFront
+    from app.proxy.front import ProxyFront
     from app.servers.launch import launch_profile
     from app.servers.service import ServerService
 
@@ -470,7 +470,7 @@ async def restart_saving(label: str, binary: str, mode: str | None, n_convs: int
 
     from app.core.lifecycle import StopTrigger
     from app.core.profile import LaunchProfile
-    from app.proxy.service import ProxyFront
+    from app.proxy.front import ProxyFront
     from app.servers.launch import launch_profile
     from app.servers.service import ServerService
 

@@ -17,7 +17,8 @@ from app.core.conversation import Cause
 from app.core.verdict import VerdictKind
 from app.proxy.http import ProxyServer
 from app.proxy.identity import media_in
-from app.proxy.service import ProxyFront, client_choice
+from app.proxy.front import ProxyFront
+from app.proxy.request_facts import client_choice
 from app.server.client import LlamaClient
 from app.servers.launch import launch_profile
 from app.servers.service import ServerService

@@ -15,7 +15,7 @@ import zmq.asyncio
 
 from app.servers.launch import launch_profile
 from app.servers.service import ServerService
-from app.proxy.service import ProxyFront
+from app.proxy.front import ProxyFront
 from tests import vllm_kv_events as vllm
 from tests.fake_server.profiles import fake_profile
 

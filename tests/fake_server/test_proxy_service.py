@@ -15,7 +15,7 @@ from app.core.conversation import Cause
 from app.core.verdict import VerdictKind
 from app.core.lifecycle import StopTrigger
 from app.servers.service import ServerService
-from app.proxy.service import ProxyFront
+from app.proxy.front import ProxyFront
 from app.servers.launch import launch_profile
 from tests.fake_server.profiles import fake_profile
 

@@ -184,9 +184,9 @@ USAGE = st.one_of(JSON, st.fixed_dictionaries({}, optional={
                                             st.one_of(USAGE, st.fixed_dictionaries({"usage": USAGE}), JSON),
                                             max_size=3)))
 def test_an_answers_usage_is_timings_or_none_and_never_raises(final):
-    """What the proxy reads of any answer's usage (app.proxy.service.answer_timings): timings or None."""
+    """What the proxy reads of any answer's usage (app.proxy.request_facts.answer_timings): timings or None."""
     from app.core.timings import Timings
-    from app.proxy.service import answer_timings
+    from app.proxy.request_facts import answer_timings
 
     kind, value = outcome("proxy usage", lambda: answer_timings(final))
     assert kind == "parsed" and (value is None or isinstance(value, Timings))

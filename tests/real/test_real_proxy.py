@@ -17,7 +17,7 @@ from app.core.conversation import Cause
 
 from app.core.verdict import VerdictKind, tolerance
 from app.servers.service import ServerService
-from app.proxy.service import ProxyFront
+from app.proxy.front import ProxyFront
 from app.servers.launch import launch_profile
 from app.core.lifecycle import StopTrigger
 from tests.conftest import free_port

@@ -22,7 +22,7 @@ from app.core.conversation import Cause
 
 from app.core.verdict import VerdictKind
 from app.core.states import ServerState
-from app.proxy.leases import SlotState
+from app.proxy.lease_table import SlotState
 from tests.real.helpers import TEXT
 from tests.real.test_real_proxy import SYSTEMS, Proxied, rotate, turn
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)

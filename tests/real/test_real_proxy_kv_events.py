@@ -13,7 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from app.proxy.service import ProxyFront
+from app.proxy.front import ProxyFront
 from app.servers.launch import launch_profile
 from app.servers.service import ServerService
 from tests import vllm_kv_events as vllm

@@ -30,7 +30,7 @@ import pytest
 from app import settings
 from app.core.conversation import Cause
 from app.core.verdict import VerdictKind, tolerance
-from app.proxy.leases import SlotState
+from app.proxy.lease_table import SlotState
 from app.proxy.watch import SLEEP_MARGIN_S
 from tests.real.helpers import TEXT
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)

@@ -112,7 +112,7 @@ def test_what_the_app_says_and_judges_agrees_with_the_matrix(family, build, conf
             assert asked is (not resumes)
             name, v = await srv.other_client_query(0, prompt + " And one more thing.")
             assert name == "chat" and v.kind.name == cell.verdict, v.reason
-            # the conversation proxy's restore decision, the call it makes (app.proxy.service.SessionBackend):
+            # the conversation proxy's restore decision, the call it makes (app.proxy.session_backend.SessionBackend):
             # it restores where the restore buys the turn something, and leaves the park where it buys nothing
             try:
                 await srv.svc.resume("chat", 0, force=True, avoid_hazard=True, avoid_useless="chat")

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from app.core import conversation as model
-from app.proxy.leases import open_conversation_store
+from app.proxy.lease_journal import open_conversation_store
 from app.core.conversation import Cause, Conversation, Explanation, Message, RequestRecord
 from app.core.verdict import VerdictKind
 from app.store.conversations import (

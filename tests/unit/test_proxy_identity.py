@@ -397,7 +397,7 @@ def test_the_other_chat_routes_are_the_chat_request_they_amount_to():
 
 
 def test_a_routes_usage_is_its_timings():
-    from app.proxy.service import answer_timings
+    from app.proxy.request_facts import answer_timings
 
     t = answer_timings({"usage": {"cache_read_input_tokens": 155, "input_tokens": 37, "output_tokens": 4}})
     assert (t.cache_n, t.prompt_n, t.predicted_n) == (155, 37, 4)

@@ -8,12 +8,10 @@ import itertools
 
 import pytest
 
-from app.proxy.leases import (MIN_PARK_TOKENS, RestoreAvoided, 
-    SlotLeases,
-    SlotState,
-    open_conversation_store,
-    park_name,
-)
+from app.proxy.lease_journal import open_conversation_store
+from app.proxy.lease_parks import RestoreAvoided
+from app.proxy.lease_table import SlotState, park_name
+from app.proxy.leases import MIN_PARK_TOKENS, SlotLeases
 from app.core.conversation import Cause, Conversation
 
 PROFILE = "gemma"
@@ -555,7 +553,7 @@ async def test_recover_keeps_the_idle_owners_when_the_server_is_the_same_process
 
 
 async def test_the_journal_is_compacted_and_still_recovers(store, monkeypatch):
-    monkeypatch.setattr("app.proxy.leases.JOURNAL_COMPACT_EVERY", 5)
+    monkeypatch.setattr("app.proxy.lease_journal.JOURNAL_COMPACT_EVERY", 5)
     be = FakeBackend()
     leases = make(2, backend=be, store=store)
     a, b = conv("A"), conv("B")

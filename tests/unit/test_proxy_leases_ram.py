@@ -9,7 +9,7 @@ copy is longer than its park is not restored from the park, and goes to a slot t
 from __future__ import annotations
 
 from app.proxy.explain import ram_cache_missed
-from app.proxy.leases import SlotState, park_name
+from app.proxy.lease_table import SlotState, park_name
 from app.core.conversation import Cause, Explanation
 from tests.unit.test_proxy_leases import FakeBackend, conv, make, turn
 

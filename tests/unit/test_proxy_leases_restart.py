@@ -4,7 +4,7 @@ reason not yet known, and the restart noticed after it is then that reason."""
 
 from __future__ import annotations
 
-from app.proxy.leases import SlotState
+from app.proxy.lease_table import SlotState
 from app.core.conversation import Cause
 from tests.unit.test_proxy_leases import FakeBackend, conv, make, store, turn  # noqa: F401  (store: fixture)
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.proxy.leases import SlotState, SlotView
+from app.proxy.lease_table import SlotState, SlotView
 from app.proxy.metrics import ProxyMetrics, kv_usage, proxy_load
 from app.core.conversation import Cause, Conversation, Explanation, RequestRecord
 from app.core.verdict import VerdictKind

@@ -10,7 +10,7 @@ from app import settings
 from app.core.conversation import Cause, Conversation
 from app.core.helptext import descriptions, server_caching
 from app.proxy.watch import ServerWatch, caching_notice
-from app.proxy.leases import SlotState, park_name
+from app.proxy.lease_table import SlotState, park_name
 from tests.unit.test_proxy_leases import FakeBackend, make
 
 HELP_11434 = (Path(__file__).resolve().parents[1] / "fixtures" / "llama-server-b11434" / "help.txt").read_text()

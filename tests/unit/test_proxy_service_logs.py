@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from app.proxy.service import ProxyService
+from app.proxy.session_backend import tokens_left
 from app.server.client import ServerUnreachable
 
 
@@ -15,10 +15,8 @@ class _GoneServers:
 
 
 async def test_slots_unreachable_after_a_kill_is_one_log_line(caplog):
-    proxy = ProxyService.__new__(ProxyService)  # only what _tokens_in touches
-    proxy.servers, proxy.target_id = _GoneServers(), "profile:real"
-    with caplog.at_level(logging.WARNING, logger="app.proxy.service"):
-        assert await proxy._tokens_in(1) is None
+    with caplog.at_level(logging.WARNING, logger="app.proxy.session_backend"):
+        assert await tokens_left(_GoneServers(), "profile:real", 1) is None
     [rec] = caplog.records
     assert rec.exc_info is None and "\n" not in rec.getMessage()
     assert rec.getMessage() == ("cannot read /slots after a cut-short request on slot 1: "

@@ -11,7 +11,7 @@ import pytest
 from app.core.background import TaskGroup
 from app.core.conversation import Cause
 from app.proxy.explain import _restore_avoided
-from app.proxy.leases import RestoreAvoided
+from app.proxy.lease_parks import RestoreAvoided
 from app.proxy.remote import HostBackend, RemoteProxyError, start_remote_proxy
 from app.remote.host import RemoteError
 

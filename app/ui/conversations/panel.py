@@ -318,7 +318,7 @@ class ConversationsPanel(QWidget):
         if self.proxy is not None:
             await self.proxy.forget(conv.id)
         else:
-            from app.proxy.service import forget_stored
+            from app.proxy.front import forget_stored
 
             await asyncio.to_thread(forget_stored, conv.id, self.store)
         self._say(f"Forgot conversation {conv.id}.")

@@ -49,7 +49,7 @@ class ServerController(QObject):
     def __init__(self, parent=None, *, service: ServerService | None = None):
         super().__init__(parent)
         if service is None:
-            from app.proxy.service import ProxyFront  # the proxy in front when a profile says so
+            from app.proxy.front import ProxyFront  # the proxy in front when a profile says so
 
             service = ServerService(front=ProxyFront())
         self.service = service

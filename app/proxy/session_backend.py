@@ -1,0 +1,182 @@
+"""The proxy's door to one server's slots and parks through its session service: the leases' slot
+operations (:class:`SessionBackend`: a park, a restore with its final checks, an erase, a park's size
+and deletion) and what a slot holds after a request cut short (:func:`tokens_left`).
+
+A conversation's park is a catalog session (``proxy-<id>``), private like every park; a host's server
+has the same operations over SSH (:class:`app.proxy.remote.HostBackend`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from app.core.verdict import tolerance
+from app.proxy import explain as explain_mod
+from app.proxy import identity
+from app.proxy.lease_parks import RestoreAvoided
+from app.proxy.metrics import ProxyMetrics
+from app.proxy.request_facts import CHAT_PATHS, TEXT_PATHS
+from app.server.client import ServerError, ServerUnreachable
+from app.server.statefile import StateFileError, read_state_tokens
+from app.servers.service import ServerHandle, ServerService
+from app.sessions.resume import ResumeHazard, ResumeMismatch, ResumeRefused, ResumeUseless
+from app.sessions.watch import common_prefix
+
+log = logging.getLogger(__name__)
+
+#: After a streamed request cut short, /slots is read until the slot stops processing: this many reads
+#: at most, this far apart (the server stops a stream's task when its next chunk meets the closed
+#: connection, a few milliseconds)
+CUT_SHORT_READS = 50
+CUT_SHORT_READ_EVERY_S = 0.02
+#: ... and after a non-streamed one, fewer reads, further apart. llama-server (b11434, server-queue.cpp
+#: ``recv_with_timeout``) looks at a non-streamed request's connection only when no result has reached
+#: its waiting handler for HTTP_POLLING_SECONDS (1 s), and every other task's result, a /slots read's
+#: included, starts that second again: reads closer than a second would keep the abandoned generation
+#: running (measured: still generating 8 s after the client left, polled every 0.1 s; stopped within
+#: 1.1 s when polled every second). The first read waits that quiet second out.
+CUT_SHORT_QUIET_READS = 6
+CUT_SHORT_QUIET_EVERY_S = 1.25
+
+
+class SessionBackend:
+    """The leases' slot operations through the server's session service: a conversation's park
+    is a catalog session (``proxy-<id>``), private like every park."""
+
+    def __init__(self, handle: ServerHandle, servers: ServerService):
+        self.handle, self.servers = handle, servers
+        self.checkpoints_loaded: dict[int, bool | None] = {}
+        # a restore with no usable sidecar into a slot holding another chat's checkpoints, on a build
+        # that keeps them across a restore (the turboquant fork): the session service's warning, or None
+        self.hazards: dict[int, str | None] = {}
+        # park name -> (path, body) of the request a restore of that park is for: the final check
+        self.requests: dict[str, tuple[str, dict]] = {}
+        self.metrics: ProxyMetrics | None = None  # told of each park and restore
+
+    @staticmethod
+    def _conv_of(name: str) -> str:
+        return name[len("proxy-"):] if name.startswith("proxy-") else name
+
+    async def _svc(self):
+        return await self.servers.sessions(self.handle.id)
+
+    async def _observed(self, kind: str, name: str, op):
+        """Await ``op`` (a park or a restore of ``name``) and tell the metrics how it went."""
+        t0 = time.monotonic()
+        try:
+            result = await op
+        except ResumeRefused:
+            raise  # not restored on purpose (a hazard, a restore that buys nothing): no restore to count
+        except BaseException:
+            if self.metrics is not None:
+                getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), 0.0, 0, ok=False)
+            raise
+        if self.metrics is not None:
+            getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), time.monotonic() - t0,
+                                                    self.parked_size(name), ok=True)
+        return result
+
+    #: the proxy's disk budget (bytes; None: no limit): a park predicted larger is refused before it runs
+    disk_budget_bytes: int | None = None
+
+    async def save(self, slot: int, name: str) -> int:
+        result = await self._observed("park", name, (await self._svc()).park(slot, name,
+                                                                           budget_bytes=self.disk_budget_bytes))
+        return result.record.n_tokens if result.record is not None else 0
+
+    async def restore(self, slot: int, name: str) -> int:
+        path = None
+        if name in self.requests:
+            path = self.requests[name][0]
+            await self._check_tokens(name, *self.requests[name])
+        # the turn the restore is for: a chat client's re-rendered messages, or a prompt sent as text
+        probe = "exact" if path in TEXT_PATHS else "chat"
+        try:
+            # never onto another chat's checkpoints (the fork keeps a slot's across a restore), and never
+            # where the resume matrix measured that the restore buys the turn nothing: re-process instead
+            # nor a park whose files are not the ones it wrote (another chat's sidecar copied over its own)
+            result = await self._observed("restore", name, (await self._svc()).resume(
+                name, slot, force=True, avoid_hazard=True, avoid_useless=probe, avoid_mismatch=True))
+        except ResumeMismatch as e:
+            raise RestoreAvoided(f"{explain_mod.FOREIGN_FILES}: {'; '.join(e.problems)}") from None
+        except ResumeUseless as e:
+            raise RestoreAvoided(f"{explain_mod.USELESS_RESTORE}: {e.reasons[0]}") from None
+        except ResumeHazard as e:
+            raise RestoreAvoided(e.hazard) from None
+        # did the restore bring context checkpoints back (a sidecar this build loads)? None: not known
+        # or not needed (a dense model keeps every position)
+        self.checkpoints_loaded[slot] = result.prediction.loads if result.prediction is not None else None
+        self.hazards[slot] = result.hazard
+        return result.n_restored
+
+    async def _check_tokens(self, name: str, path: str, body: dict) -> None:
+        """The final check before a restore: the park's own tokens (its state file) against the request's
+        prompt as the server tokenises it. A park that shares next to nothing with the request is not this
+        conversation's (an identity the messages got wrong): not restored (RestoreAvoided). When the check
+        cannot be made (no endpoint, an unreadable file) the restore goes on as decided."""
+        svc = self.handle.sessions
+        rec = svc.catalog.get(svc.profile_name, name) if svc is not None else None
+        if rec is None:
+            return
+        try:
+            saved = await asyncio.to_thread(read_state_tokens, rec.state_path)
+            if path in CHAT_PATHS or path in identity.ROUTED_PATHS:  # (the chat request they amount to)
+                text = await self.handle.client.apply_template(
+                    {k: v for k, v in body.items() if k in ("messages", "tools", "chat_template_kwargs")})
+            else:
+                text = body.get("prompt")
+                if not isinstance(text, str):
+                    return
+            prompt = [t for t, _piece in await self.handle.client.tokenize_pieces(text)]
+        except (StateFileError, OSError, ServerError, ServerUnreachable, KeyError, TypeError) as e:
+            log.info("park %s: its tokens were not checked against the request (%s)", name, e)
+            return
+        shared = shared_prefix(saved, prompt)
+        if len(saved) > tolerance(len(saved)) and shared <= tolerance(len(saved)):
+            raise RestoreAvoided(f"the park's own tokens are not this request's: they share {shared} of its "
+                                 f"{len(saved):,} tokens with the prompt")
+
+    async def erase(self, slot: int) -> None:
+        await self.handle.client.erase_slot(slot)
+
+    def parked_size(self, name: str) -> int:
+        svc = self.handle.sessions
+        rec = svc.catalog.get(svc.profile_name, name) if svc is not None else None
+        return (rec.state_size + rec.sidecar_size) if rec is not None else 0
+
+    def delete_park(self, name: str) -> None:
+        svc = self.handle.sessions
+        if svc is not None:
+            svc.delete(name)
+
+
+async def tokens_left(servers: ServerService, target_id: str, slot: int, *, streamed: bool = True) -> int | None:
+    """What the slot holds after a request cut short. The server stops the task only when it notices
+    the closed connection: while /slots still shows it processing, its count grows, so it is read
+    again (``CUT_SHORT_READS`` times at most; a non-streamed request's ``CUT_SHORT_QUIET_READS``, a
+    quiet second apart, so that the server gets to look at the connection) before it is taken."""
+    row = None
+    reads, every = (CUT_SHORT_READS, CUT_SHORT_READ_EVERY_S) if streamed else \
+        (CUT_SHORT_QUIET_READS, CUT_SHORT_QUIET_EVERY_S)
+    for attempt in range(reads):
+        if attempt or not streamed:
+            await asyncio.sleep(every)
+        try:
+            svc = await servers.sessions(target_id)
+            rows = await svc.slot_rows()
+        except Exception as e:  # report: the slot's content is unknown: the lease frees it (one line: a
+            # server killed mid-request is an expected way to get here, not a bug worth a traceback)
+            log.warning("cannot read /slots after a cut-short request on slot %s: %s", slot,
+                        str(e) or type(e).__name__)
+            return None
+        row = next((r for r in rows if r.id == slot), None)
+        if row is None or not row.busy:
+            break
+    return row.tokens_held if row is not None else None
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Tokens ``a`` and ``b`` share from the start; one leading token may be the other's BOS alone."""
+    return max(common_prefix(a, b), common_prefix(a[1:], b), common_prefix(a, b[1:]))
