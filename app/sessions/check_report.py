@@ -57,7 +57,9 @@ class ProbeRow:
 
 
 @dataclass
-class ABReport:
+class RestoredSession:
+    """What a check and an A/B both say first: the session, where it was restored and what it brought."""
+
     session: str
     profile: str
     build: str
@@ -65,6 +67,10 @@ class ABReport:
     n_restored: int
     sidecar_status: str
     sidecar_count: int
+
+
+@dataclass
+class ABReport(RestoredSession):
     rows: list[ProbeRow]
     delta_prefill_speedup: float | None  # prompt_ms hidden / prompt_ms with sidecar
     end_to_end_speedup: float | None  # (restore + prompt) hidden / (restore + prompt) with
@@ -86,14 +92,7 @@ class ABReport:
 
 
 @dataclass
-class CheckReport:
-    session: str
-    profile: str
-    build: str
-    slot_id: int
-    n_restored: int
-    sidecar_status: str
-    sidecar_count: int
+class CheckReport(RestoredSession):
     question: str
     probes: list[ProbeRow]
     verdict: Verdict  # the worst of the probes
