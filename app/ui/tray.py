@@ -13,7 +13,7 @@ from PySide6.QtGui import QAction, QIcon
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from app.core.verdict import VerdictKind
-from app.ui.sessions.operations import PARKS_AND_RESUMES
+from app.ui.operations import PARKS_AND_RESUMES
 
 
 class Tray(QSystemTrayIcon):

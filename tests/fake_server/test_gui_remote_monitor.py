@@ -11,7 +11,7 @@ import pytest
 from app.servers import remote_sessions as rv_jobs
 from app.servers.server_list import RemoteServerSource
 from app.ui.servers import remote_view
-from app.ui.sessions.operations import Operation
+from app.ui.operations import Operation
 from tests.conftest import signal_future
 from tests.fake_server.gui_helpers import make_window
 from tests.fake_server.test_gui_server_list import click_row, open_tab

@@ -44,7 +44,9 @@ def test_no_shell_strings_for_subprocesses():
 # floor nor from another package on its own floor (sessions and remote know nothing of each
 # other; nor do monitor and store, ui and cli). The CLI reaches the Qt layer only through its
 # declared seam, app/cli/gui.py. And no circle: no module reaches itself again through its
-# imports, and no package reaches itself again through another package.
+# imports, no package reaches itself again through another package, and no subfolder of a face
+# (app/ui's tabs, dialogs and widgets; app/cli's, if it grows any) reaches itself again through
+# another subfolder of that face.
 #
 # Every import is an arrow, wherever it is written (issue #37): at the top of a file, inside a
 # function (a late import), under ``if TYPE_CHECKING:`` (a type-only import never runs, but the
@@ -213,6 +215,30 @@ def test_no_circle_between_packages():
     assert circles(package_graph(graph())) == []
 
 
+#: the packages whose subfolders are floors of their own in the picture (issue #37): the window's
+#: tabs, dialogs and widgets, and the commands (no subfolder yet)
+FACES = ("ui", "cli")
+
+
+def face_graph(g: dict[str, set[str]], face: str) -> dict[str, set[str]]:
+    """subfolder of ``app/<face>`` (or one of its top modules, by name, as :func:`package_of` counts
+    app/paths.py) -> the others its modules import. A circle here is a circle of the drawing one
+    level down, even where no module reaches itself again (widgets taking a role from a tab that
+    paints with the widgets)."""
+    prefix = f"app.{face}."
+    out: dict[str, set[str]] = {}
+    for mod, deps in g.items():
+        if mod.startswith(prefix):
+            out.setdefault(mod.split(".")[2], set()).update(d.split(".")[2] for d in deps if d.startswith(prefix))
+    return {s: deps - {s} for s, deps in out.items()}
+
+
+def test_no_circle_between_the_subfolders_of_a_face():
+    g = graph()
+    assert {"dialogs", "sessions", "widgets", "main_window"} <= set(face_graph(g, "ui"))
+    assert {face: circles(face_graph(g, face)) for face in FACES} == {face: [] for face in FACES}
+
+
 def test_layer_check_sees_an_indirect_import():
     """The contract fails on a chain, not only on a direct import; and on a peer of the same floor."""
     g = {"app.core.a": {"app.core.b"}, "app.core.b": {"app.sessions.x"}, "app.sessions.x": set(),
@@ -284,6 +310,30 @@ def test_a_planted_late_circle_between_packages_fails(tmp_path):
     assert circles(g) == [["app.servers.events", "app.sessions.service"]]
     assert circles(package_graph(g)) == [["servers", "sessions"]]
     assert violations(g) == ["app.sessions.service -> app.servers.events"]
+
+
+def test_a_planted_circle_between_the_subfolders_of_a_face_fails(tmp_path):
+    """No module reaches itself again and no package breaks a floor, yet the widgets take a role from
+    a tab (type-only), a dialog an enum from it (late), and the tab opens both: a circle of app/ui's
+    subfolders (and of app/cli's, relative imports both ways)."""
+    app = plant(tmp_path, {
+        "ui/widgets/delegates.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from app.ui.sessions.slots_model import FILL_ROLE\n",
+        "ui/widgets/theme.py": "",
+        "ui/sessions/slots_model.py": "",
+        "ui/sessions/table.py": "from ..widgets.theme import colour\n",
+        "ui/sessions/panel.py": "from app.ui.dialogs import check\n",
+        "ui/sessions/controller.py": "",
+        "ui/dialogs/check.py": "",
+        "ui/dialogs/first_run.py": "def wait():\n    from app.ui.sessions.controller import Operation\n",
+        "ui/main_window.py": "from .dialogs import first_run\n",
+        "cli/hosts/known.py": "from app.cli.keys.agent import agent\n",
+        "cli/hosts/other.py": "",
+        "cli/keys/agent.py": "def f():\n    from ..hosts.other import g\n"})
+    g = graph(app)
+    assert circles(g) == [] and circles(package_graph(g)) == [] and violations(g) == []
+    assert circles(face_graph(g, "ui")) == [["dialogs", "sessions", "widgets"]]
+    assert circles(face_graph(g, "cli")) == [["hosts", "keys"]]
 
 
 def test_a_planted_relative_import_that_climbs_a_floor_fails(tmp_path):

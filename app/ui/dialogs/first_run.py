@@ -24,7 +24,7 @@ from app.core.background import track
 from app.core.profile import BUILT_MARKER
 from app.core.states import ServerState
 from app.core.timings import Timings
-from app.ui.sessions.controller import Operation
+from app.ui.operations import Operation
 
 log = logging.getLogger(__name__)
 

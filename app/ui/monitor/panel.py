@@ -35,11 +35,11 @@ from app.monitor.sampler import Sampler, Samplers
 from app.monitor.snapshot import Snapshot
 from app.monitor.warnings import CRITICAL
 from app.ui.widgets import theme
-from app.ui.widgets.delegates import FillBarDelegate
+from app.ui.widgets.delegates import FILL_ROLE, FillBarDelegate
 from app.ui.widgets.status_bar import HEALTH_ROLES
 from app.ui.monitor.gpus import GpuBox, GpuCard, GpuHistoryChart
 from app.ui.monitor.host import HostBox, ProcessBox
-from app.ui.sessions.slots_model import FILL_ROLE, RESTORED_TOOLTIP, ROW_ROLE, ShownSlots, SlotsTableModel
+from app.ui.sessions.slots_model import RESTORED_TOOLTIP, ROW_ROLE, ShownSlots, SlotsTableModel
 from app.ui.widgets.visibility import PausesWhenHidden
 from app.ui.widgets.common import group as _group
 from app.ui.widgets.common import set_text as _set_text

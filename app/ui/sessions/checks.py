@@ -11,7 +11,8 @@ from __future__ import annotations
 from app.core.confirmation import NeedsConfirmation
 from app.core.verdict import VerdictKind
 from app.sessions.service import ServiceError
-from app.ui.sessions.controller import Operation, SessionsController
+from app.ui.operations import Operation
+from app.ui.sessions.controller import SessionsController
 
 
 class Checks:

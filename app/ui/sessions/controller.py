@@ -36,7 +36,7 @@ from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui.sessions.dialogs import answer, chosen_folder, folder_dialog
 from app.ui.sessions.model import _size
-from app.ui.sessions.operations import Operation
+from app.ui.operations import Operation
 from app.ui.widgets.questions import Questions
 from app.ui.widgets.tasks import Tasks
 

@@ -16,7 +16,8 @@ import time
 
 from app.sessions.records import cutoff, delete_older_than, delete_session, older_than, rename_session, usage_of
 from app.store.catalog import CatalogError, SessionRecord
-from app.ui.sessions.controller import Operation, SessionsController
+from app.ui.operations import Operation
+from app.ui.sessions.controller import SessionsController
 from app.ui.sessions.dialogs import answer, chosen_days, days_dialog
 from app.ui.sessions.model import _size, _when
 

@@ -4,7 +4,7 @@
 each tick); :class:`ShownSlots` is what the view shows: sorted by the clicked
 header (numbers as numbers, ``SORT_ROLE``), else in the server's order. The
 Fill column is painted by :class:`app.ui.widgets.delegates.FillBarDelegate` from
-``FILL_ROLE``.
+``FILL_ROLE`` (the delegate's, taken from there: the widgets import nothing of the Sessions tab).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QSortFilte
 from PySide6.QtGui import QBrush, QFont
 
 from app.monitor.slots import SlotRow
+from app.ui.widgets.delegates import FILL_ROLE
 from app.ui.widgets.theme import colour
 
-__all__ = ["SlotsTableModel", "ShownSlots", "RESTORED_TOOLTIP", "FILL_ROLE", "ROW_ROLE", "SORT_ROLE"]
+__all__ = ["SlotsTableModel", "ShownSlots", "RESTORED_TOOLTIP", "ROW_ROLE", "SORT_ROLE"]
 
 RESTORED_TOOLTIP = ("After a restore /slots does not show the restored tokens; this is the count KV Valet knows "
                     "from the restore.")
-FILL_ROLE = Qt.UserRole + 1  # float 0..1 (or None) for the fill bar
 ROW_ROLE = Qt.UserRole + 2  # the SlotRow itself
 SORT_ROLE = Qt.UserRole + 3  # numbers for the numeric columns, case-folded text for the others
 

@@ -17,8 +17,11 @@ from PySide6.QtGui import QPainter, QPalette
 from PySide6.QtWidgets import QStyledItemDelegate, QStyleOptionViewItem
 
 from app.ui.widgets import theme
-from app.ui.sessions.slots_model import FILL_ROLE
 from app.ui.widgets.theme import colour
+
+#: the role a model gives a cell's fill in (float 0..1, or None): the delegate's input, so it lives here and
+#: the models that feed it (app.ui.sessions.slots_model) take it from here, never the other way up
+FILL_ROLE = Qt.UserRole + 1
 
 
 class FillBarDelegate(QStyledItemDelegate):

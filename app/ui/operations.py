@@ -1,5 +1,10 @@
 """What the Sessions tab does, by name: the :class:`Operation` its controller's typed signals carry
-(app.ui.sessions.controller), never the text of a message."""
+(app.ui.sessions.controller), never the text of a message.
+
+A value module of app/ui, importing nothing of it: the Sessions tab, the tray and the first-run guide
+(app.ui.dialogs.first_run, which waits on the controller's signals) all name an operation, and a
+dialog taking it from app/ui/sessions closed a circle of app/ui's subfolders (sessions opens
+dialogs)."""
 
 from __future__ import annotations
 
