@@ -4,10 +4,19 @@ One long-lived ``httpx.AsyncClient`` per server URL. Every request has a
 timeout; slot save/restore get a long one of their own because 100K-token
 states take minutes on real GPUs. Errors become ``ServerError`` (the server
 answered with an error body) or ``ServerUnreachable`` (no answer at all).
+
+The proxy's pass-through (:meth:`LlamaClient.forward`) to a server reached over plain TCP goes
+through aiohttp's client instead (its session made on the loop that first forwards): every chat
+request of the proxy makes this hop, and httpx's (h11, anyio, its cookie jar, all in Python) cost
+about 1 ms of CPU per request where aiohttp's C parser costs 0.1 ms (measured for issue #38 item
+3, the proxy's added latency). A server reached through a custom transport (an SSH channel, a
+test's mock) keeps httpx for it too. aiohttp is imported by the first forward (a CLI command that only
+asks the server something does not pay for its import).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import time
@@ -70,6 +79,11 @@ class LlamaClient:
         if network_backend is not None and transport is None:
             transport = _transport_over(network_backend)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._auth = headers.get("Authorization")  # forward()'s, on the aiohttp path
+        # forward() over aiohttp: only to a server reached over plain TCP (see the module's doc)
+        self._plain_tcp = transport is None
+        self._aio: Any = None  # an aiohttp.ClientSession
+        self._aio_loop: asyncio.AbstractEventLoop | None = None
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
@@ -80,6 +94,9 @@ class LlamaClient:
         )
 
     async def aclose(self) -> None:
+        aio, self._aio = self._aio, None
+        if aio is not None and self._aio_loop is asyncio.get_running_loop():
+            await aio.close()
         await self._client.aclose()
 
     async def __aenter__(self) -> "LlamaClient":
@@ -134,6 +151,10 @@ class LlamaClient:
         out = [(k, v) for k, v in headers.items()
                if (low := k.lower()) not in NOT_FORWARDED and low not in listed and not low.startswith("proxy-")]
         out.append(("accept-encoding", "identity"))
+        if self._plain_tcp and params is None:
+            async with self._forward_aio(method, path, out, content, timeout, anonymous) as r:
+                yield r
+            return
         base = self._client.base_url
         url = base.copy_with(raw_path=base.raw_path.rstrip(b"/") + path.encode("ascii", "strict"))
         t = FORWARD_TIMEOUT if timeout is None else httpx.Timeout(timeout, connect=DEFAULT_TIMEOUT)
@@ -162,6 +183,60 @@ class LlamaClient:
             if r.headers.get("content-type", "").startswith("text/event-stream"):
                 _shut_connection(r)
             await r.aclose()
+
+    def _session(self) -> Any:
+        """forward()'s aiohttp session, on the running loop (a new one when the loop changed)."""
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        if self._aio is None or self._aio.closed or self._aio_loop is not loop:
+            self._aio_loop = loop
+            # no cookie jar (a proxy keeps no server's cookies), llama-server's long header lines taken
+            self._aio = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+                                              max_line_size=65536, max_field_size=65536)
+        return self._aio
+
+    @contextlib.asynccontextmanager
+    async def _forward_aio(self, method: str, path: str, headers: list[tuple[str, str]], content: bytes | None,
+                           timeout: float | None, anonymous: bool) -> AsyncIterator["_Forwarded"]:
+        """forward() over aiohttp, with httpx's behaviour: no redirect followed, no ``Content-Type``
+        made up for a body sent without one, the same errors, retries and connection handling."""
+        import aiohttp
+        import yarl
+
+        if self._auth is not None and not anonymous:
+            headers = headers + [("Authorization", self._auth)]
+        url = yarl.URL(self.base_url + path, encoded=True)
+        t = aiohttp.ClientTimeout(total=None, sock_connect=DEFAULT_TIMEOUT,
+                                  sock_read=COMPLETION_TIMEOUT if timeout is None else timeout)
+        session = self._session()
+        for attempt in range(STALE_RETRIES + 1):
+            try:
+                r = await session.request(method, url, headers=headers, data=content, timeout=t,
+                                          allow_redirects=False, skip_auto_headers=("Content-Type",))
+                break
+            except aiohttp.ClientConnectorError as e:
+                raise ServerUnreachable(self.base_url, _aio_reason(e)) from None
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                    getattr(aiohttp, "ClientConnectionResetError", aiohttp.ServerDisconnectedError)) as e:
+                if attempt == STALE_RETRIES:  # not a stale connection: the server breaks them
+                    raise ServerUnreachable(self.base_url, _aio_reason(e)) from None
+            except aiohttp.ClientError as e:  # a timeout among them
+                raise ServerUnreachable(self.base_url, _aio_reason(e)) from None
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            # never pooled (see forward()): aiohttp hands a connection back at the body's end, already done
+            # when the whole answer came with its headers (then the connection is closed now; its bytes are read)
+            if r.connection is not None:
+                r.connection.protocol.force_close()
+            elif (proto := getattr(r, "_protocol", None)) is not None:
+                proto.close()
+        try:
+            yield _Forwarded(r, self.base_url)
+        finally:
+            if r.content.at_eof():
+                r.release()
+            else:
+                r.close()  # an answer left unread: closing its connection makes llama-server stop generating
 
     # -- endpoints -----------------------------------------------------
     async def health(self, timeout: float = 2.0) -> Health:
@@ -342,6 +417,67 @@ def _shut_connection(r: httpx.Response) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass  # already closed
+
+
+class _Forwarded:
+    """An aiohttp answer as forward() yields it: what the proxy reads of httpx's response. Reading
+    its body raises ``ServerUnreachable`` when the connection breaks; nothing else is turned into it
+    (a write to the proxy's own client that fails raises aiohttp's ConnectionResetError, a ClientError
+    too, and must stay the client's going away)."""
+
+    def __init__(self, r: Any, base_url: str):  # an aiohttp.ClientResponse
+        self._r = r
+        self._url = base_url
+        self.status_code = r.status
+        self.reason_phrase = r.reason or ""
+        self.headers = _ForwardedHeaders(r)
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (chunked framing removed, nothing decompressed)."""
+        import aiohttp
+
+        it = self._r.content.iter_any().__aiter__()
+        while True:
+            try:
+                chunk = await it.__anext__()
+            except StopAsyncIteration:
+                return
+            except aiohttp.ClientError as e:
+                raise ServerUnreachable(self._url, _aio_reason(e)) from None
+            yield chunk
+
+    async def aread(self) -> bytes:
+        import aiohttp
+
+        try:
+            return await self._r.read()
+        except aiohttp.ClientError as e:
+            raise ServerUnreachable(self._url, _aio_reason(e)) from None
+
+
+class _ForwardedHeaders:
+    """The answer's headers: ``raw`` as the server wrote them, ``get`` and ``in`` without case."""
+
+    def __init__(self, r: Any):
+        self.raw = r.raw_headers
+        self._h = r.headers
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._h.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._h
+
+
+def _aio_reason(e: Exception) -> str:
+    """What went wrong, in the words httpx's path gives."""
+    import aiohttp
+
+    if isinstance(e, aiohttp.ClientConnectorError) and isinstance(e.os_error, ConnectionRefusedError):
+        return "connection refused (is the server running?)"
+    if isinstance(e, asyncio.TimeoutError):
+        return f"timed out ({type(e).__name__})"
+    return str(e) or type(e).__name__
 
 
 def _transport_reason(e: Exception) -> str:

@@ -426,6 +426,23 @@ async def test_upstream_down_is_a_502(caplog):
     assert result.status == 502 and result.error and result.final is None and not result.disconnected
 
 
+@contextlib.asynccontextmanager
+async def served(handler, **client_kw):
+    """``handler`` on every path of a loopback aiohttp server, and a LlamaClient to it: (its port, the client)."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    client = LlamaClient(f"http://127.0.0.1:{port}", **client_kw)
+    try:
+        yield port, client
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+
+
 async def test_forward_drops_hop_by_hop_headers_and_replaces_the_authorization():
     seen: list[dict] = []
 
@@ -433,14 +450,7 @@ async def test_forward_drops_hop_by_hop_headers_and_replaces_the_authorization()
         seen.append({k.lower(): v for k, v in request.headers.items()})
         return web.json_response({"path": request.path_qs})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", echo)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    client = LlamaClient(f"http://127.0.0.1:{port}", api_key="server-key")
-    try:
+    async with served(echo, api_key="server-key") as (port, client):
         headers = {"Authorization": "Bearer client-key", "X-Api-Key": "client-key", "Connection": "close, X-Hop",
                    "X-Hop": "1", "Keep-Alive": "timeout=5", "TE": "trailers", "Trailer": "X-T", "Upgrade": "h2c",
                    "Proxy-Authorization": "Basic eA==", "Host": "elsewhere.example", "Content-Length": "999",
@@ -450,15 +460,26 @@ async def test_forward_drops_hop_by_hop_headers_and_replaces_the_authorization()
         with pytest.raises(ValueError):
             async with client.forward("GET", "http://elsewhere.example/", headers={}, content=None):
                 pass
-    finally:
-        await client.aclose()
-        await runner.cleanup()
     got = seen[0]
     assert got["authorization"] == "Bearer server-key" and "x-api-key" not in got
     for name in ("x-hop", "keep-alive", "te", "trailer", "upgrade", "proxy-authorization", "transfer-encoding"):
         assert name not in got, name
     assert got["host"] == f"127.0.0.1:{port}" and got["content-length"] == "2"
     assert got["accept-encoding"] == "identity" and got["x-session-id"] == "abc"
+    assert "content-type" not in got  # none made up for a body the client sent without one
+
+
+async def test_forward_passes_a_redirect_and_a_head_on_as_they_are():
+    """forward() hands the server's own answer back: a redirect is not followed, a HEAD has no body."""
+    async def moved(request: web.Request) -> web.Response:
+        return web.Response(status=302, headers={"Location": "/elsewhere", "X-Case": "Kept"})
+
+    async with served(moved) as (_port, client):
+        async with client.forward("GET", "/moved", headers={}, content=None) as r:
+            assert r.status_code == 302 and r.headers.get("location") == "/elsewhere"
+            assert (b"X-Case", b"Kept") in list(r.headers.raw)
+        async with client.forward("HEAD", "/moved", headers={}, content=None) as r:
+            assert r.status_code == 302 and await r.aread() == b""
 
 
 class Unanswering:
