@@ -36,8 +36,8 @@ from app.core.verdict import Verdict, VerdictKind
 from app.sessions import ab as ab_job
 from app.sessions import check as check_job
 from app.sessions import files_check
-from app.sessions.behaviour import (identify_target, memory_kind_from_log, memory_kind_from_log_file, mode_from_log,
-                                    mode_from_log_file)
+from app.sessions.behaviour import (LogEvidence, identify_target, memory_kind_from_log, memory_kind_from_log_file,
+                                    mode_from_log, mode_from_log_file)
 from app.sessions.check_report import (DEFAULT_QUESTION, PROTOCOL_ONE_PROCESS, PROTOCOL_RESTARTS, ABReport, CheckError,
                                        CheckReport)
 from app.sessions.sidecar_hide import recover_hidden_sidecars
@@ -103,6 +103,7 @@ class SessionService:
         self._verdicts: Observers[[int, str | None, Verdict]] = Observers("a resume's verdict")
         self._first_cached: dict[int, int] = {}  # slot -> first "cached n_tokens" of its current task
         self._load_lines: list[str] = []  # the print_info lines of the last model load the log showed
+        self._log_evidence = LogEvidence()  # what the log said of the build, read on from park to park
         self._closed = False
         self._owns_client = True
         # the server service's park-then-stop for this server (set by app.servers.service)
@@ -353,7 +354,7 @@ class SessionService:
         except ServerError as e:
             raise ServiceError(f"the server refused: {e.message}") from None
         if self.target.behaviour is Behaviour.UNKNOWN:  # what this park wrote tells the build apart
-            self.target.behaviour = identify_target(self.target)
+            self.target.behaviour = identify_target(self.target, log=self._log_evidence)
         self._changed.emit()
         return result
 

@@ -179,3 +179,23 @@ def test_the_mode_of_one_run_in_a_log_file_that_holds_several(tmp_path):
     assert mode_from_log_file(log, pid=200) == "v2"
     assert mode_from_log_file(log, pid=300) is None  # its start line is not there yet
     assert mode_from_log_file(log) == "v2"  # without a pid: the last run that said it
+
+
+def test_log_evidence_reads_only_the_new_lines_and_keeps_what_it_saw():
+    """A park re-identifies a server still UNKNOWN: the log's evidence is read on from where the last
+    park left it (the mode line kept once it has scrolled by), and read again from the start of another
+    buffer (a new server process)."""
+    from app.sessions.behaviour import LogEvidence
+    from app.server.supervisor import LogBuffer
+
+    log = LogBuffer(capacity=3)
+    seen = LogEvidence()
+    log.append("checkpoint sidecars: v2")
+    assert seen.read(log).mode_line == "v2" and not seen.ignoring
+    for i in range(5):  # the mode line leaves the buffer
+        log.append(f"srv  log line {i}")
+    log.append("ignoring checkpoint sidecar: /tmp/a.bin.ckpt (hash mismatch)")
+    assert seen.read(log).mode_line == "v2" and seen.ignoring
+    other = LogBuffer()
+    other.append("srv  nothing said")
+    assert seen.read(other).mode_line is None and not seen.ignoring
