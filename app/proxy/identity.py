@@ -508,7 +508,10 @@ def media_in(body: Mapping) -> str | None:
             found = kind_of(item) if key == "input" else None
             if found:
                 return found
-            for part in parts(item.get("content")):
+            content = item.get("content")
+            if not isinstance(content, list):  # a string: no parts (most of a chat's history)
+                continue
+            for part in parts(content):
                 found = kind_of(part)
                 if found:
                     return found
