@@ -24,6 +24,7 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 NVML_TEMPERATURE_GPU = 0
+nvmlMemory_v2 = 0x02000028  # pynvml's version of the _v2 memory query
 
 _STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -53,7 +54,7 @@ class FakeGpu:
     bus_id: str
     uuid: str
     total: int
-    used: int
+    used: int  # what nvidia-smi shows as used (NVML's _v2 "used")
     util: int = 0
     temp: int = 40
     power_mw: int = 30_000
@@ -62,6 +63,8 @@ class FakeGpu:
     lost_after: int | None = None
     lookups: int = 0
     not_supported: set[str] = field(default_factory=set)
+    # memory the driver keeps for itself: NVML's first memory query counts it as used, its _v2 apart
+    reserved: int = 0
 
 
 class FakeNvml:
@@ -77,6 +80,7 @@ class FakeNvml:
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
     NVML_ERROR_UNKNOWN = NVML_ERROR_UNKNOWN
     NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
+    nvmlMemory_v2 = nvmlMemory_v2  # None: a pynvml older than the _v2 memory query
 
     def __init__(
         self,
@@ -142,9 +146,14 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
         return self._dev(h, "uuid").uuid
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version: int | None = None) -> SimpleNamespace:
         g = self._dev(h, "memory")
-        return SimpleNamespace(total=g.total, used=g.used, free=g.total - g.used)
+        if version is None:  # the first query: the driver's reserve counted as used
+            return SimpleNamespace(total=g.total, used=g.used + g.reserved, free=g.total - g.used - g.reserved)
+        if version != nvmlMemory_v2 or "memory_v2" in g.not_supported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(version=version, total=g.total, reserved=g.reserved, used=g.used,
+                               free=g.total - g.used - g.reserved)
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> SimpleNamespace:
         g = self._dev(h, "utilization")

@@ -16,6 +16,7 @@ from tests.doubles.fake_nvml import (
     NVML_ERROR_NO_PERMISSION,
     OTHER_PID,
     SERVER_PID,
+    FakeGpu,
     FakeNvml,
     NVMLError,
     two_gpus,
@@ -265,3 +266,23 @@ def test_history_ring_buffer_window_and_rate():
     assert h.indices() == [0, 1]
     h.clear()
     assert len(h) == 0
+
+
+def test_used_memory_is_what_nvidia_smi_shows_without_the_drivers_reserve():
+    """Measured on an H200 (driver 580, tests/bench/nvml_compare.py): NVML's first memory query said 2,166 MiB
+    used where nvidia-smi said 1,551; the _v2 query says the driver's reserve apart."""
+    gpu = FakeGpu("NVIDIA H200", "00000000:00:06.0", "GPU-1", total=143_771 * MiB, used=1_551 * MiB,
+                  reserved=615 * MiB)
+    [g] = GpuMonitor(nvml=FakeNvml([gpu])).sample().gpus
+    assert (g.mem_used, g.mem_total, g.mem_free) == (1_551 * MiB, 143_771 * MiB, (143_771 - 1_551 - 615) * MiB)
+
+
+@pytest.mark.parametrize("old", ["driver", "pynvml"])
+def test_without_the_v2_memory_query_the_first_ones_figures_are_shown(old):
+    gpu = FakeGpu("Tesla P100-PCIE-16GB", "00000000:04:00.0", "GPU-2", total=16_384 * MiB, used=1_000 * MiB,
+                  reserved=300 * MiB, not_supported={"memory_v2"} if old == "driver" else set())
+    nvml = FakeNvml([gpu])
+    if old == "pynvml":
+        nvml.nvmlMemory_v2 = None
+    [g] = GpuMonitor(nvml=nvml).sample().gpus
+    assert g.mem_used == 1_300 * MiB and g.mem_total == 16_384 * MiB
