@@ -186,10 +186,12 @@ class LogEvidence:
         lines = log.since(self._seq)
         if lines:
             self._seq = lines[-1].seq
-            if self.mode_line is None:
-                self.mode_line = mode_from_log(lines)
-            self.ignoring = self.ignoring or any(getattr(getattr(x, "event", x), "kind", None) is Kind.SIDECAR_IGNORED
-                                                 for x in lines)
+        for item in lines:  # one pass for both
+            ev = getattr(item, "event", item)
+            if self.mode_line is None and isinstance(ev, SidecarMode):
+                self.mode_line = ev.mode
+            elif getattr(ev, "kind", None) is Kind.SIDECAR_IGNORED:
+                self.ignoring = True
         return self
 
 
