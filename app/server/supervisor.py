@@ -210,6 +210,10 @@ StateCallback = Callable[[ServerState, "Outcome | None"], None]
 LineCallback = Callable[[LogLine], None]
 
 
+#: the first /health poll's delay after a start; each next one 1.5x longer, up to ``health_interval_s``
+HEALTH_FIRST_POLL_S = 0.02
+
+
 class Supervisor:
     def __init__(
         self,
@@ -458,6 +462,9 @@ class Supervisor:
             self._line_cbs.emit(item)
 
     async def _watch_health(self, proc: asyncio.subprocess.Process) -> None:
+        # the first polls come quickly (a small model loads in tens of ms: a flat 0.2 s would hold Ready
+        # back by up to that much, at each start), then every health_interval_s
+        interval = min(HEALTH_FIRST_POLL_S, self.health_interval_s)
         while proc.returncode is None:
             h = await self._client.health(timeout=2.0)
             if proc.returncode is not None:
@@ -470,7 +477,8 @@ class Supervisor:
                 return
             if h.loading and self.state == ServerState.STARTING:
                 self._set_state(ServerState.LOADING)
-            await asyncio.sleep(self.health_interval_s)  # polling interval, not synchronisation
+            await asyncio.sleep(interval)  # polling interval, not synchronisation
+            interval = min(interval * 1.5, self.health_interval_s)
 
     async def _watch_exit(self, proc: asyncio.subprocess.Process) -> None:
         rc = await proc.wait()
