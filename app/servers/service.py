@@ -18,7 +18,7 @@ Qt-free class. Each server-lifecycle decision is made here, once:
 * **the one bounded park-then-stop** (:meth:`ServerService.park_then_stop`) that
   every trigger ends in (:class:`app.core.lifecycle.StopTrigger`), with the one
   timeout of the preferences, and what it names each park
-  (:func:`app.sessions.park.choose_parks`).
+  (:func:`app.sessions.park_choice.choose_parks`).
 
 It holds several servers at once: everything it returns carries the server's
 target id (``profile:NAME`` or ``url:URL``).
@@ -403,7 +403,7 @@ class ServerService:
 
     async def park_then_stop(self, target_id: str, trigger: StopTrigger, *, prefix: str | None = None) -> ParkStopReport:
         """The one bounded park-then-stop, whatever asked for it: park every slot that holds
-        tokens (:func:`app.sessions.park.choose_parks` names them), write the resume plan, then stop
+        tokens (:func:`app.sessions.park_choice.choose_parks` names them), write the resume plan, then stop
         the server as the trigger's policy says (:data:`app.core.lifecycle.POLICY`). The parks
         take at most ``park_timeout_s`` and end at :meth:`interrupt_park`."""
         policy = POLICY[trigger]

