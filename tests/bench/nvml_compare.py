@@ -9,7 +9,10 @@ comes with the driver), the app's per-process memory for that pid (what the Moni
 llama-server) against ``nvidia-smi --query-compute-apps`` (within 16 MiB). Needs only Python, nvidia-ml-py
 (``pynvml``) and the driver: no llama-server, no CUDA toolkit.
 
-    PYTHONPATH=. python3 tests/bench/nvml_compare.py [--hold-gib 1] [--json PATH]
+``--fill`` F instead holds GPU 0 to the fraction F of its memory and checks that the Monitor tab's
+warning (app.monitor.warnings: above 95 %) says so, with nvidia-smi's figures, or stays quiet below.
+
+    PYTHONPATH=. python3 tests/bench/nvml_compare.py [--hold-gib 1 | --fill 0.96] [--json PATH]
 
 Exit 0 when every figure agrees, 1 with each disagreement printed.
 """
@@ -59,7 +62,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--hold-gib", type=float, default=1.0, help="a process of its own holding this much (0: none)")
+    ap.add_argument("--fill", type=float, default=None, help="hold GPU 0 to this fraction of its memory")
     args = ap.parse_args()
+    if args.fill is not None:
+        snap = GpuMonitor().sample(set())
+        g = snap.gpus[0]
+        args.hold_gib = max(0.0, (args.fill * g.mem_total - g.mem_used) / (1 << 30))
     if shutil.which("nvidia-smi") is None:
         print("nvidia-smi not found")
         return 1
@@ -140,6 +148,17 @@ def compare(args, holder) -> int:
         report["holder"] = {"pid": holder.pid, "kv_valet_mib": mine, "nvidia_smi": listed}
         if not listed or mine is None or abs(mine - float(listed[0][2])) > 16:
             problems.append(f"the holder's memory: KV Valet {mine} MiB, nvidia-smi {listed}")
+    if args.fill is not None:
+        from app.monitor.warnings import GPU_MEM_THRESHOLD, compute_warnings
+
+        g = snap.gpus[0]
+        said = [w.text for w in compute_warnings(type("Snap", (), {"gpu": snap})()) if "memory" in w.text]
+        frac = g.mem_used / g.mem_total
+        print(f"  filled to {frac:.1%} (nvidia-smi {float(rows[0][5]) / float(rows[0][4]):.1%}): the Monitor tab "
+              f"warns: {said or 'nothing'}")
+        report["fill"] = {"fraction": frac, "warnings": said}
+        if (frac > GPU_MEM_THRESHOLD) != bool(said):
+            problems.append(f"the 95 % warning at {frac:.1%}: {said}")
     report["problems"] = problems
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
