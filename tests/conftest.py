@@ -183,12 +183,12 @@ def _group_node_ids(items) -> None:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    import socket
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the ephemeral range: a
+    port from bind(0) can be taken as a connection's source port before the test binds it (CI
+    once failed so, the proxy's front meeting a /health poll of the other worker's server)."""
+    from app.server.targets import free_loopback_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_loopback_port()
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ the faces reach it through :mod:`app.servers.service`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,12 +97,41 @@ def listening_pid(url: str) -> int | None:
     return None
 
 
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the server behind the proxy listens there)."""
+#: Ports below the system's ephemeral range are never handed to an outgoing connection, so a port
+#: chosen there stays free until the server binds it (one from bind(0) is ephemeral: a client's
+#: connection made in between, a /health poll of another server, can take it as its source port).
+LISTEN_PORTS_FROM = 20000
+EPHEMERAL_DEFAULT = (32768, 60999)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the system takes outgoing connections' source ports from (Linux says so in
+    /proc; elsewhere IANA's 49152–65535, what macOS and Windows use)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return (49152, 65535) if sys.platform != "linux" else EPHEMERAL_DEFAULT
+
+
+def free_loopback_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now and outside the ephemeral range, so no connection takes it
+    before the server behind the proxy (or a test's server) binds it. Falls back to one the system
+    picks when the range below the ephemeral one is too small or taken."""
+    import random
     import socket
 
+    low = ephemeral_ports()[0]
+    if low - 1 > LISTEN_PORTS_FROM + 100:
+        for port in random.sample(range(LISTEN_PORTS_FROM, low), 64):
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
