@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 from app.core.verdict import Verdict
 
-__all__ = ["SlotRow", "slot_rows", "RestoredSlot", "LastTask", "SlotsUnavailable", "slots_state_from_error"]
+__all__ = ["SlotRow", "slot_rows", "RestoredSlot", "LastTask", "SlotsUnavailable", "slots_state_from_error",
+           "held_tokens", "is_held", "held_count"]
 
 
 @dataclass
@@ -76,6 +77,22 @@ class SlotRow:
         if self.tokens_held is None or not self.n_ctx:
             return None
         return self.tokens_held / self.n_ctx
+
+
+def held_tokens(row: SlotRow) -> int:
+    """Tokens the slot holds (the restored count while no task ran since the restore); 0 when unknown."""
+    return int(row.tokens_held or 0)
+
+
+def is_held(row: SlotRow) -> bool:
+    """The one "held" rule: a slot is held (in use) when it runs a task or holds tokens. The status
+    line, the server list's rows, a host's status and the Monitor count slots by it."""
+    return bool(row.busy) or held_tokens(row) > 0
+
+
+def held_count(rows) -> int:
+    """How many of ``rows`` are held (:func:`is_held`)."""
+    return sum(1 for r in rows if is_held(r))
 
 
 def _int(v: Any) -> int | None:

@@ -24,7 +24,7 @@ from typing import Any
 from app.core.states import Health, health_text
 from app.monitor.gpu import GpuMonitor, GpuSnapshot
 from app.monitor.process import HostSample, ProcessMonitor, ProcessSample, sample_host
-from app.monitor.slots import LastTask, RestoredSlot, SlotRow, slot_rows, slots_state_from_error
+from app.monitor.slots import LastTask, RestoredSlot, SlotRow, held_count, slot_rows, slots_state_from_error
 from app.core.units import NA, fmt_bytes, is_na, fmt_uptime
 from app.monitor.warnings import MonitorWarning, compute_warnings
 
@@ -259,8 +259,7 @@ def summary(s: Snapshot) -> str:
     """One short line of a snapshot for the status bar: health, slots in use, VRAM per GPU."""
     parts = [s.health_text if s.health is not Health.OK else "health ok"]
     if s.slots:
-        held = sum(1 for r in s.slots if r.busy or (r.tokens_held or 0) > 0)
-        parts.append(f"{held} / {len(s.slots)} slots in use")
+        parts.append(f"{held_count(s.slots)} / {len(s.slots)} slots in use")
     for g in s.gpu.gpus:
         if g.lost:
             parts.append(f"GPU{g.index} lost")

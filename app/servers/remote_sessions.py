@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from app.core.observers import Observers
 from app.core.states import Health, ServerState, SidecarStatus, health_text
-from app.monitor.slots import SlotRow
+from app.monitor.slots import SlotRow, held_count
 from app.sessions.park import ParkResult
 from app.sessions.protocol import REMOTE
 from app.sessions.resume import ResumeResult
@@ -89,11 +89,10 @@ def slot_rows_of(status: dict) -> list[SlotRow]:
 def status_line(host: str, profile: str, status: dict) -> str:
     """One line of what a host's server does now: health, slots in use, VRAM per GPU."""
     health, why = Health.parse(status.get("health"))
-    slots = [s for s in status.get("slots") or () if isinstance(s, dict)]
-    held = sum(1 for s in slots if s.get("busy") or (s.get("tokens_held") or 0) > 0)
+    slots = slot_rows_of(status)
     parts = [f"'{profile}' on {host}: {'Ready' if health is Health.OK else health_text(health, why)}"]
     if slots:
-        parts.append(f"{held} / {len(slots)} slots in use")
+        parts.append(f"{held_count(slots)} / {len(slots)} slots in use")
     gpus = (status.get("gpu") or {}).get("gpus") or ()
     for g in gpus:
         used, total = g.get("mem_used"), g.get("mem_total")

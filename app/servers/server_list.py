@@ -29,9 +29,10 @@ from app.core.observers import Observers
 from app.core.states import Health, ServerState, health_text
 from app.core.units import fmt_bytes, fmt_pct, is_na
 from app.monitor.gpu import NO_GPU_PREFIX, GpuSnapshot
-from app.monitor.slots import SlotsUnavailable
+from app.monitor.slots import SlotsUnavailable, held_count
 from app.monitor.snapshot import Snapshot
 from app.servers.service import sampler_for
+from app.servers.remote_sessions import slot_rows_of
 
 log = logging.getLogger(__name__)
 
@@ -191,8 +192,8 @@ def figures_of(snap: Snapshot) -> _Figures:
 
 def slot_use(rows) -> SlotUse:
     """How many of a server's slots hold a chat or run a task (app.monitor.slots.SlotRow)."""
-    held = sum(1 for r in rows if r.busy or (r.tokens_held or 0) > 0)
-    return SlotUse(len(rows), held, sum(1 for r in rows if r.busy))
+    rows = list(rows)
+    return SlotUse(len(rows), held_count(rows), sum(1 for r in rows if r.busy))
 
 
 def gpu_uses(snap: GpuSnapshot) -> tuple[tuple[GpuUse, ...], str]:
@@ -260,9 +261,7 @@ def remote_row(host: str, entry: dict) -> ServerRow:
     state = health.state()
     slots = None
     if isinstance(st.get("slots"), list) and state is ServerState.READY and not st.get("slots_error"):
-        rows = st["slots"]
-        slots = SlotUse(len(rows), sum(1 for r in rows if r.get("busy") or (r.get("tokens_held") or 0) > 0),
-                        sum(1 for r in rows if r.get("busy")))
+        slots = slot_use(slot_rows_of(st))
     gpu = dict(st.get("gpu") or {})
     gpus = tuple(GpuUse(int(g.get("index", i)), str(g.get("name") or ""), g.get("mem_used"), g.get("mem_total"),
                         g.get("server_mem"), bool(g.get("lost"))) for i, g in enumerate(gpu.get("gpus") or ()))

@@ -63,9 +63,9 @@ from app.core.timings import Timings
 from app.sessions import sidecar_check
 from app.sessions.behaviour import predict_for_target
 from app.sessions.probe_turn import next_turn
-from app.sessions.slots import SlotError, find_row, held
+from app.sessions.slots import SlotError, find_row
 from app.sessions.target import ServerTarget
-from app.monitor.slots import RestoredSlot
+from app.monitor.slots import RestoredSlot, held_tokens
 from app.core.verdict import Verdict, VerdictKind, worst
 from app.sessions.watch import judge_from_completion, scan_events
 from app.server.client import ServerError, ServerUnreachable
@@ -200,8 +200,8 @@ async def prepare(target: ServerTarget, record: SessionRecord, slot_id: int,
         raise CheckError(f"session '{record.name}' holds {header.token_count:,} tokens but slot {slot_id} has "
                          f"only {n_ctx:,} of context (the question needs room too)")
     warnings = []
-    if held(slot) > 0:
-        warnings.append(f"slot {slot_id} held {held(slot):,} tokens; the check replaced them")
+    if held_tokens(slot) > 0:
+        warnings.append(f"slot {slot_id} held {held_tokens(slot):,} tokens; the check replaced them")
     report = await asyncio.to_thread(sidecar_check.inspect, path, header.token_count,
                                      record.memory_kind or "dense", verify_hash=True)
     status = report.status.value

@@ -50,10 +50,10 @@ from app.sessions.model_identity import model_identity
 from app.sessions.park_choice import choose_parks
 from app.sessions.park_commit import SIDECAR_SUFFIXES, TMP_PREFIX, commit_park, roll_back_park
 from app.sessions.park_prediction import describe_size, predict_park_size
-from app.sessions.slots import SlotError, find_row, held
+from app.sessions.slots import SlotError, find_row
 from app.sessions.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase, Recovery, recover
 from app.sessions.target import HeldSession, ServerTarget
-from app.monitor.slots import SlotRow
+from app.monitor.slots import SlotRow, held_tokens
 from app.server.client import ServerError, ServerUnreachable
 from app.server.sidecar import SidecarReport
 from app.server.statefile import StateFileError, read_state_header
@@ -210,7 +210,7 @@ async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progres
         slot = find_row(rows, slot_id)
     except SlotError as e:
         raise ParkError(str(e)) from None
-    n_live = held(slot)
+    n_live = held_tokens(slot)
     if n_live <= 0:
         raise ParkError(f"slot {slot_id} is empty: there is nothing to park")
     name = (name or "").strip() or default_name(slot_id)

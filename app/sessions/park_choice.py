@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from app.monitor.slots import SlotRow
-from app.sessions.slots import held
+from app.monitor.slots import SlotRow, held_tokens
 from app.sessions.target import HeldSession, ServerTarget
 from app.store.catalog import SessionRecord
 
@@ -52,16 +51,16 @@ def choose_parks(target: ServerTarget, rows: list[SlotRow], prefix: str | None =
     out: list[ParkChoice] = []
     for row in rows:
         sid = row.id
-        if sid is None or held(row) <= 0:
+        if sid is None or held_tokens(row) <= 0:
             continue
         before = _newest_on_slot(target, sid)
-        if before is not None and held(row) == before.n_tokens and \
+        if before is not None and held_tokens(row) == before.n_tokens and \
                 (before.id_task is None or row.id_task == before.id_task):
             rec = target.catalog.get(target.profile_name, before.name)
             if rec is not None:
                 out.append(ParkChoice(sid, before.name, unchanged=rec))
                 continue
-        if before is not None and held(row) > before.n_tokens and (row.n_cached or 0) * 2 >= before.n_tokens \
+        if before is not None and held_tokens(row) > before.n_tokens and (row.n_cached or 0) * 2 >= before.n_tokens \
                 and target.catalog.get(target.profile_name, before.name) is not None:
             out.append(ParkChoice(sid, before.name, continues=True))
             continue

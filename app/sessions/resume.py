@@ -31,9 +31,9 @@ from app.sessions.behaviour import predict_for_target, resume_prediction, resume
 from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
 from app.sessions.model_identity import model_identity
 from app.sessions.records import AmbiguousName
-from app.sessions.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
+from app.sessions.slots import Purpose, SlotError, default_slot, find_row, no_default_reason
 from app.sessions.target import HeldSession, ServerTarget
-from app.monitor.slots import RestoredSlot, SlotRow
+from app.monitor.slots import RestoredSlot, SlotRow, held_tokens
 from app.server.client import ServerError, ServerUnreachable
 from app.server.statefile import StateFileError, read_state_header, version_mismatch_reason
 from app.store.catalog import Catalog, HistoryEvent, SessionRecord
@@ -232,7 +232,7 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
     pf.warnings.extend(pf.files.problems)
 
     # -- warnings
-    n_held = held(slot) if slot is not None else 0
+    n_held = held_tokens(slot) if slot is not None else 0
     if n_held > 0:
         pf.warnings.append(f"slot {slot_id} holds {n_held:,} tokens; resuming replaces them")
     # what the restoring server needs: a sliding-window model under --swa-full keeps every position
@@ -301,7 +301,7 @@ def clean_slot(target: ServerTarget, rows: list[SlotRow], record: SessionRecord)
     """An idle, empty slot holding no other chat's checkpoints (None: there is none)."""
     for row in rows:
         owner = target.checkpoint_owners.get(row.id)
-        if not row.busy and held(row) == 0 and (not owner or owner == record.name):
+        if not row.busy and held_tokens(row) == 0 and (not owner or owner == record.name):
             return row.id
     return None
 

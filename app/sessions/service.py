@@ -52,11 +52,11 @@ from app.sessions.resume import ResumeRefused, ResumeResult, find_session, resum
 from app.sessions.resume_plan import (PlanEntry, clear_resume_plan, load_resume_plan, write_resume_plan,
                                   write_resume_plan_entries)
 from app.sessions.records import delete_session, list_sessions, rename_session
-from app.sessions.slots import Purpose, SlotError, default_slot, find_row, held, no_default_reason
+from app.sessions.slots import Purpose, SlotError, default_slot, find_row, no_default_reason
 from app.sessions.target import ServerTarget
 from app.sessions.watch import ResumeWatcher
 from app.sessions.wiring import VerdictRelay, attach_verdicts
-from app.monitor.slots import LastTask, RestoredSlot, SlotRow, SlotsUnavailable
+from app.monitor.slots import LastTask, RestoredSlot, SlotRow, SlotsUnavailable, held_tokens
 from app.server.client import LlamaClient, ServerError, ServerUnreachable
 from app.server.launcher import resolve_api_key
 from app.server.logparse import Kind, PromptEval, SidecarMode
@@ -382,7 +382,7 @@ class SessionService:
         if not plan or self.target.router:
             return []
         try:
-            held = {r.id: r.tokens_held or 0 for r in await self.slot_rows()}
+            held = {r.id: held_tokens(r) for r in await self.slot_rows()}
         except (ServerError, ServerUnreachable) as e:
             raise ServiceError(f"cannot read the slots: {e}") from None
         lost = [e for e in plan if held.get(e.slot, 0) <= 0]
@@ -454,8 +454,8 @@ class SessionService:
             row = find_row(rows, slot_id)
         except SlotError as e:
             raise ServiceError(str(e)) from None
-        if held(row) > 0 and not force:
-            raise NeedsConfirmation([f"slot {slot_id} holds {held(row):,} tokens; the check restores "
+        if held_tokens(row) > 0 and not force:
+            raise NeedsConfirmation([f"slot {slot_id} holds {held_tokens(row):,} tokens; the check restores "
                                      "the session over them"])
         return slot_id
 
@@ -495,9 +495,9 @@ class SessionService:
     async def _confirm_restarts(self, slot: int, force: bool) -> None:
         if force:
             return
-        others = [r for r in await self.slot_rows() if r.id != slot and held(r) > 0]
+        others = [r for r in await self.slot_rows() if r.id != slot and held_tokens(r) > 0]
         if others:
-            what = ", ".join(f"slot {r.id} ({held(r):,} tokens)" for r in others)
+            what = ", ".join(f"slot {r.id} ({held_tokens(r):,} tokens)" for r in others)
             raise NeedsConfirmation([f"the check restarts the server between probes: the chats in {what} are "
                                      "lost unless you park them first"])
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 
-from app.monitor.slots import SlotRow
+from app.monitor.slots import SlotRow, held_tokens
 
 
 class Purpose(enum.StrEnum):
@@ -29,11 +29,6 @@ class Purpose(enum.StrEnum):
 
 class SlotError(Exception):
     """A slot id the server does not have, or no slot fits (user-facing)."""
-
-
-def held(row: SlotRow) -> int:
-    """Tokens the slot holds (the restored count while no task ran since the restore)."""
-    return int(row.tokens_held or 0)
 
 
 def ids_text(rows: list[SlotRow]) -> str:
@@ -56,9 +51,9 @@ def find_row(rows: list[SlotRow], slot_id: int) -> SlotRow:
 def default_slot(rows: list[SlotRow], purpose: Purpose, preferred: int | None = None) -> int | None:
     """The slot to use when the user names none (see the module text), or None."""
     if purpose is Purpose.PARK:
-        candidates = [r for r in rows if held(r) > 0]
+        candidates = [r for r in rows if held_tokens(r) > 0]
     else:
-        candidates = [r for r in rows if held(r) <= 0 and not r.busy]
+        candidates = [r for r in rows if held_tokens(r) <= 0 and not r.busy]
     for r in candidates:
         if preferred is not None and r.id == preferred:
             return r.id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from types import SimpleNamespace
@@ -9,10 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from app.core.profile import LaunchProfile
-from app.core.states import ServerState
+from app.core.states import Health, ServerState
+from app.servers.remote_sessions import status_line
 from app.servers.server_list import (COLUMNS, THIS_MACHINE, GpuUse, LocalServerSource, ProcessUse, ServerList,
-                                  ServerListSource, ServerRow, SlotUse, cells, gpu_uses, move_targets, shown_rows,
-                                  slot_use)
+                                  ServerListSource, ServerRow, SlotUse, cells, gpu_uses, move_targets, remote_row,
+                                  shown_rows, slot_use)
+from app.monitor.snapshot import error_snapshot, summary
 from app.monitor.sampler import Samplers
 from app.servers.events import StateChanged
 from app.servers.service import sampler_for
@@ -84,8 +87,17 @@ def test_a_session_moves_to_another_server_that_runs_from_a_profile():
 def test_slot_use_counts_busy_and_held_slots():
     data = [{"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 12},
             {"id": 1, "n_ctx": 2048, "is_processing": False, "n_prompt_tokens": 300},
-            {"id": 2, "n_ctx": 2048, "is_processing": False}]
-    assert slot_use(slot_rows(data, {}, {})) == SlotUse(3, 2, 1)
+            {"id": 2, "n_ctx": 2048, "is_processing": False},
+            {"id": 3, "n_ctx": 2048, "is_processing": True}]  # busy, its tokens not known yet: held
+    rows = slot_rows(data, {}, {})
+    assert slot_use(rows) == SlotUse(4, 3, 2)
+    # one "held" rule (app.monitor.slots.is_held): a host's ``status --json`` rows, its status line and
+    # the status bar's summary count the same slots
+    status = {"health": "ok", "slots": [dataclasses.asdict(r) for r in rows]}
+    assert remote_row("box", {"profile": {"name": "b"}, "status": status}).slots == SlotUse(4, 3, 2)
+    assert "3 / 4 slots in use" in status_line("box", "b", status)
+    assert "3 / 4 slots in use" in summary(dataclasses.replace(error_snapshot("u", "x"), health=Health.OK,
+                                                              slots=tuple(rows)))
 
 
 def test_gpu_uses_keep_each_card_and_this_servers_share():
