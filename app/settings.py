@@ -48,6 +48,7 @@ class Settings:
     park_timeout_s: float = 120.0  # the park before any stop (quit, logout, shutdown, sleep, serve) at most
     proxy_disk_budget_gib: int = 50  # the conversation proxy's parks of one profile at most; 0: no limit
     proxy_save_before_idle_clear: bool = True  # save idle slots before a server that clears them runs a task
+    proxy_warm_start: bool = True  # at a start, restore the conversations used last into the free slots
 
     def errors(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -230,6 +231,9 @@ HELP = {
     "proxy_save_before_idle_clear": "When the server clears idle slots (--cache-idle-slots with unified KV), the "
                                     "proxy saves a conversation's idle slot before another request runs, so it "
                                     "comes back from its park. Off: it is re-processed instead.",
+    "proxy_warm_start": "When the proxy starts, it restores the parked conversations used last into the free "
+                        "slots before any request asks, so the first turn after a restart starts at once. Off: a "
+                        "conversation is restored when its next request comes.",
 }
 
 

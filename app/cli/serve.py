@@ -176,6 +176,8 @@ async def cmd_serve(args) -> int:
             _say(f"conversation proxy at {proxy.http.url} (the server listens on {handle.url}, loopback only)")
             if proxy.notice():
                 _say(proxy.notice())
+            if proxy.warming is not None:
+                proxy.warming.add_done_callback(_say_warmed)
         router = handle.profile is not None and handle.profile.router
         _say(f"ready at {proxy.http.url if proxy else handle.url}; Ctrl-C "
              + ("stops the router and its child servers" if router else "parks the slots and stops the server"))
@@ -285,6 +287,17 @@ async def serve_remote(args, host_name: str, profile: str) -> int:
         return EXIT_OK
     finally:
         await host.close()
+
+
+def _say_warmed(task) -> None:
+    """The proxy's warm start ended: which parked conversations wait in a slot now (its failure is
+    logged by the task's tracker)."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    warmed = task.result()
+    if warmed:
+        _say(f"warm start: restored {len(warmed)} parked conversation{'s' if len(warmed) != 1 else ''} into "
+             f"free slots ({', '.join(warmed)}): their next turn starts at once")
 
 
 def _print_request(rec) -> None:

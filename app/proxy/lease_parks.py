@@ -114,9 +114,11 @@ class SlotParks:
         reusable = conv.n_tokens if prompt_tokens <= 0 else min(conv.n_tokens, prompt_tokens)
         return self._restore_ms(conv.n_tokens) < reusable * rate
 
-    async def restore(self, slot: Slot, conv: Conversation, lease: Lease, name: str) -> int:
+    async def restore(self, slot: Slot, conv: Conversation, lease: Lease, name: str, *,
+                      keep_park_on_cancel: bool = False) -> int:
         """Restore ``name`` into the leased ``slot``; the tokens restored (0 when it failed: then the
-        slot is empty, the park deleted, and ``lease.restore_failed`` set)."""
+        slot is empty, the park deleted, and ``lease.restore_failed`` set). ``keep_park_on_cancel``: a
+        cancel (a warm start's, at a stop) empties the slot but keeps the park: its file is whole."""
         table = self._table
         epoch = table.epoch
         try:
@@ -129,11 +131,12 @@ class SlotParks:
                                 state=SlotState.BUSY)
             return 0
         except asyncio.CancelledError:
-            self._restore_failed(slot, conv, lease, name, "cancelled")
+            if not keep_park_on_cancel:
+                self._restore_failed(slot, conv, lease, name, "cancelled")
             table.leases.pop(lease.id, None)  # the request will not run: the slot is given back, empty
             lease.released = True
             slot.lease_id = None
-            table.empty(slot, Cause.RESTORE_FAILED)
+            table.empty(slot, Cause.UNKNOWN if keep_park_on_cancel else Cause.RESTORE_FAILED)
             self._journal.write("freed", slot, conv_id=conv.id, touched=[conv], detail="restore cancelled")
             table.wake()
             raise

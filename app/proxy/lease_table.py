@@ -125,6 +125,8 @@ class Slot:
     claimant: str | None = None
     lease_id: int | None = None
     version: int = 0  # bumped on every change (a failed save keeps a slot out until it changes)
+    warmed_from: str | None = None  # the park restored into it at the proxy's start, before any request asked
+
 
     def set(self, state: SlotState) -> None:
         self.state = state
@@ -133,6 +135,7 @@ class Slot:
     def set_holder(self, conv_id: str | None) -> None:
         if self.holder is not None and self.holder != conv_id:
             self.last_holder = self.holder
+            self.warmed_from = None
         self.holder = conv_id
 
 

@@ -54,6 +54,12 @@ The rules (each one is tested in tests/unit/test_proxy_leases.py):
   the (shorter) park is restored, the best the server can be given. The copy is only likely (the
   cache may be too small for it, or have evicted it): the request's verdict says what happened. A
   restart or a sleep empties the RAM cache: the notes go.
+* **Warm start.** At a start (:meth:`SlotLeases.warm`) the parks of the conversations used last are
+  restored into the FREE slots before any request asks, most recent first, while no request waits
+  and the restore pays for the conversation's whole length: the first turn of a conversation that
+  comes back after a restart then finds it in its slot, and its time to the first token has no
+  restore in it. Such a slot is IDLE_CLEAN (its park is what it holds): taking it costs no save.
+  The request that finds its conversation there is judged as a restored one (``restored_from``).
 * **Disk budget.** After each save, when the parks of this profile exceed the budget, the
   parks of the conversations not in a slot are deleted, least recently used first.
 
@@ -393,8 +399,59 @@ class SlotLeases:
 
     # -- the steps
 
+    async def warm(self, conversations: list[Conversation]) -> list[str]:
+        """Restore the parks of ``conversations`` (the most recently used first; those without a park,
+        or in a slot already, are passed over) into the FREE slots, before any request asks (the rule
+        "Warm start" of the module's doc). Stops when no slot is FREE or a request waits for a slot.
+        The conversations now in a slot."""
+        t = self._table
+        warmed: list[str] = []
+        for conv in sorted(conversations, key=lambda c: c.last_used, reverse=True):
+            free = [s for s in t.slots if s.state is SlotState.FREE and s.index not in self._ram.outside]
+            if not free or t.waiting or self._ram.idle_slots_cleared:
+                break  # (a server that clears idle slots would throw a warmed slot away at the next task)
+            conv = t.adopt(conv)
+            name = conv.parked_as
+            if not name or conv.slot is not None or t.slot_of(conv.id) is not None \
+                    or not self._parks.restore_pays(conv, conv.n_tokens):
+                continue
+            slot = free[0]
+            last_used, lost = conv.last_used, t.lost.get(conv.id)  # a warm restore is no use of it
+            lease = t.new_lease(slot, conv)
+            conv.last_used = last_used
+            slot.set(SlotState.RESTORING)
+            self._journal.write("restoring", slot, park=name, touched=[conv], detail="warm start")
+            n = await self._parks.restore(slot, conv, lease, name, keep_park_on_cancel=True)
+            t.leases.pop(lease.id, None)
+            lease.released = True
+            if slot.lease_id == lease.id:
+                slot.lease_id = None
+            if n > 0 and not lease.restore_failed and lease.restore_avoided is None and slot.holder == conv.id:
+                slot.set(SlotState.IDLE_CLEAN)  # what it holds is its park
+                slot.warmed_from = name
+                conv.slot = slot.index
+                self._journal.write("released", slot, touched=[conv], detail="warm start")
+                warmed.append(conv.id)
+            elif slot.holder == conv.id:  # logged by the parks; the conversation is where it was (a failed
+                t.empty(slot, Cause.UNKNOWN)  # restore deleted its park: it re-prefills when it comes back)
+                if lost is not None:
+                    t.lost[conv.id] = lost
+                else:
+                    t.lost.pop(conv.id, None)
+                self._journal.write("freed", slot, conv_id=conv.id, touched=[conv], detail="warm start: not restored")
+            t.wake()
+        return warmed
+
     def _lease_held(self, slot: Slot, conv: Conversation) -> Lease:
         lease = self._table.new_lease(slot, conv)
+        if slot.warmed_from is not None:  # restored at the start for this request: judged as a restore
+            lease.restored_from = slot.warmed_from
+            lease.slot_context = SlotContext(held=True, restored=True, restored_tokens=slot.n_tokens,
+                                             expected_tokens=slot.n_tokens)
+            slot.warmed_from = None
+            slot.set(SlotState.BUSY)
+            self._journal.write("acquired", slot, touched=[conv])
+            return lease
         lease.slot_context = SlotContext(held=True, expected_tokens=slot.n_tokens)
         slot.set(SlotState.BUSY)
         self._journal.write("acquired", slot, touched=[conv])

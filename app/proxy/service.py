@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Mapping
 
+from app.core.background import track
 from app.core.rules import kv_unified
 from app.core.conversation import Cause, Conversation, Explanation, Message, RequestRecord, ServerCaching
 from app.core.timings import Timings
@@ -61,11 +62,13 @@ class ProxyService:
     def __init__(self, servers: ServerService, target_id: str, *, store: ConversationStore | None = None,
                  disk_budget_bytes: int | None = None, save_before_idle_clear: bool = True,
                  profile_name: str | None = None,
-                 backend: Callable[[ServerHandle], SessionBackend] | None = None, kv_events: str | None = None):
+                 backend: Callable[[ServerHandle], SessionBackend] | None = None, kv_events: str | None = None,
+                 warm_start: bool = True):
         """``profile_name``: the name its conversations are kept under (default: the server's profile);
         ``backend``: makes the leases' slot operations for the server's handle (default: the server's
         session service here; app.proxy.remote's for a host's server); ``kv_events``: a ZMQ endpoint to
-        publish the slots' and parks' KV events on (app.proxy.kv_follow; None: off)."""
+        publish the slots' and parks' KV events on (app.proxy.kv_follow; None: off); ``warm_start``: restore
+        the parks of the conversations used last into the free slots at the start (app.proxy.leases)."""
         self.servers = servers
         self.target_id = target_id
         self.store = store if store is not None else ConversationStore()
@@ -93,6 +96,10 @@ class ProxyService:
         self.router = False  # the server is a router (read from /props at start)
         self.kv_events = kv_events
         self.kv: KvFollower | None = None  # made by start() when kv_events names an endpoint
+        self.warm_start = warm_start
+        #: the warm start's restores (started by start(); done at once when there is none): the conversations
+        #: brought into a slot
+        self.warming: asyncio.Future | None = None
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -169,7 +176,19 @@ class ProxyService:
         self.http = ProxyServer(h.client, interceptor=self, api_key=api_key, slot_actions=slot_actions_on(p),
                                 slots_endpoint=slots_endpoint, metrics=self.metrics.exposition)
         await self.http.start(host, port)
+        if self.leases is not None and self.warm_start and not self.steps_aside:
+            self.warming = track(self._warm(), f"proxy {self.target_id}: warm start")
         return self.http.url
+
+    async def _warm(self) -> list[str]:
+        """The warm start (app.proxy.leases): the parked conversations of this server, most recently used
+        first, restored into the free slots while no request asks for one."""
+        assert self.leases is not None
+        parked = [c for c in self.conversations.values() if c.parked_as]
+        warmed = await self.leases.warm(parked)
+        if warmed:
+            log.info("proxy %s: warm start restored %s", self.target_id, ", ".join(warmed))
+        return warmed
 
     @property
     def steps_aside(self) -> bool:
@@ -219,6 +238,9 @@ class ProxyService:
         self.records.on_explained(cb)
 
     async def stop(self) -> None:
+        if self.warming is not None and not self.warming.done():
+            self.warming.cancel()  # the park it restores stays (a cancelled warm restore keeps it)
+            await asyncio.wait([self.warming])
         if self.watch is not None:
             self.watch.close()
         if self.kv is not None:
@@ -232,6 +254,8 @@ class ProxyService:
 
     async def park_before_stop(self) -> None:
         """Save every slot a conversation used since its last save (the server is about to stop)."""
+        if self.warming is not None and not self.warming.done():
+            await asyncio.wait([self.warming])  # a restore under way ends first: a stop would fail it
         if self.leases is not None:
             await self.leases.save_dirty()
 

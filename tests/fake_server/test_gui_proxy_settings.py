@@ -28,10 +28,13 @@ def test_preferences_saved_reach_the_running_proxy(qtbot, qloop, tmp_path):
         dlg = open_preferences(qtbot, w)
         type_into(qtbot, dlg.proxy_budget, "3")
         qtbot.mouseClick(dlg.proxy_save_first, Qt.LeftButton)  # untick "Save idle slots before …"
+        assert dlg.proxy_warm.isChecked()  # the warm start is on by default
+        qtbot.mouseClick(dlg.proxy_warm, Qt.LeftButton)  # untick "Restore the conversations used last …"
         qtbot.mouseClick(dlg.save_button, Qt.LeftButton)
         qtbot.waitUntil(lambda: not dlg.isVisible(), timeout=120_000)
 
-        assert saved_file() == {"proxy_disk_budget_gib": 3, "proxy_save_before_idle_clear": False}
+        assert saved_file() == {"proxy_disk_budget_gib": 3, "proxy_save_before_idle_clear": False,
+                                "proxy_warm_start": False}  # the next proxy start restores nothing ahead
         # applied to the running proxy: its leases enforce the new budget at the next save, its watch no
         # longer saves idle slots before a task
         assert proxy.disk_budget_bytes == 3 * 1024 ** 3

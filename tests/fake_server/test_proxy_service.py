@@ -96,11 +96,25 @@ async def test_a_restore_the_server_refuses_is_said_and_the_request_re_prefills(
         assert back.explanation is not None and back.explanation.cause is Cause.RESTORE_FAILED, back
 
 
-async def test_an_app_restart_finds_the_conversations_again(profile):
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-start", "no-warm-start"])
+async def test_an_app_restart_finds_the_conversations_again(profile, warm):
+    """After a restart the conversation comes back from its park: restored by the warm start before
+    its request (the setting's default), or, with the warm start off, by its request."""
+    from app import settings
+    from app.proxy.lease_table import SlotState
+
+    settings.update(proxy_warm_start=warm)
     async with Proxied(profile) as p:
         reply, first = await p.ask(chat(system("A"), "hello"))
         await p.servers.park_then_stop(p.handle.id, StopTrigger.SERVE)  # serve's Ctrl-C: the proxy saves first
     async with Proxied(profile) as p2:
+        if warm:
+            assert await asyncio.wait_for(p2.proxy.warming, 120) == [first.conversation]
+            held = [(v.state, v.conversation) for v in p2.proxy.leases.snapshot()]
+            assert (SlotState.IDLE_CLEAN, first.conversation) in held  # before any request asked
+        else:
+            assert p2.proxy.warming is None
+            assert all(v.state is SlotState.FREE for v in p2.proxy.leases.snapshot())
         _, again = await p2.ask(chat(system("A"), "hello", reply, "and then?"))
         assert again.conversation == first.conversation
         assert again.restored_from == f"proxy-{first.conversation}"

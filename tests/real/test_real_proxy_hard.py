@@ -333,8 +333,10 @@ def test_app_killed_with_dirty_slots_then_restarted(v2_profile):
     a third is parked. The server, a child in its own session, outlives it; the next ``serve``
     adopts that leftover: it attaches to it, recovers the journal's slot owners (the same server
     process), saves the two dirty slots under their conversations' park names, stops it and starts
-    a new one under its supervision. All three come back from their parks warm (HIT on the v2
-    build), the two that were only in slots included; nothing is half-restored or run twice."""
+    a new one under its supervision. Its warm start restores the two used last into the two slots
+    before any request; all three come back from their parks warm (HIT on the v2 build, "restored
+    from" their park whether the warm start or the request restored it), the two that were only in
+    slots included; nothing is half-restored or run twice."""
     from app.server.launcher import pid_record_path
     from app.server.supervisor import find_leftover_server
     from app.store.profiles import ProfileStore
@@ -365,6 +367,9 @@ def test_app_killed_with_dirty_slots_then_restarted(v2_profile):
             app = await Serve.start(profile.name)
             assert not leftover.is_alive(), "the restarted app left the killed app's server running"
             assert any("adopted: 2 conversation(s) saved" in line for line in app.lines), app.lines
+            # the warm start: the two used last wait in the two slots before anyone asks (C, then B)
+            warm = await app.expect("[kv-valet] warm start: ")
+            assert f"restored 2 parked conversations into free slots ({convs['C']}, {convs['B']})" in warm, warm
             for name in ("A", "B", "C"):
                 await chat(client, turn(SYSTEMS[name], ("What is the first word?", replies[name]),
                                         question="And the second?"))

@@ -83,13 +83,16 @@ class PreferencesDialog(QDialog):
         self.proxy_save_first = QCheckBox("Save idle slots before a server that clears them runs a task")
         form.addRow("Conversation proxy parks:", self.proxy_budget)
         form.addRow("", self.proxy_save_first)
+        self.proxy_warm = QCheckBox("Restore the conversations used last into free slots when the proxy starts")
+        form.addRow("", self.proxy_warm)
 
         for key, widget in (("data_folder", self.data_folder), ("monitor_interval_s", self.interval),
                             ("monitor_busy_interval_s", self.busy_interval), ("auto_resume", self.auto_resume),
                             ("keep_in_tray", self.keep_in_tray), ("notifications", self.notifications),
                             ("log_file_mib", self.log_file_mib), ("log_backups", self.log_backups),
                             ("park_timeout_s", self.park_timeout), ("proxy_disk_budget_gib", self.proxy_budget),
-                            ("proxy_save_before_idle_clear", self.proxy_save_first)):
+                            ("proxy_save_before_idle_clear", self.proxy_save_first),
+                            ("proxy_warm_start", self.proxy_warm)):
             widget.setToolTip(settings.describe(key))
 
         self.errors = QLabel()
@@ -123,6 +126,7 @@ class PreferencesDialog(QDialog):
         self.park_timeout.setValue(s.park_timeout_s)
         self.proxy_budget.setValue(s.proxy_disk_budget_gib)
         self.proxy_save_first.setChecked(s.proxy_save_before_idle_clear)
+        self.proxy_warm.setChecked(s.proxy_warm_start)
         self.errors.clear()
         self._show_data_status()
 
@@ -133,7 +137,8 @@ class PreferencesDialog(QDialog):
                         keep_in_tray=self.keep_in_tray.isChecked(), notifications=self.notifications.isChecked(),
                         log_file_mib=self.log_file_mib.value(), log_backups=self.log_backups.value(),
                         park_timeout_s=self.park_timeout.value(), proxy_disk_budget_gib=self.proxy_budget.value(),
-                        proxy_save_before_idle_clear=self.proxy_save_first.isChecked())
+                        proxy_save_before_idle_clear=self.proxy_save_first.isChecked(),
+                        proxy_warm_start=self.proxy_warm.isChecked())
 
     def _show_data_status(self) -> None:
         s = dataclasses.replace(settings.DEFAULTS, data_folder=self.data_folder.text().strip())
