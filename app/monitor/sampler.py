@@ -15,6 +15,10 @@ Every exception inside a tick is logged and delivered as an error snapshot
 the server list and the status bar read the snapshots of the same sampler. A
 sampler nobody watches closely stays paused; a reader that needs a figure of it
 now asks :meth:`Sampler.sample_once` (one tick, never two at once).
+
+**One slot picture per server**: a ``/slots`` read made for a decision (a park, a resume) is
+not made again for the picture: :meth:`Sampler.feed_slots` delivers its rows as the newest
+snapshot to the same subscribers; the Sessions tab shows the slots of that picture too.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 from app.core.background import TaskGroup, stop_if_cancelled
 from app.monitor.gpu import GpuMonitor
-from app.monitor.snapshot import Snapshot, error_snapshot
+from app.monitor.snapshot import Snapshot, error_snapshot, with_slots
 
 __all__ = ["Sampler", "Samplers"]
 
@@ -150,7 +154,25 @@ class Sampler:
         in ``ticks``); while the loop ticks, its last snapshot."""
         if self.is_running and not self.paused and self.last_snapshot is not None:
             return self.last_snapshot
+        return await self.refresh()
+
+    async def refresh(self) -> Snapshot:
+        """One tick now, delivered (not counted), whether the loop ticks or not: the picture after a
+        change the app made to the slots (a restore) without waiting for the next tick."""
         snap = await self._tick()
+        await self._deliver(snap, counted=False)
+        return snap
+
+    async def feed_slots(self, rows) -> Snapshot | None:
+        """The rows of a ``/slots`` read made for a decision (a park's, a resume's) as the server's newest
+        picture: the last snapshot with those slots (:func:`app.monitor.snapshot.with_slots`), delivered
+        as a tick's (not counted), so that one read serves the decision and everyone who shows the slots.
+        None, and nothing delivered, before the first snapshot or after a tick that failed as a whole
+        (no picture to put them in: the next tick makes one)."""
+        last = self.last_snapshot
+        if last is None or last.error:
+            return None
+        snap = with_slots(last, rows)
         await self._deliver(snap, counted=False)
         return snap
 

@@ -247,12 +247,24 @@ async def take_snapshot(
         host=host,
         cache_ram_mib=cache_ram_mib,
     )
+    return _warned(snap)
+
+
+def _warned(snap: Snapshot) -> Snapshot:
+    """``snap`` with the warnings its figures call for."""
     try:
         warnings = tuple(compute_warnings(snap))
     except Exception:
         log.exception("compute_warnings failed")
         warnings = ()
     return dataclasses.replace(snap, warnings=warnings)
+
+
+def with_slots(snap: Snapshot, rows, taken_at: float | None = None) -> Snapshot:
+    """``snap`` with the slots of a ``/slots`` read made elsewhere (a park's, a resume's: one read,
+    one picture), its warnings worked out again; the rest (health, GPUs, process) as ``snap`` had it."""
+    return _warned(dataclasses.replace(snap, slots=tuple(rows), slots_error=None,
+                                       taken_at=time.time() if taken_at is None else taken_at))
 
 
 def summary(s: Snapshot) -> str:

@@ -50,7 +50,7 @@ from app.sessions.model_identity import model_identity
 from app.sessions.park_choice import choose_parks
 from app.sessions.park_commit import SIDECAR_SUFFIXES, TMP_PREFIX, commit_park, roll_back_park
 from app.sessions.park_prediction import describe_size, predict_park_size
-from app.sessions.slots import SlotError, find_row
+from app.sessions.slots import Purpose, SlotError, default_slot, find_row, no_default_reason
 from app.sessions.journal import Journal, JournalKind, Owner, ParkJournal, ParkPhase, Recovery, recover
 from app.sessions.target import HeldSession, ServerTarget
 from app.monitor.slots import SlotRow, held_tokens
@@ -192,20 +192,26 @@ def _verify(tmp: Path, resp: dict) -> int:
     return header.token_count
 
 
-async def park_slot(target: ServerTarget, slot_id: int, name: str | None = None, *,
+async def park_slot(target: ServerTarget, slot_id: int | None, name: str | None = None, *,
                     on_progress: ProgressFn | None = None, rows: list[SlotRow] | None = None,
                     budget_bytes: int | None = None) -> ParkResult:
-    """Save slot ``slot_id`` as session ``name`` (replacing a session of that name).
-    ``rows``: the ``/slots`` the caller already read (a park reads it once). ``budget_bytes``: the most
-    this park may take (the conversation proxy's disk budget); a park predicted larger, or larger than
-    the free space of the save folder, is refused before the server is asked."""
-    return await target.queue.run(f"Park slot {slot_id}",
-                                  lambda: _park(target, slot_id, name, on_progress, rows, budget_bytes))
+    """Save slot ``slot_id`` (None: the default slot, :func:`app.sessions.slots.default_slot`) as session
+    ``name`` (replacing a session of that name). A park reads ``/slots`` once, in its turn of the slot
+    queue: that read checks the id, picks the default slot and sizes the park; ``rows``: the ``/slots``
+    the caller already read (a park of every slot). ``budget_bytes``: the most this park may take (the
+    conversation proxy's disk budget); a park predicted larger, or larger than the free space of the save
+    folder, is refused before the server is asked."""
+    label = "Park" if slot_id is None else f"Park slot {slot_id}"
+    return await target.queue.run(label, lambda: _park(target, slot_id, name, on_progress, rows, budget_bytes))
 
 
-async def _park(target: ServerTarget, slot_id: int, name: str | None, on_progress,
+async def _park(target: ServerTarget, slot_id: int | None, name: str | None, on_progress,
                 rows: list[SlotRow] | None = None, budget_bytes: int | None = None) -> ParkResult:
     rows = rows if rows is not None else await target.slot_rows()
+    if slot_id is None:
+        slot_id = default_slot(rows, Purpose.PARK)
+        if slot_id is None:
+            raise ParkError(no_default_reason(rows, Purpose.PARK))
     try:
         slot = find_row(rows, slot_id)
     except SlotError as e:

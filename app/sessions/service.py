@@ -60,6 +60,7 @@ from app.monitor.slots import LastTask, RestoredSlot, SlotRow, SlotsUnavailable,
 from app.server.client import LlamaClient, ServerError, ServerUnreachable
 from app.server.launcher import resolve_api_key
 from app.server.logparse import Kind, PromptEval, SidecarMode
+from app.server.statefile import read_state_tokens
 from app.store.catalog import Catalog, SessionRecord
 
 log = logging.getLogger(__name__)
@@ -256,6 +257,11 @@ class SessionService:
     async def slot_rows(self) -> list[SlotRow]:
         return await self.target.slot_rows()
 
+    def on_slots(self, cb: Callable[[list[SlotRow]], None]) -> None:
+        """Call ``cb`` with the rows of every ``/slots`` a workflow reads for its decision (the window
+        feeds them to the server's one slot picture, its sampler: app.monitor.sampler.Sampler.feed_slots)."""
+        self.target.slots_read.add(cb)
+
     async def default_slot(self, purpose: Purpose, record: SessionRecord | None = None) -> int | None:
         rows = await self.slot_rows()
         return default_slot(rows, purpose, record.slot_id if record else None)
@@ -340,12 +346,7 @@ class SessionService:
         """Park ``slot_id`` (None: the default slot) as ``name``; raises ServiceError. ``budget_bytes``:
         the most the park may take (refused before it runs when predicted larger)."""
         self._refuse_router()
-        if slot_id is None:
-            rows = await self.slot_rows()
-            slot_id = default_slot(rows, Purpose.PARK)
-            if slot_id is None:
-                raise ServiceError(no_default_reason(rows, Purpose.PARK))
-        try:
+        try:  # its one read of /slots: the id checked, the default slot picked (app.sessions.park)
             result = await park_slot(self.target, slot_id, name, on_progress=on_progress, budget_bytes=budget_bytes)
         except (ParkError, SlotError) as e:
             raise ServiceError(str(e)) from None
@@ -561,6 +562,17 @@ class SessionService:
         removed = delete_session(self.catalog, name, profile or self.profile_name)
         self._changed.emit()
         return removed
+
+    def park_bytes(self, name: str) -> int:
+        rec = self.catalog.get(self.profile_name, name)
+        return rec.state_size + rec.sidecar_size if rec is not None else 0
+
+    def discard(self, name: str) -> None:
+        self.delete(name)
+
+    async def parked_tokens(self, name: str) -> list[int] | None:
+        rec = self.catalog.get(self.profile_name, name)
+        return None if rec is None else await asyncio.to_thread(read_state_tokens, rec.state_path)
 
     # -- the server's log -------------------------------------------------------
     def feed_log(self, item) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.core.observers import Observers
 from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
 from app.sessions.queue import OperationQueue
@@ -72,10 +73,13 @@ class ServerTarget:
     started_at: float | None = None
     # a router (no model of its own; /props "role": "router"): its slots are its child servers'
     router: bool = False
+    # told the rows of every read of /slots a decision made (a park, a resume, a check): the server's
+    # one slot picture takes them (its sampler's, app.monitor.sampler.Sampler.feed_slots), not a read more
+    slots_read: Observers[[list[SlotRow]]] = field(default_factory=lambda: Observers("the slots were read"))
 
     async def slot_rows(self) -> list[SlotRow]:
         """``GET /slots`` as typed rows, with what the app knows that /slots does not (a router has none
-        of its own: RouterSlots)."""
+        of its own: RouterSlots); :attr:`slots_read` is told them."""
         if self.router:
             raise RouterSlots()
         data = await self.client.slots()
@@ -83,7 +87,9 @@ class ServerTarget:
             from app.server.client import ServerError
 
             raise ServerError(200, "GET /slots did not answer a list", path="/slots")
-        return slot_rows(data, self.restored, self.last_tasks)
+        rows = slot_rows(data, self.restored, self.last_tasks)
+        self.slots_read.emit(list(rows))
+        return rows
 
     @classmethod
     async def connect(cls, client: LlamaClient, catalog: Catalog, *, profile: LaunchProfile | None = None,

@@ -9,8 +9,10 @@ table, Monitor tab) and on what lands on disk (catalog rows, files).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
+import time
 
 import pytest
 from PySide6.QtCore import Qt
@@ -82,7 +84,8 @@ def click_row(qtbot, panel, name):
 
 
 async def slot_chooser_shows(panel, slot_id, text, timeout=120):
-    """The chooser follows the live /slots (the Monitor's ticks feed it)."""
+    """The chooser follows the server's one slot picture (its sampler's snapshots: the Monitor's ticks,
+    the server list's refresh)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while loop.time() < end:
@@ -91,6 +94,25 @@ async def slot_chooser_shows(panel, slot_id, text, timeout=120):
             return panel.slot.itemText(idx)
         await asyncio.sleep(0.05)
     raise AssertionError([panel.slot.itemText(i) for i in range(panel.slot.count())])
+
+
+@contextlib.contextmanager
+def slots_reads(w):
+    """Each ``GET /slots`` of the shown server through its one HTTP client while the block runs, with
+    the periodic readers held off: the server list's refresh (the Monitor tab is not seen: its sampler
+    is paused)."""
+    client, reads = w.controller.handle.client, []
+    real = client.slots
+
+    async def counted(*args, **kwargs):
+        reads.append(args)
+        return await real(*args, **kwargs)
+
+    client.slots, w.server_list.refresh_soon = counted, lambda: None
+    try:
+        yield reads
+    finally:
+        del client.slots, w.server_list.refresh_soon
 
 
 def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
@@ -103,10 +125,18 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
         # regression: the chooser said "slot 0 — empty" until a park; it follows /slots now
         await slot_chooser_shows(panel, 0, "tokens")
 
-        choose_slot(panel, 0)
+        choose_slot(panel, None)  # "default slot": the park picks the slot that holds tokens
         qtbot.keyClicks(panel.name, "long chat")
-        label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK)
+        clicked = time.time()
+        pictured = signal_future(w.monitor_panel.sig_snapshot, lambda snap: snap.taken_at >= clicked)
+        with slots_reads(w) as reads:
+            label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK)
+            picture = await asyncio.wait_for(pictured, 120)
         assert ok and "Parked slot 0 as 'long chat'" in text
+        # one park, one read of /slots: its decision's, which is the server's picture (the Monitor's too)
+        assert len(reads) == 1, reads
+        n_live = picture.slots[0].tokens_held
+        assert n_live > 600 and panel.slot.itemText(panel.slot.findData(0)) == f"slot 0 — {n_live:,} tokens"
         with Catalog(paths.catalog_path()) as cat:
             rec = cat.get("fake", "long chat")
         assert rec.n_tokens > 600 and rec.sidecar_status == "present" and rec.sidecar_count > 0

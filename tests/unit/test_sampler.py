@@ -11,6 +11,7 @@ from app.core.states import Health
 from app.monitor.gpu import GpuSnapshot
 from app.monitor.process import HostSample
 from app.monitor.sampler import Sampler
+from app.monitor.slots import slot_rows
 from app.monitor.snapshot import Snapshot, take_snapshot
 
 URL = "http://fake"
@@ -135,6 +136,20 @@ async def test_a_snapshot_asked_by_a_reader_sets_the_pace_its_subscribers_read()
         assert seen[-1] == 3600 and sampler.current_interval == 3600
     finally:
         await sampler.stop()
+
+
+async def test_a_decisions_read_is_the_picture_not_one_read_more():
+    # A park read /slots for its decision: its rows are delivered as the newest snapshot (the Monitor,
+    # the server list and the Sessions tab show them) without a tick, a fetch or a count.
+    reads = []
+    sampler, rec = make(fail=lambda: reads.append(1) and False)
+    assert await sampler.feed_slots(slot_rows(_slots(True))) is None and rec.snaps == []  # no picture yet
+    first = await sampler.refresh()
+    fed = await sampler.feed_slots(slot_rows([{"id": 0, "n_ctx": 4096, "is_processing": True,
+                                               "n_prompt_tokens": 4000}]))
+    assert len(reads) == 1 and sampler.ticks == 0 and rec.snaps == [first, fed] and sampler.last_snapshot is fed
+    assert fed.health is first.health and fed.any_busy and sampler.current_interval == sampler.busy_interval
+    assert fed.slots[0].tokens_held == 4000 and fed.warnings != first.warnings  # a slot 98 % full warns
 
 
 async def test_exception_in_fetch_becomes_an_error_value():

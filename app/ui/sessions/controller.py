@@ -36,6 +36,7 @@ from app.store.catalog import Catalog
 from app.store.profiles import ProfileStore
 from app.ui.sessions.dialogs import answer, chosen_folder, folder_dialog
 from app.ui.sessions.model import _size
+from app.ui.sessions.slot_picture import SlotPicture
 from app.ui.operations import Operation
 from app.ui.widgets.questions import Questions
 from app.ui.widgets.tasks import Tasks
@@ -54,7 +55,7 @@ class SessionsController(QObject):
     service_changed = Signal(object)  # the local SessionService once connected (None when gone)
     connected = Signal(bool)  # the sessions shown, or their server's state, changed (False: none shown)
     queue_changed = Signal(list)  # the labels of the slot operations running and waiting
-    slots_changed = Signal(list)  # SlotRows of the server, as read now
+    slots_changed = Signal(list)  # SlotRows of the server: its one slot picture (its sampler's), or a host's status
     plan_offered = Signal(list)  # the resume plan "Resume all" would resume ([]: none)
     checked = Signal(object, object)  # a check's or A/B's report, the session's history (or None)
 
@@ -72,7 +73,7 @@ class SessionsController(QObject):
         self.plan: list = []
         self.folder_dialog = None
         self._bound: weakref.WeakSet = weakref.WeakSet()  # the session services this tab hooked
-        self._reading_slots = False
+        self.slot_picture = SlotPicture(self)  # the slots shown: the server's one picture
         self._hashing = False
         self._hash_tried: set = set()
         self._profile = None
@@ -112,6 +113,7 @@ class SessionsController(QObject):
         (and closed) by the server service, and shared with the quit and logind paths."""
         self.servers = servers
         servers.sig_sessions.connect(self._on_sessions)
+        self.slot_picture.attach(servers)
         servers.sig_notice.connect(lambda text, ok: None if ok else self.say(text, ok=False))
 
     def _on_sessions(self, svc) -> None:
@@ -149,7 +151,8 @@ class SessionsController(QObject):
     def _on_sessions_changed(self) -> None:
         if not self.closed:
             self.connected.emit(self.sessions is not None)  # a host's server may have started or stopped
-            self.spawn(self.read_slots())  # the slots as they are after the change (a park, a host's answer)
+            if self.sessions is not self.service:  # a host's answer: its slots as it said them (no SSH;
+                self.spawn(self.read_slots())  # a server here's follow its one picture: app.ui.sessions.slot_picture)
             self.changed.emit()
 
     async def connect_service(self) -> SessionService | None:
@@ -172,6 +175,7 @@ class SessionsController(QObject):
             return svc
         self.service = svc
         first = svc not in self._bound  # shown again after another server (the server list)
+        self.slot_picture.bind(svc, first)
         self.set_sessions(svc)
         if first:
             self.spawn(svc.warm_model_identity())
@@ -190,20 +194,8 @@ class SessionsController(QObject):
             self.queue_changed.emit(self.sessions.queue_labels() if self.sessions else [])
 
     async def read_slots(self) -> None:
-        """Read the server's /slots once; ``slots_changed`` says them (empty, with a hint, when it fails)."""
-        if not self.sessions or self._reading_slots:
-            return
-        self._reading_slots = True
-        try:
-            rows = await self.sessions.slot_rows()
-        except Exception as e:  # report: said on the hint line; the slot chooser stays empty
-            log.warning("sessions tab: reading the server's slots failed", exc_info=e)
-            self.say(f"Slots unavailable: {e}", ok=False)
-            rows = []
-        finally:
-            self._reading_slots = False
-        if not self.closed:
-            self.slots_changed.emit(rows)
+        """The slots as they are now, said by ``slots_changed`` (app.ui.sessions.slot_picture)."""
+        await self.slot_picture.read()
 
     def _verify_hashes_later(self, records) -> None:
         """PKCL v2 sidecars: hash their state files off the GUI thread, once per change."""
@@ -257,14 +249,15 @@ class SessionsController(QObject):
                 f"{_size(rec.state_size + rec.sidecar_size)} in {rec.save_ms:,.0f} ms. "
                 f"Sidecar: {result.sidecar.reason if result.sidecar else '-'}")
         self.parked.emit(result)
-        return await self._done(result, text, Operation.PARK)
+        return await self._done(result, text, Operation.PARK)  # the slots: as the park's one read saw them
 
     async def _done(self, result, text: str, op: Operation):
-        """Say a park's or resume's result with its warnings, then read the slots as they are now."""
+        """Say a park's or resume's result with its warnings; after a resume, the slots as they are now."""
         if result.warnings:
             text += "\n⚠ " + "\n⚠ ".join(result.warnings)
         self.say(text, ok=True, op=op)
-        await self.read_slots()
+        if op is not Operation.PARK:
+            await self.read_slots()
         return result
 
     async def park_all(self, remember: bool = False):
@@ -276,8 +269,7 @@ class SessionsController(QObject):
         except ServiceError as e:
             self.say(f"Park all: {e}", ok=False, op=Operation.PARK_ALL)
             return []
-        self._report_parks(Operation.PARK_ALL, results)
-        await self.read_slots()
+        self._report_parks(Operation.PARK_ALL, results)  # the slots: as its one read saw them
         return results
 
     async def park_all_and_stop(self):
@@ -389,6 +381,7 @@ class SessionsController(QObject):
         self.closed = True
         if self.servers is not None:
             self.servers.sig_sessions.disconnect(self._on_sessions)
+            self.slot_picture.detach(self.servers)
         await self.tasks.end()
         self.service = self.sessions = None  # the server service closes it with its server
         if self.owns_catalog:

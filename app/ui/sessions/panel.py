@@ -14,7 +14,7 @@ controller's signals and call the panel's public actions (:meth:`park_chosen`,
 
 from __future__ import annotations
 
-from PySide6.QtCore import QTimer, QUrl, Qt
+from PySide6.QtCore import QUrl, Qt
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout,
                                QWidget)
@@ -28,8 +28,6 @@ from app.ui.sessions.slot_chooser import SlotChooser
 from app.ui.sessions.table import SessionsTable
 from app.ui.widgets import theme
 from app.ui.widgets.common import wrapping_label
-
-SLOTS_POLL_MS = 2000
 
 
 def _button(text: str, tip: str = "") -> QPushButton:
@@ -47,11 +45,8 @@ class SessionsPanel(QWidget):
         self.checks = Checks(controller)
         self.report_dialog = None
         self.history_dialog = None
-        # The slot chooser follows the live /slots while the tab is visible
-        # (the Monitor's ticks feed it too, but the Monitor pauses when hidden).
-        self.slots_timer = QTimer(self)
-        self.slots_timer.setInterval(SLOTS_POLL_MS)
-        self.slots_timer.timeout.connect(self._on_slots_timer)
+        # The slot chooser shows the server's one slot picture (app.ui.sessions.slot_picture): its
+        # sampler's snapshots and the reads a park or a resume made, never a poll of its own.
         self._build()
         c = controller
         c.said.connect(self._show_message)
@@ -266,18 +261,9 @@ class SessionsPanel(QWidget):
         self.resume_all_button.show()
 
     def set_slot_rows(self, rows) -> None:
-        """Show ``rows`` (SlotRows of this server, e.g. from each Monitor tick) in the chooser."""
+        """Show ``rows`` (SlotRows of this server: its one slot picture) in the chooser."""
         if not self.controller.closed:
             self.slot.set_rows(rows)
-
-    def _on_slots_timer(self) -> None:
-        c = self.controller
-        if c.sessions is not None and self.isVisible() and not c.closed:
-            c.spawn(c.read_slots())
-
-    def showEvent(self, event) -> None:  # noqa: N802
-        super().showEvent(event)
-        self._on_slots_timer()
 
     def _set_connected(self, on: bool) -> None:
         """The controls the shown sessions' capabilities allow (app.sessions.protocol), while their server runs."""
@@ -285,10 +271,6 @@ class SessionsPanel(QWidget):
         caps = s.capabilities if s is not None else None
         live = s is not None and s.running
         self.source_model.server_view = s.on_this_server if s is not None else None
-        if live:
-            self.slots_timer.start()
-        else:
-            self.slots_timer.stop()
         for b, can in ((self.park_button, "park"), (self.park_all_button, "park_all"),
                        (self.park_stop_button, "park_and_stop"), (self.resume_button, "resume"),
                        (self.check_button, "check"), (self.ab_button, "check"), (self.slot, "resume"),
@@ -306,5 +288,4 @@ class SessionsPanel(QWidget):
             self.hint.setText(s.describe())
 
     async def aclose(self) -> None:
-        self.slots_timer.stop()
         await self.controller.aclose()
