@@ -442,10 +442,11 @@ class SessionService:
         return out
 
     # -- check -------------------------------------------------------------------
-    async def check_slot(self, record: SessionRecord, slot_id: int | None, *, force: bool = False) -> int:
+    async def check_slot(self, record: SessionRecord, slot_id: int | None, *, force: bool = False,
+                         rows: list[SlotRow] | None = None) -> int:
         """The slot a check restores into: the chosen one (asking first when it
-        holds tokens), else the default slot."""
-        rows = await self.slot_rows()
+        holds tokens), else the default slot. ``rows``: the ``/slots`` the caller just read."""
+        rows = rows if rows is not None else await self.slot_rows()
         if slot_id is None:
             slot_id = default_slot(rows, Purpose.CHECK, record.slot_id)
             if slot_id is None:
@@ -493,10 +494,11 @@ class SessionService:
             return PROTOCOL_ONE_PROCESS
         return PROTOCOL_RESTARTS
 
-    async def _confirm_restarts(self, slot: int, force: bool) -> None:
+    @staticmethod
+    def _confirm_restarts(slot: int, force: bool, rows: list[SlotRow]) -> None:
         if force:
             return
-        others = [r for r in await self.slot_rows() if r.id != slot and held_tokens(r) > 0]
+        others = [r for r in rows if r.id != slot and held_tokens(r) > 0]
         if others:
             what = ", ".join(f"slot {r.id} ({held_tokens(r):,} tokens)" for r in others)
             raise NeedsConfirmation([f"the check restarts the server between probes: the chats in {what} are "
@@ -510,11 +512,12 @@ class SessionService:
         self._refuse_router()
         rec = self.session(name)
         files = await asyncio.to_thread(files_check.confirm, self.catalog, rec, force, "the check")
-        slot = await self.check_slot(rec, slot_id, force=force)
+        rows = await self.slot_rows()  # one read: the slot, and the chats a restart would lose
+        slot = await self.check_slot(rec, slot_id, force=force, rows=rows)
         protocol = self.protocol_for(protocol, check=True)
         restart = self._restart_for_check if protocol == PROTOCOL_RESTARTS else None
         if restart is not None:
-            await self._confirm_restarts(slot, force)
+            self._confirm_restarts(slot, force, rows)
         try:
             report = await check_job.check_resume(self.target, rec, slot, question=question, restart=restart,
                                                   output_check=output_check, on_progress=on_progress)
@@ -537,11 +540,12 @@ class SessionService:
         self._refuse_router()
         rec = self.session(name)
         await asyncio.to_thread(files_check.confirm, self.catalog, rec, force, "the A/B")
-        slot = await self.check_slot(rec, slot_id, force=force)
+        rows = await self.slot_rows()  # one read: the slot, and the chats a restart would lose
+        slot = await self.check_slot(rec, slot_id, force=force, rows=rows)
         protocol = self.protocol_for(protocol)
         restart = self._restart_for_check if protocol == PROTOCOL_RESTARTS else None
         if restart is not None:
-            await self._confirm_restarts(slot, force)
+            self._confirm_restarts(slot, force, rows)
         try:
             report = await ab_job.ab_check(self.target, rec, slot, baseline=baseline, question=question,
                                               between_arms=between_arms, restart=restart, protocol=protocol,

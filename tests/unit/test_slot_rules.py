@@ -1,7 +1,12 @@
 """The one rule for the default slot, and the typed slot rows it reads."""
 
+import pytest
+
+from app.sessions.service import ServiceError, SessionService
 from app.sessions.slots import Purpose, SlotError, default_slot, find_row, no_default_reason
+from app.sessions.target import ServerTarget
 from app.monitor.slots import RestoredSlot, slot_rows
+from app.store.catalog import Catalog
 
 IDLE = {"id": 0, "n_ctx": 4096, "is_processing": False}
 
@@ -43,3 +48,23 @@ def test_ids_are_checked_because_the_server_wraps_them_around():
         assert str(e) == "slot 7 does not exist: this server has slots 0-1"
     else:
         raise AssertionError("slot 7 accepted")
+
+
+async def test_a_park_of_the_default_slot_reads_the_slots_once_and_tells_that_read(tmp_path):
+    # the default slot is picked from the park's own read, in its turn of the slot queue; the read's
+    # rows go to whoever keeps the server's slot picture (the window: its sampler)
+    class Client:
+        reads = 0
+
+        async def slots(self):
+            Client.reads += 1
+            return [IDLE]
+
+    with Catalog(tmp_path / "catalog.sqlite") as cat:
+        svc = SessionService(ServerTarget(client=Client(), url="http://x", save_dir=tmp_path, catalog=cat,
+                                          profile_name="p"))
+        told = []
+        svc.on_slots(told.append)
+        with pytest.raises(ServiceError, match="no slot holds tokens: there is nothing to park"):
+            await svc.park(None)
+    assert Client.reads == 1 and told == [rows(IDLE)]
