@@ -18,10 +18,12 @@ class Exit(enum.IntEnum):
 class CliError(Exception):
     """A user-facing failure; ``exit`` is the status to leave with."""
 
-    def __init__(self, message: str, exit: Exit = Exit.FAIL, details: list[str] | None = None):
+    def __init__(self, message: str, exit: Exit = Exit.FAIL, details: list[str] | None = None,
+                 refused: str | None = None):
         super().__init__(message)
         self.exit = exit
         self.details = list(details or [])
+        self.refused = refused  # a resume left parked on purpose: why, in one word ("--json" prints it)
 
 
 def error(message: str, details: list[str] | None = None) -> None:

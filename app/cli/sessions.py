@@ -44,6 +44,13 @@ def add_commands(sub) -> None:
     rs.add_argument("--unless-files-changed", action="store_true",
                     help="even with --yes, leave a park whose files are not the ones it wrote parked (what the "
                          "conversation proxy asks of a host)")
+    rs.add_argument("--unless-hazard", action="store_true",
+                    help="even with --yes, leave it parked when the restore would roll back onto another chat's "
+                         "context checkpoints (the proxy re-processes instead)")
+    rs.add_argument("--unless-useless", choices=("chat", "exact"), default=None,
+                    help="even with --yes, leave it parked where the resume matrix measured that a restore buys "
+                         "the next turn nothing on this server (chat: a chat client's next turn; exact: a text "
+                         "prompt continued)")
     rs.add_argument("--save-dir", default=None, help="the server's --slot-save-path (required for a URL)")
     rs.add_argument("--json", action="store_true", help="print one JSON object (errors too, same exit status)")
     add_key_option(rs)
@@ -119,14 +126,16 @@ def _json_errors(run) -> int:
     try:
         return run()
     except CliError as e:
-        return _json_error(str(e), e.details, e.exit)
+        return _json_error(str(e), e.details, e.exit, e.refused)
     except Exception as e:  # report: as JSON, as app.cli.main reports it on stderr (a profile's errors too)
         return _json_error(str(e), [], Exit.FAIL)
 
 
-def _json_error(message: str, details: list[str], status: int) -> int:
-    print(json.dumps({"ok": False, "error": message, "details": list(details), "exit": int(status)},
-                     ensure_ascii=False))
+def _json_error(message: str, details: list[str], status: int, refused: str | None = None) -> int:
+    out = {"ok": False, "error": message, "details": list(details), "exit": int(status)}
+    if refused is not None:  # a resume left parked on purpose (--unless-…): which check said so
+        out["refused"] = refused
+    print(json.dumps(out, ensure_ascii=False))
     return status
 
 
@@ -202,15 +211,24 @@ async def cmd_park(args, catalog) -> int:
 async def cmd_resume(args, catalog) -> int:
     from app.core.confirmation import NeedsConfirmation
     from app.core.park_files import NOT_PARKED_FILES
-    from app.sessions.resume import ResumeFailed, ResumeMismatch, ResumeRefused
+    from app.sessions.resume import ResumeFailed, ResumeHazard, ResumeMismatch, ResumeRefused, ResumeUseless
 
     svc = await connect(catalog, args.target, save_dir=args.save_dir, api_key=key_from_args(args))
     try:
         try:
             res = await svc.resume(args.session, args.slot, force=args.yes,
-                                   avoid_mismatch=bool(getattr(args, "unless_files_changed", False)))
+                                   avoid_mismatch=bool(getattr(args, "unless_files_changed", False)),
+                                   avoid_hazard=bool(getattr(args, "unless_hazard", False)),
+                                   avoid_useless=getattr(args, "unless_useless", None))
         except ResumeMismatch as e:
-            raise CliError(f"{NOT_PARKED_FILES}: '{args.session}' was left parked", details=e.problems) from None
+            raise CliError(f"{NOT_PARKED_FILES}: '{args.session}' was left parked", details=e.problems,
+                           refused="files-changed") from None
+        except ResumeHazard as e:
+            raise CliError(f"'{args.session}' was left parked: {e.hazard}", details=[e.hazard],
+                           refused="hazard") from None
+        except ResumeUseless as e:
+            raise CliError(f"'{args.session}' was left parked: {e.reasons[0]}", details=e.reasons,
+                           refused="useless") from None
         except ResumeRefused as e:
             raise CliError(f"cannot resume '{args.session}':", details=e.reasons) from None
         except NeedsConfirmation as e:

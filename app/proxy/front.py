@@ -49,7 +49,7 @@ class ProxyFront:
 
             prefs, _problem = load_or_defaults()
             slots = await handle.client.slots()
-            backend = SessionBackend(handle, servers)
+            backend = SessionBackend.here(handle, servers)
             backend.disk_budget_bytes = prefs.proxy_disk_budget_bytes()
             leases = SlotLeases(len(slots), backend, store=store, profile=profile.name,
                                 prefill_ms_per_token=lambda: None, restore_ms_estimate=lambda n: 0.0,

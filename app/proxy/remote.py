@@ -5,8 +5,10 @@ A chat client on this machine talks to ``127.0.0.1:PORT``; the proxy sends every
 the host's own loopback. Nothing listens on the host, and nothing here but the proxy.
 
 * **Parks and restores happen on the host**, by the host's own ``kv-valet park|resume --json`` (its
-  catalog, its ``--slot-save-path``, its sidecar checks): :class:`HostBackend` is the leases' slot
-  operations over SSH. A parked conversation's files never cross the network.
+  catalog, its ``--slot-save-path``, its sidecar checks): the leases reach the host's slots through
+  the one door to a server's slots, :class:`app.proxy.session_backend.SessionBackend` over that
+  server's :class:`app.servers.remote_sessions.RemoteSessions`, as the Sessions tab reaches them.
+  A parked conversation's files never cross the network.
 * **Conversations and verdicts are kept here** (this machine's conversation store, under the name
   ``HOST:PROFILE``): the Conversations tab and ``kv-valet conversations`` show them as for a server
   launched here.
@@ -22,75 +24,19 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from app.core.background import TaskGroup
 from app.core.lifecycle import TargetKind
-from app.core.park_files import NOT_PARKED_FILES
 from app.core.states import Health
 from app.server.targets import TargetSpec
-from app.servers.remote_sessions import _json_of, park_result, resume_result
+from app.servers.remote_sessions import RemoteSessions
 from app.servers.service import ServerService
-from app.proxy.lease_parks import RestoreAvoided
 from app.proxy.service import ProxyService
 from app.proxy.session_backend import SessionBackend
-from app.remote.host import RemoteError
 
 log = logging.getLogger(__name__)
 
 
 class RemoteProxyError(Exception):
     """Why the proxy cannot front the host's server, with the remedy."""
-
-
-class HostBackend(SessionBackend):
-    """The leases' slot operations on a host's server, by the host's own kv-valet over SSH: a
-    conversation's park is a session of the host's catalog (``proxy-<id>``), private there."""
-
-    def __init__(self, handle: ServerHandle, host, profile: str, tasks: TaskGroup):
-        super().__init__(handle, servers=None)  # type: ignore[arg-type]  (no local session service)
-        self.host, self.profile = host, profile
-        self._tasks = tasks
-        self._sizes: dict[str, int] = {}
-
-    async def save(self, slot: int, name: str) -> int:
-        async def park() -> int:
-            d = await _json_of(self.host, ["park", self.profile, "--slot", str(slot), "--name", name, "--json"])
-            parked = [x for x in d.get("sessions") or () if isinstance(x, dict)]
-            if not parked:
-                raise RuntimeError(f"the host parked nothing of slot {slot}")
-            rec = park_result(parked[0], self.profile).record
-            self._sizes[name] = rec.state_size + rec.sidecar_size
-            return rec.n_tokens
-        return await self._observed("park", name, park())
-
-    async def restore(self, slot: int, name: str) -> int:
-        async def resume():
-            try:
-                d = await _json_of(self.host, ["resume", self.profile, name, "--slot", str(slot), "--yes",
-                                               "--unless-files-changed", "--json"])
-            except RemoteError as e:
-                out = e.output if isinstance(e.output, dict) else {}
-                if str(out.get("error", "")).startswith(NOT_PARKED_FILES):  # the host's own park-files check
-                    raise RestoreAvoided(f"{NOT_PARKED_FILES}: {'; '.join(map(str, out.get('details') or ()))}") \
-                        from None
-                raise
-            return resume_result(d, self.profile)
-        result = await self._observed("restore", name, resume())
-        self.checkpoints_loaded[slot] = None  # the host checked its sidecar; not known here
-        self.hazards[slot] = result.hazard
-        return result.n_restored
-
-    def parked_size(self, name: str) -> int:
-        return self._sizes.get(name, 0)
-
-    def delete_park(self, name: str) -> None:
-        """Deleted on the host in the background (the leases' call is synchronous); a failure is logged."""
-        self._sizes.pop(name, None)
-
-        async def rm() -> None:
-            status, _out, err = await self.host.run_cli_as_is(["sessions", "rm", name, "--profile", self.profile])
-            if status != 0 and "no session" not in err.lower():
-                log.warning("the park %s on %s was not deleted: %s", name, self.host.name, err)
-        self._tasks.start(rm(), f"deleting the park {name} on {self.host.name}")
 
 
 @dataclass
@@ -103,7 +49,7 @@ class RemoteFront:
     name: str  # "HOST:PROFILE"
     server_url: str  # the server's URL as the host sees it
     started_server: bool  # the host's server was started for this proxy
-    tasks: TaskGroup
+    sessions: RemoteSessions  # the host's server's sessions: the proxy's door to its slots
 
     async def stop(self, *, park: bool = True, timeout: float | None = None) -> tuple[list[str], str | None]:
         """Park the conversations the proxy holds on the host (for at most ``timeout`` s), then stop
@@ -117,7 +63,7 @@ class RemoteFront:
                     parked = await asyncio.wait_for(self.proxy.leases.save_dirty(), timeout)
                 except (asyncio.TimeoutError, TimeoutError):
                     why = f"the parks on the host took over {timeout:g} s"
-            await self.tasks.wait()  # parks deleted meanwhile
+            await self.sessions.settled()  # parks deleted meanwhile
         finally:
             await self.proxy.stop()
             await self.servers.aclose()
@@ -158,18 +104,18 @@ async def start_remote_proxy(host, host_name: str, profile: str, *, listen: str 
         started = True
     name = f"{host_name}:{profile}"
     servers = ServerService(connect_sessions=False)
-    tasks = TaskGroup(f"the proxy of {name}")
+    sessions = RemoteSessions(host, profile, name)
     client = host.llama_client(url)
     servers.reach_through(TargetSpec(name, TargetKind.URL, url), client)
     proxy = ProxyService(servers, name, store=store, profile_name=name,
-                         backend=lambda h: HostBackend(h, host, profile, tasks))
+                         backend=lambda h: SessionBackend.of(h, sessions))
     try:
         await proxy.start(listen, port if port is not None else _port_of(url))
     except BaseException:
         await proxy.stop()
         await servers.aclose()
         raise
-    return RemoteFront(proxy, servers, host, name, url, started, tasks)
+    return RemoteFront(proxy, servers, host, name, url, started, sessions)
 
 
 def _port_of(url: str) -> int:

@@ -143,7 +143,8 @@ class ProxyService:
                 if conv.hint:
                     self.index.add_hint(conv.hint, conv.id)
         self._started_at = h.started_at
-        self._backend = self._make_backend(h) if self._make_backend is not None else SessionBackend(h, self.servers)
+        self._backend = self._make_backend(h) if self._make_backend is not None else \
+            SessionBackend.here(h, self.servers)
         self._backend.disk_budget_bytes = self.disk_budget_bytes
         n_ctx, unified = [int(r.get("n_ctx") or 0) for r in slots if isinstance(r, dict)], bool(p and kv_unified(p))
         self.metrics = ProxyMetrics(self.profile, self._prefill_ms_per_token, model_name=served_model_name(props),

@@ -3,7 +3,8 @@ operations (:class:`SessionBackend`: a park, a restore with its final checks, an
 and deletion) and what a slot holds after a request cut short (:func:`tokens_left`).
 
 A conversation's park is a catalog session (``proxy-<id>``), private like every park; a host's server
-has the same operations over SSH (:class:`app.proxy.remote.HostBackend`).
+is reached through the same door (its :class:`app.servers.remote_sessions.RemoteSessions`, the host's
+own ``kv-valet`` over SSH).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Awaitable, Callable
 
 from app.core.verdict import tolerance
 from app.proxy import explain as explain_mod
@@ -19,8 +21,9 @@ from app.proxy.lease_parks import RestoreAvoided
 from app.proxy.metrics import ProxyMetrics
 from app.proxy.request_facts import CHAT_PATHS, TEXT_PATHS
 from app.server.client import ServerError, ServerUnreachable
-from app.server.statefile import StateFileError, read_state_tokens
+from app.server.statefile import StateFileError
 from app.servers.service import ServerHandle, ServerService
+from app.sessions.protocol import Sessions
 from app.sessions.resume import ResumeHazard, ResumeMismatch, ResumeRefused, ResumeUseless
 from app.sessions.watch import common_prefix
 
@@ -42,11 +45,16 @@ CUT_SHORT_QUIET_EVERY_S = 1.25
 
 
 class SessionBackend:
-    """The leases' slot operations through the server's session service: a conversation's park
-    is a catalog session (``proxy-<id>``), private like every park."""
+    """The leases' slot operations through the server's :class:`app.sessions.protocol.Sessions`, the
+    one door to a server's slots and parks, here or on a host: a conversation's park is a session of
+    that server's catalog (``proxy-<id>``), private like every park. ``sessions``: that server's
+    Sessions once it is there (an async getter: a server here connects its session service on
+    first use); ``sessions_now``: the same without waiting (None: not connected yet)."""
 
-    def __init__(self, handle: ServerHandle, servers: ServerService):
-        self.handle, self.servers = handle, servers
+    def __init__(self, handle: ServerHandle | None, sessions: Callable[[], Awaitable[Sessions]],
+                 sessions_now: Callable[[], Sessions | None]):
+        self.handle = handle
+        self._sessions, self._sessions_now = sessions, sessions_now
         self.checkpoints_loaded: dict[int, bool | None] = {}
         # a restore with no usable sidecar into a slot holding another chat's checkpoints, on a build
         # that keeps them across a restore (the turboquant fork): the session service's warning, or None
@@ -55,12 +63,21 @@ class SessionBackend:
         self.requests: dict[str, tuple[str, dict]] = {}
         self.metrics: ProxyMetrics | None = None  # told of each park and restore
 
+    @classmethod
+    def here(cls, handle: ServerHandle, servers: ServerService) -> "SessionBackend":
+        """A server here: its session service (:meth:`ServerService.sessions`)."""
+        return cls(handle, lambda: servers.sessions(handle.id), lambda: handle.sessions)
+
+    @classmethod
+    def of(cls, handle: ServerHandle | None, sessions: Sessions) -> "SessionBackend":
+        """A Sessions already made (a host's server: app.servers.remote_sessions.RemoteSessions)."""
+        async def get() -> Sessions:
+            return sessions
+        return cls(handle, get, lambda: sessions)
+
     @staticmethod
     def _conv_of(name: str) -> str:
         return name[len("proxy-"):] if name.startswith("proxy-") else name
-
-    async def _svc(self):
-        return await self.servers.sessions(self.handle.id)
 
     async def _observed(self, kind: str, name: str, op):
         """Await ``op`` (a park or a restore of ``name``) and tell the metrics how it went."""
@@ -82,8 +99,8 @@ class SessionBackend:
     disk_budget_bytes: int | None = None
 
     async def save(self, slot: int, name: str) -> int:
-        result = await self._observed("park", name, (await self._svc()).park(slot, name,
-                                                                           budget_bytes=self.disk_budget_bytes))
+        result = await self._observed("park", name, (await self._sessions()).park(
+            slot, name, budget_bytes=self.disk_budget_bytes))
         return result.record.n_tokens if result.record is not None else 0
 
     async def restore(self, slot: int, name: str) -> int:
@@ -96,8 +113,9 @@ class SessionBackend:
         try:
             # never onto another chat's checkpoints (the fork keeps a slot's across a restore), and never
             # where the resume matrix measured that the restore buys the turn nothing: re-process instead
-            # nor a park whose files are not the ones it wrote (another chat's sidecar copied over its own)
-            result = await self._observed("restore", name, (await self._svc()).resume(
+            # nor a park whose files are not the ones it wrote (another chat's sidecar copied over its own);
+            # on a host its own kv-valet makes the same checks
+            result = await self._observed("restore", name, (await self._sessions()).resume(
                 name, slot, force=True, avoid_hazard=True, avoid_useless=probe, avoid_mismatch=True))
         except ResumeMismatch as e:
             raise RestoreAvoided(f"{explain_mod.FOREIGN_FILES}: {'; '.join(e.problems)}") from None
@@ -106,7 +124,7 @@ class SessionBackend:
         except ResumeHazard as e:
             raise RestoreAvoided(e.hazard) from None
         # did the restore bring context checkpoints back (a sidecar this build loads)? None: not known
-        # or not needed (a dense model keeps every position)
+        # (a host checked its own) or not needed (a dense model keeps every position)
         self.checkpoints_loaded[slot] = result.prediction.loads if result.prediction is not None else None
         self.hazards[slot] = result.hazard
         return result.n_restored
@@ -115,13 +133,15 @@ class SessionBackend:
         """The final check before a restore: the park's own tokens (its state file) against the request's
         prompt as the server tokenises it. A park that shares next to nothing with the request is not this
         conversation's (an identity the messages got wrong): not restored (RestoreAvoided). When the check
-        cannot be made (no endpoint, an unreadable file) the restore goes on as decided."""
-        svc = self.handle.sessions
-        rec = svc.catalog.get(svc.profile_name, name) if svc is not None else None
-        if rec is None:
+        cannot be made (no endpoint, a park whose file is on a host, an unreadable file) the restore goes on
+        as decided."""
+        svc = self._sessions_now()
+        if svc is None or self.handle is None:
             return
         try:
-            saved = await asyncio.to_thread(read_state_tokens, rec.state_path)
+            saved = await svc.parked_tokens(name)
+            if saved is None:
+                return
             if path in CHAT_PATHS or path in identity.ROUTED_PATHS:  # (the chat request they amount to)
                 text = await self.handle.client.apply_template(
                     {k: v for k, v in body.items() if k in ("messages", "tools", "chat_template_kwargs")})
@@ -139,17 +159,18 @@ class SessionBackend:
                                  f"{len(saved):,} tokens with the prompt")
 
     async def erase(self, slot: int) -> None:
+        if self.handle is None:
+            raise RuntimeError("no server to erase a slot of")
         await self.handle.client.erase_slot(slot)
 
     def parked_size(self, name: str) -> int:
-        svc = self.handle.sessions
-        rec = svc.catalog.get(svc.profile_name, name) if svc is not None else None
-        return (rec.state_size + rec.sidecar_size) if rec is not None else 0
+        svc = self._sessions_now()
+        return svc.park_bytes(name) if svc is not None else 0
 
     def delete_park(self, name: str) -> None:
-        svc = self.handle.sessions
+        svc = self._sessions_now()
         if svc is not None:
-            svc.delete(name)
+            svc.discard(name)
 
 
 async def tokens_left(servers: ServerService, target_id: str, slot: int, *, streamed: bool = True) -> int | None:

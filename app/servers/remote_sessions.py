@@ -170,6 +170,8 @@ class RemoteSessions:
         self._queue_cbs: Observers[[]] = Observers(f"the queue of {host.name}")
         self.listings = 0  # how many times the host listed the sessions (each load that got an answer)
         self._doing: list[str] = []  # what the host is asked now, in order (the tab's queue line)
+        self._sizes: dict[str, int] = {}  # park -> bytes, as the host's park said
+        self._discarding: set[asyncio.Future] = set()  # deletions asked of the host, still running
 
     # -- what is known -------------------------------------------------------------------------
     @property
@@ -274,10 +276,50 @@ class RemoteSessions:
             self.status, self.loaded = status, True
             self._changed.emit()
 
+    async def _listed_again(self) -> None:
+        """After a park or a resume, the host's list again, for whoever shows it (the tab observes these
+        sessions); nobody does (the conversation proxy's door to the host's slots): no SSH round trip."""
+        if len(self._changed):
+            await self.load()
+
+    def park_bytes(self, name: str) -> int:
+        """Bytes the park ``name`` takes on the host (its sidecar included), as its last listing or the
+        park that made it said; 0 if not known."""
+        if name in self._sizes:
+            return self._sizes[name]
+        rec = next((r for r in self.records if r.name == name), None)
+        return rec.state_size + rec.sidecar_size if rec is not None else 0
+
+    async def parked_tokens(self, name: str) -> list[int] | None:
+        return None  # the park's state file is on the host
+
+    def discard(self, name: str) -> None:
+        """Delete the park ``name`` on the host (its ``kv-valet sessions rm``), in the background: a
+        failure is logged (a park already gone is no failure)."""
+        from app.core.background import track
+
+        self._sizes.pop(name, None)
+        self.records = [r for r in self.records if r.name != name]
+
+        async def rm() -> None:
+            status, _out, err = await self.remote.run_cli_as_is(["sessions", "rm", name, "--profile", self._profile])
+            if status != 0 and "no session" not in err.lower():
+                log.warning("the park %s on %s was not deleted: %s", name, self.host, err)
+        self._discarding.add(track(rm(), f"deleting the park {name} on {self.host}"))
+
+    async def settled(self) -> None:
+        """Until the deletions asked so far have run on the host."""
+        while self._discarding:
+            done = list(self._discarding)
+            self._discarding.clear()
+            await asyncio.gather(*done, return_exceptions=True)
+
     async def park(self, slot_id: int | None = None, name: str | None = None, *,
-                   on_progress=None) -> ParkResult:
+                   on_progress=None, budget_bytes: int | None = None) -> ParkResult:
         """Park through the host's ``kv-valet park --json`` (None: the host's default slot). The host's
-        steps are not relayed: ``on_progress`` hears that the park runs there."""
+        steps are not relayed: ``on_progress`` hears that the park runs there. ``budget_bytes`` is this
+        machine's budget: the host's disk is the host's, so a park there is not refused for it (the
+        proxy deletes its oldest parks after the fact, by :meth:`park_bytes`)."""
         from app.remote.host import RemoteError
         from app.sessions.service import ServiceError
 
@@ -295,28 +337,45 @@ class RemoteSessions:
         if not parked:
             raise ServiceError(f"no slot of '{self._profile}' on {self.host} holds tokens: nothing to park")
         result = park_result(parked[0], self._profile)
-        await self.load()
+        if result.record is not None:
+            self._sizes[result.record.name] = result.record.state_size + result.record.sidecar_size
+        await self._listed_again()
         return result
 
-    async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False) -> ResumeResult:
+    async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
+                     avoid_hazard: bool = False, avoid_useless: str | None = None,
+                     avoid_mismatch: bool = False) -> ResumeResult:
         """Resume through the host's ``kv-valet resume --json``; what it asks to confirm is asked
-        here (NeedsConfirmation), and ``force`` answers it (``--yes``)."""
+        here (NeedsConfirmation), and ``force`` answers it (``--yes``). The ``avoid_…`` refusals are
+        the host's own checks (``--unless-hazard``, ``--unless-useless``, ``--unless-files-changed``),
+        raised here as a server here raises them (ResumeHazard, ResumeUseless, ResumeMismatch)."""
         from app.remote.host import RemoteError
         from app.core.confirmation import NeedsConfirmation
-        from app.sessions.resume import ResumeFailed
+        from app.sessions.resume import ResumeFailed, ResumeHazard, ResumeMismatch, ResumeUseless
 
         argv = ["resume", self._profile, name, "--json"] + (["--yes"] if force else []) + \
-            (["--slot", str(slot_id)] if slot_id is not None else [])
+            (["--slot", str(slot_id)] if slot_id is not None else []) + \
+            (["--unless-hazard"] if avoid_hazard else []) + \
+            (["--unless-useless", avoid_useless] if avoid_useless else []) + \
+            (["--unless-files-changed"] if avoid_mismatch else [])
         try:
             async with self._asking(f"resume on {self.host}"):
                 d = await _json_of(self.remote, argv)
         except RemoteError as e:
             out = e.output if isinstance(e.output, dict) else {}
+            details = [str(x) for x in out.get("details") or ()]
+            refused = out.get("refused")
+            if refused == "files-changed":
+                raise ResumeMismatch(details) from None
+            if refused == "hazard":
+                raise ResumeHazard(details[0] if details else str(out.get("error"))) from None
+            if refused == "useless":
+                raise ResumeUseless(reason=details[0] if details else None) from None
             if "needs confirmation" in str(out.get("error") or ""):
-                raise NeedsConfirmation([str(x) for x in out.get("details") or ()]) from None
+                raise NeedsConfirmation(details) from None
             raise ResumeFailed(str(e)) from None
         result = resume_result(d, self._profile)
-        await self.load()
+        await self._listed_again()
         return result
 
     async def park_all(self, prefix: str | None = None, *, remember: bool = False) -> list[ParkResult]:

@@ -75,18 +75,35 @@ class Sessions(Protocol):
     async def slot_rows(self) -> "list[SlotRow]": ...
 
     async def park(self, slot_id: int | None = None, name: str | None = None, *,
-                   on_progress: "Callable[[str], None] | None" = None) -> "ParkResult":
+                   on_progress: "Callable[[str], None] | None" = None,
+                   budget_bytes: int | None = None) -> "ParkResult":
         """Park ``slot_id`` (None: the default slot) as ``name``; raises ServiceError. ``on_progress``
-        hears each step, where the implementation can tell them."""
+        hears each step, where the implementation can tell them; ``budget_bytes``: this machine's most a
+        park may take (a park here predicted larger is refused before it runs)."""
 
-    async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False) -> "ResumeResult":
-        """Resume ``name``; raises ResumeRefused, NeedsConfirmation (unless ``force``), ResumeFailed."""
+    async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
+                     avoid_hazard: bool = False, avoid_useless: str | None = None,
+                     avoid_mismatch: bool = False) -> "ResumeResult":
+        """Resume ``name``; raises ResumeRefused, NeedsConfirmation (unless ``force``), ResumeFailed.
+        Even with ``force``, a caller that re-processes instead asks to leave it parked (ResumeHazard,
+        ResumeUseless for the ``avoid_useless`` probe "chat" or "exact", ResumeMismatch)."""
 
     async def check(self, name: str, slot_id: int | None = None, *, force: bool = False):
         """Restore ``name`` and judge a first query (capabilities.check); raises ServiceError."""
 
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False):
         """The A/B: with its sidecar and with it hidden (capabilities.check); raises ServiceError."""
+
+    def park_bytes(self, name: str) -> int:
+        """Bytes the park ``name`` takes (its sidecar included); 0 if not known."""
+
+    def discard(self, name: str) -> None:
+        """Delete the park ``name`` (its files and its record): here at once, on a host in the background;
+        a failure is logged (the conversation proxy's parks past its disk budget, a restore that failed)."""
+
+    async def parked_tokens(self, name: str) -> "list[int] | None":
+        """The park's own tokens, read from its state file where this machine can read it (None: a host's
+        park, or no such park). Raises OSError or StateFileError for a file that cannot be read."""
 
     async def park_all(self, prefix: str | None = None, *, remember: bool = False) -> "list[ParkResult]":
         """Park every slot that holds tokens (capabilities.park_all)."""

@@ -60,10 +60,12 @@ class ResumeUseless(ResumeRefused):
     family, build and flags): the next turn re-prefills everything all the same. Asked for by a caller
     that can process the prompt instead and keep the park (the conversation proxy)."""
 
-    def __init__(self, prediction):
+    def __init__(self, prediction=None, *, reason: str | None = None):
+        """From the matrix's ``prediction``, or, said by a host's kv-valet, from its ``reason`` alone."""
         self.prediction = prediction
-        reason = prediction.sentence + (f"; to resume: {prediction.remedy}" if prediction.remedy else "")
-        super().__init__([reason])
+        if prediction is not None:
+            reason = prediction.sentence + (f"; to resume: {prediction.remedy}" if prediction.remedy else "")
+        super().__init__([reason or "a restore buys nothing on this server"])
 
 
 class ResumeMismatch(ResumeRefused):

@@ -72,6 +72,7 @@ def test_another_chats_sidecar_is_refused_until_yes_and_the_right_one_checks(fak
                          "--unless-files-changed", "--json"]) == 1
         refused = json.loads(capsys.readouterr().out)
         assert refused["ok"] is False and refused["error"] == "its files are not the ones parked: 'Y' was left parked"
+        assert refused["refused"] == "files-changed"  # what RemoteSessions.resume reads (ResumeMismatch)
         assert any(named in d for d in refused["details"]), refused
         assert httpx.get(url + "/slots", timeout=30).json()[1] == before  # nothing was restored
         assert cli_main(["resume", url, "X", "--slot", "0", "--save-dir", str(slots), "--yes",

@@ -544,7 +544,7 @@ SESSION_DOORS = {"app.sessions.service", "app.sessions.protocol", "app.sessions.
 #: the values a face may take from a module of steps: errors, a park's result, a recovery, an enum
 SESSION_VALUES = {
     "app.sessions.records": {"AmbiguousName"},
-    "app.sessions.resume": {"ResumeFailed", "ResumeMismatch", "ResumeRefused"},
+    "app.sessions.resume": {"ResumeFailed", "ResumeHazard", "ResumeMismatch", "ResumeRefused", "ResumeUseless"},
     "app.sessions.park": {"ParkResult"},
     "app.sessions.journal": {"Recovery"},
     "app.sessions.slots": {"Purpose"},

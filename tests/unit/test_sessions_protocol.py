@@ -109,6 +109,7 @@ async def test_a_host_that_does_not_answer_is_said_not_raised():
 async def test_park_on_a_host_answers_a_park_result_and_lists_again():
     host = StandInHost(park=PARKED)
     there = RemoteSessions(host, "there")
+    there.on_change(lambda: None)  # a tab shows its list
     result = await there.park(0, "again")
     assert (["park", "there", "--json", "--slot", "0", "--name", "again"], (0, 1)) in host.calls
     assert isinstance(result, ParkResult) and result.ok and result.slot_id == 0 and result.warnings == ["slow disk"]
@@ -116,6 +117,11 @@ async def test_park_on_a_host_answers_a_park_result_and_lists_again():
     assert (rec.name, rec.n_tokens, rec.state_size, rec.save_ms) == ("again", 1234, 3 * 2**20, 12.5)
     assert rec.sidecar_status is SidecarStatus.NOT_NEEDED and rec.sidecar_reason == "dense model"
     assert there.listings == 1  # listed again after the park
+    assert there.park_bytes("again") == 3 * 2**20  # its size as the park said (the proxy's disk budget)
+
+    unseen = RemoteSessions(StandInHost(park=PARKED), "there")  # nobody shows its list (the proxy's door)
+    await unseen.park(0, "again")
+    assert unseen.listings == 0 and [c[0][0] for c in unseen.remote.calls] == ["park"]  # no SSH round trip
 
     nothing = RemoteSessions(StandInHost(park={"ok": True, "profile": "there", "sessions": []}), "there")
     with pytest.raises(ServiceError, match="nothing to park"):
