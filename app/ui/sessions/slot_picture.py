@@ -31,17 +31,18 @@ class SlotPicture:
         servers.service.samplers.unsubscribe(self._on_picture)
 
     def bind(self, svc, first: bool) -> None:
-        """``svc`` (a SessionService here) is the controller's service now; ``first``: hook its reads."""
+        """``svc`` (a SessionService here) is the controller's service now; ``first``: hook its reads,
+        which feed its own server's sampler from then on, shown or not (a proxy's park of another)."""
         c = self.controller
         self.key = next((tid for tid, h in list(c.servers.service.servers.items()) if h.sessions is svc),
                         None) if c.servers is not None else None
         if first:
-            svc.on_slots(lambda rows, s=svc: self._feed(s, rows))
+            svc.on_slots(lambda rows, s=svc, key=self.key: self._feed(s, key, rows))
 
-    def sampler(self):
-        """The one sampler of the server here the controller's service belongs to, or None."""
-        c = self.controller
-        return c.servers.service.sampler(self.key) if c.servers is not None and self.key else None
+    def sampler(self, key: str | None = None):
+        """The one sampler of the server here ``key`` names (default: the controller's service's), or None."""
+        c, key = self.controller, key or self.key
+        return c.servers.service.sampler(key) if c.servers is not None and key else None
 
     def _shown_here(self) -> bool:
         c = self.controller
@@ -52,10 +53,10 @@ class SlotPicture:
         if key == self.key and self._shown_here():
             self.controller.slots_changed.emit(list(snap.slots))
 
-    def _feed(self, svc, rows) -> None:
+    def _feed(self, svc, key: str | None, rows) -> None:
         """A workflow of ``svc`` read /slots for its decision: that read is the picture, not one more."""
         c = self.controller
-        sampler = self.sampler() if svc is c.service else None
+        sampler = self.sampler(key) if key is not None and not c.closed else None
         if sampler is not None:
             c.spawn(sampler.feed_slots(rows), "the slots a decision read, as the server's picture")
         elif svc is c.sessions and not c.closed:
