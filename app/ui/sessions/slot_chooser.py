@@ -2,7 +2,7 @@
 
 "default slot" and one item per slot of the server's live ``/slots`` (its
 tokens, restored or not, busy or not); the Sessions panel feeds it the
-:class:`~app.monitor.slots.SlotRow` list of each read (and of each Monitor tick).
+:class:`~app.monitor.slots.SlotRow` list of the server's one slot picture (app.ui.sessions.slot_picture).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QComboBox
 
 from app.sessions.slots import Purpose, default_slot
-from app.monitor.slots import SlotRow
+from app.monitor.slots import SlotRow, held_tokens
 
 
 class SlotChooser(QComboBox):
@@ -34,7 +34,7 @@ class SlotChooser(QComboBox):
         for r in rows:
             if r.id is None:
                 continue
-            n = r.tokens_held or 0
+            n = held_tokens(r)
             text = f"{n:,} tokens" + (" (restored)" if r.tokens_known_from_restore else "") if n else "empty"
             self.addItem(f"slot {r.id} — {text}" + (" (busy)" if r.busy else ""), r.id)
         idx = self.findData(current)
