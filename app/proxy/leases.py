@@ -416,7 +416,9 @@ class SlotLeases:
                     or not self._parks.restore_pays(conv, conv.n_tokens):
                 continue
             slot = free[0]
-            last_used, lost = conv.last_used, t.lost.get(conv.id)  # a warm restore is no use of it
+            # a warm restore is no use of the conversation: when it was used last, what its last reply left
+            # (a park older than that is judged against it at its next turn) and why it is in no slot stay
+            last_used, held, lost = conv.last_used, conv.n_tokens, t.lost.get(conv.id)
             lease = t.new_lease(slot, conv)
             conv.last_used = last_used
             slot.set(SlotState.RESTORING)
@@ -429,7 +431,7 @@ class SlotLeases:
             if n > 0 and not lease.restore_failed and lease.restore_avoided is None and slot.holder == conv.id:
                 slot.set(SlotState.IDLE_CLEAN)  # what it holds is its park
                 slot.warmed_from = name
-                conv.slot = slot.index
+                conv.slot, conv.n_tokens = slot.index, max(held, n)
                 self._journal.write("released", slot, touched=[conv], detail="warm start")
                 warmed.append(conv.id)
             elif slot.holder == conv.id:  # logged by the parks; the conversation is where it was (a failed
@@ -444,10 +446,13 @@ class SlotLeases:
 
     def _lease_held(self, slot: Slot, conv: Conversation) -> Lease:
         lease = self._table.new_lease(slot, conv)
-        if slot.warmed_from is not None:  # restored at the start for this request: judged as a restore
+        if slot.warmed_from is not None:  # restored at the start for this request: judged as a restore,
+            # against what its last reply left (a park older than that lost the turns after it: why, said)
             lease.restored_from = slot.warmed_from
+            lost, taken_by = self._table.lost.get(conv.id, (None, None))
             lease.slot_context = SlotContext(held=True, restored=True, restored_tokens=slot.n_tokens,
-                                             expected_tokens=slot.n_tokens)
+                                             expected_tokens=max(slot.n_tokens, conv.n_tokens), lost=lost,
+                                             taken_by=taken_by)
             slot.warmed_from = None
             slot.set(SlotState.BUSY)
             self._journal.write("acquired", slot, touched=[conv])

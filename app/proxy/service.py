@@ -597,13 +597,21 @@ class ProxyService:
 
     def _on_server_state(self, state, outcome) -> None:
         """The server process ended (killed, crashed, stopped): every slot is empty from now on, and
-        the leases say so at once, not at the next request (a request cut off by it is explained by it)."""
+        the leases say so at once, not at the next request (a request cut off by it is explained by it).
+        Ready again: the warm start runs again."""
         from app.core.states import ServerState
 
         if state in (ServerState.CRASHED, ServerState.STOPPED) and self.leases is not None \
                 and self.http is not None and self._started_at is not None:
             self._started_at = None  # the next request's _check_restart does not reset a second time
             self.leases.note_server_restarted()
+        elif state is ServerState.READY and self._started_at is None and self.leases is not None \
+                and self.http is not None:
+            # the server back (a crash and its auto-restart, a start from the window): its process is the
+            # one the slots are of now, and the conversations used last come back as at the proxy's start
+            self._started_at = self.handle.started_at
+            if self.warm_start and not self.steps_aside:
+                self.warming = track(self._warm(), f"proxy {self.target_id}: warm start after a restart")
 
     def _check_restart(self) -> None:
         """A new server process (a restart, a crash and auto-restart): no slot holds anything."""

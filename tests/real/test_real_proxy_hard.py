@@ -207,8 +207,9 @@ def test_a_client_disconnecting_mid_stream_then_rotation(v2_profile):
 def test_server_killed_mid_generation(v2_profile):
     """SIGKILL llama-server while a stream runs through the proxy: the client gets an error (not a
     short answer), the supervisor restarts the server, the leases reset (every slot FREE, nothing
-    left RESTORING), the conversations that were only in slots are explained SERVER_RESTARTED, and
-    the parked one comes back warm (v2 sidecar build: HIT)."""
+    left RESTORING), the warm start restores the parked ones into free slots before any request, the
+    conversations that were only in slots are explained SERVER_RESTARTED, and the parked one comes back
+    warm (v2 sidecar build: HIT, restored from its park)."""
     async def go():
         async with Proxied(v2_profile.replace(auto_restart=True)) as p:
             first, back_a, again_c = await rotate(p)  # A and C in the slots (dirty), B parked
@@ -232,8 +233,13 @@ def test_server_killed_mid_generation(v2_profile):
             await until(seen, ServerState.READY)  # auto_restart
             assert sup.pid != old_pid
             assert p.judged.empty()  # the killed request is not judged: it has no timings
-            # the leases reset at once: no slot holds anything, nothing is half-restored
-            assert all(v.state is SlotState.FREE and v.conversation is None for v in p.proxy.leases.snapshot())
+            # the leases reset at once: nothing is half-restored, and the warm start brought back the
+            # conversations that have a park (B's, and an older one of A's), before any request
+            warmed = await asyncio.wait_for(p.proxy.warming, 120)
+            assert b in warmed and all(p.proxy.conversations[c].parked_as for c in warmed), warmed
+            slots = p.proxy.leases.snapshot()
+            assert sorted(v.conversation for v in slots if v.conversation) == sorted(warmed), slots
+            assert all(v.state is (SlotState.IDLE_CLEAN if v.conversation else SlotState.FREE) for v in slots), slots
             for rec in (back_a, again_c):
                 assert p.proxy.leases.lost_cause(rec.conversation)[0] is Cause.SERVER_RESTARTED
             # the parked conversation comes back warm

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app.core.conversation import Conversation
+from app.core.conversation import Cause, Conversation
 from app.proxy.lease_table import SlotState
 from tests.unit.test_proxy_leases import FakeBackend, make, settle, store  # noqa: F401  (fixture)
 
@@ -94,3 +94,21 @@ async def test_no_warm_start_over_a_server_that_clears_idle_slots():
     assert be.calls == []
 
 
+
+
+async def test_a_park_older_than_the_last_reply_is_judged_against_the_last_reply():
+    """A conversation that went on after its park (restored, two more turns) when the server restarted:
+    the warm start restores the older park, and its next request expects what the last reply left, with
+    the restart as the reason it is in no slot (the turns after the park were lost: not a HIT)."""
+    be = FakeBackend()
+    leases = make(1, backend=be)
+    a = parked("a", 100, 1.0, be)
+    a.n_tokens = 180  # its last reply left 180 tokens; its park holds 100
+    leases.note_server_restarted()
+    leases._table.note_lost("a", Cause.SERVER_RESTARTED, None)
+    assert await leases.warm([a]) == ["a"]
+    assert a.n_tokens == 180 and a.last_used == 1.0
+    lease = await leases.acquire(a, 200)
+    ctx = lease.slot_context
+    assert ctx.restored and ctx.restored_tokens == 100 and ctx.expected_tokens == 180
+    assert ctx.lost is Cause.SERVER_RESTARTED and lease.restarted
