@@ -96,11 +96,11 @@ async def slot_chooser_shows(panel, slot_id, text, timeout=120):
     raise AssertionError([panel.slot.itemText(i) for i in range(panel.slot.count())])
 
 
-@contextlib.contextmanager
-def slots_reads(w):
+@contextlib.asynccontextmanager
+async def slots_reads(w):
     """Each ``GET /slots`` of the shown server through its one HTTP client while the block runs, with
-    the periodic readers held off: the server list's refresh (the Monitor tab is not seen: its sampler
-    is paused)."""
+    the periodic readers held off: the server list's refresh (one already under way ends first; the
+    Monitor tab is not seen: its sampler is paused)."""
     client, reads = w.controller.handle.client, []
     real = client.slots
 
@@ -108,7 +108,9 @@ def slots_reads(w):
         reads.append(args)
         return await real(*args, **kwargs)
 
-    client.slots, w.server_list.refresh_soon = counted, lambda: None
+    w.server_list.refresh_soon = lambda: None
+    await w.server_list.tasks.wait()
+    client.slots = counted
     try:
         yield reads
     finally:
@@ -129,7 +131,7 @@ def test_park_resume_verdict_delete_by_clicks(setup, qloop, qtbot):
         qtbot.keyClicks(panel.name, "long chat")
         clicked = time.time()
         pictured = signal_future(w.monitor_panel.sig_snapshot, lambda snap: snap.taken_at >= clicked)
-        with slots_reads(w) as reads:
+        async with slots_reads(w) as reads:
             label, ok, text = await click(qtbot, panel, panel.park_button, Operation.PARK)
             picture = await asyncio.wait_for(pictured, 120)
         assert ok and "Parked slot 0 as 'long chat'" in text
