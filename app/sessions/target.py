@@ -75,7 +75,8 @@ class ServerTarget:
     router: bool = False
     # told the rows of every read of /slots a decision made (a park, a resume, a check): the server's
     # one slot picture takes them (its sampler's, app.monitor.sampler.Sampler.feed_slots), not a read more
-    slots_read: Observers[[list[SlotRow]]] = field(default_factory=lambda: Observers("the slots were read"))
+    slots_read: Observers[[list[SlotRow]]] = field(default_factory=lambda: Observers("the slots were read"),
+                                                   compare=False, repr=False)
 
     async def slot_rows(self) -> list[SlotRow]:
         """``GET /slots`` as typed rows, with what the app knows that /slots does not (a router has none
