@@ -89,7 +89,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         sb.addPermanentWidget(self.time_saved_label)
         sb.addPermanentWidget(self.progress)
         self.setStatusBar(sb)
-        self._show_state(ServerState.STOPPED, "")
+        self.show_state(ServerState.STOPPED, "")
         theme.watcher().sig_changed.connect(self._on_theme_changed)  # light ↔ dark
 
         self.profiles.sig_start.connect(self._on_start)
@@ -99,7 +99,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.profiles.sig_build_server.connect(self._on_build_server)
         self.profiles.sig_selected.connect(lambda name: self.controller.select(profile_target_id(name)))
         self.controller.sig_selected.connect(self._on_selected)
-        self.controller.sig_state.connect(self._show_state)
+        self.controller.sig_state.connect(self.show_state)
         self.controller.sig_error.connect(self._on_refused)
         self.controller.sig_crashed.connect(self._on_crashed)
         self.controller.sig_progress.connect(self._on_progress)
@@ -256,7 +256,8 @@ class MainWindow(QuitsInOrder, QMainWindow):
         self.controller.start(profile)
 
     # -- server state -----------------------------------------------------
-    def _show_state(self, state: ServerState, detail: str) -> None:
+    def show_state(self, state: ServerState, detail: str) -> None:
+        """The status bar says the selected server's state (a host's row: app.ui.servers.remote_view)."""
         self._shown_state = (state, detail)
         colour = theme.hex_of(STATE_ROLES.get(state, "muted"))
         self.state_label.setText(f"<b style='color:{colour}'>● Server {state}</b>")
@@ -276,7 +277,7 @@ class MainWindow(QuitsInOrder, QMainWindow):
             self.progress.hide()
 
     def _on_theme_changed(self, _dark: bool) -> None:
-        self._show_state(*self._shown_state)
+        self.show_state(*self._shown_state)
 
     def show_time_saved(self, seconds: float) -> None:
         """The prefill time all resumes avoided (app.core.verdict.time_saved), in the status bar."""

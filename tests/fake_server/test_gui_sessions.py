@@ -322,7 +322,7 @@ def test_long_messages_do_not_widen_the_window(setup, qloop, qtbot):
     width = w.width()
     long_path = "/home/user/.local/share/kv-valet/sessions/" + "a-very-long-session-name-" * 12 + ".bin"
     panel.say(f"Parked slot 0 as 'x' in {long_path}", ok=True)
-    w._show_state("Crashed", f"exit 134 (SIGABRT): GGML_ASSERT failed at {long_path}")
+    w.show_state("Crashed", f"exit 134 (SIGABRT): GGML_ASSERT failed at {long_path}")
     w.show_message(f"The server stopped unexpectedly: {long_path}")
     settle_layouts()
     assert w.width() == width

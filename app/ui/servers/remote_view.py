@@ -60,7 +60,7 @@ class RemoteView(QObject):
                 self._stop_sampling()
                 self.panel.controller.set_sessions(self.panel.controller.service)
                 state = self.window.controller.state
-                self.window._show_state(state, "")
+                self.window.show_state(state, "")
                 if state is not ServerState.READY:  # else its sampler starts again and shows it
                     self.monitor.clear_shown(f"Not sampling: the server is {state.lower()}.")
             return
