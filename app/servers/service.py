@@ -53,6 +53,7 @@ from app.server.supervisor import (LaunchError, LogBuffer, PidRecord, StartFaile
                                    find_leftover_server, terminate_leftover)
 from app.server.targets import (TargetSpec, client_for, free_loopback_port, listening_pid,  # noqa: F401
                                 load_profile, profile_target_id, resolve_target, url_target_id)
+from app.servers.host_server import HostServer
 from app.servers.events import (LaunchPlanned, LaunchRefused, Notice, Parking, Progress, ProxyChanged,
                                 ServerEvent, SessionsChanged, StateChanged)
 from app.store.catalog import Catalog
@@ -186,6 +187,7 @@ class ServerService:
         self._interrupt = asyncio.Event()
         self._parking: dict[str, asyncio.Task] = {}
         self.samplers = Samplers()  # one per server, one NVML handle for them all
+        self.hosts: dict[str, HostServer] = {}  # the servers of SSH hosts, by HOST:PROFILE (host_server)
         self._closed = False
 
     @property
@@ -484,10 +486,25 @@ class ServerService:
             self.notify(StateChanged(target_id, ServerState.STOPPED, "detached"))
         await h.client.aclose()
 
+    def host_server(self, host, profile: str, target_id: str | None = None) -> HostServer:
+        """The handle of the server of ``profile`` on ``host`` (app.remote.host.RemoteHost), made at the
+        first ask and kept until this service closes: its sessions and its one sampler
+        (app.servers.host_server). A host reached by another connection now gets a new one."""
+        tid = target_id or f"{host.name}:{profile}"
+        hs = self.hosts.get(tid)
+        if hs is None or hs.sessions.remote is not host:
+            if hs is not None:
+                track(hs.aclose(), f"closing the old handle of {tid}")
+            hs = self.hosts[tid] = HostServer(host, profile, tid)
+        return hs
+
     async def aclose(self) -> None:
         self._closed = True
         for tid in list(self.servers):
             await self.remove(tid)
+        for hs in list(self.hosts.values()):
+            await hs.aclose()
+        self.hosts.clear()
         await self.samplers.aclose()
         if self._owns_catalog and self._catalog is not None:
             self._catalog.close()

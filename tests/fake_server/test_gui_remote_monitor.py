@@ -10,7 +10,7 @@ import pytest
 
 from app.servers import remote_sessions as rv_jobs
 from app.servers.server_list import RemoteServerSource
-from app.ui.servers import remote_view
+from app.servers import host_server
 from app.ui.operations import Operation
 from tests.conftest import signal_future
 from tests.fake_server.gui_helpers import make_window
@@ -56,7 +56,7 @@ class StandInHost:
 
 def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_the_status_bar(
         qtbot, qloop, tmp_path, monkeypatch):
-    monkeypatch.setattr(remote_view, "MONITOR_EVERY_S", 0.01)  # asked again at once: overlap would show
+    monkeypatch.setattr(host_server, "MONITOR_EVERY_S", 0.01)  # asked again at once: overlap would show
     w, _profile = make_window(qtbot, tmp_path)
     host = StandInHost()
     view, monitor = w.remote_view, w.monitor_panel
@@ -90,6 +90,9 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
         await host.answers.put({**STATUS, "slots": STATUS["slots"][:1]})
         await asyncio.wait_for(again, 120)
         assert monitor.slots_model.rowCount() == 1 and host.most == 1
+        # one picture: the status the Monitor's sampler read is the Sessions tab's slots too (no call of its own)
+        calls = host.calls
+        assert [r.id for r in await sessions.controller.sessions.slot_rows()] == [0] and host.calls == calls
 
         # the host's other profile: not running there
         shown_idle = signal_future(view.sig_monitor, lambda tid: tid == "gpu-box:idle")
@@ -97,11 +100,13 @@ def test_a_remote_row_shows_its_slots_and_gpus_in_the_monitor_and_its_state_in_t
         await asyncio.wait_for(shown_idle, 120)
         assert "Stopped on gpu-box" in w.state_label.text() and monitor.slots_model.rowCount() == 0
 
-        # a profile of this machine: the polling stops, the status bar is this machine's again
-        task = view._poll_task
+        # a profile of this machine: the polling stops, the status bar is this machine's again; the server
+        # service keeps each host server's handle (its one sampler, paused; its sessions), the view shows none
+        hosts = w.controller.service.hosts
+        assert sorted(hosts) == ["gpu-box:big", "gpu-box:idle"] and view.sampler is hosts["gpu-box:idle"].sampler
+        assert hosts["gpu-box:big"].sampler.paused and not hosts["gpu-box:idle"].sampler.paused
         w.controller.select("profile:fake")  # as a click on the profile on the left does (it is current there)
-        await asyncio.wait({task}, timeout=120)
-        assert task.done() and view._poll_task is None
+        assert view.shown is None and all(h.sampler.paused for h in hosts.values())
         assert "Server Stopped" in w.state_label.text() and "not sampling" in monitor.status_label.text().lower()
         assert w.sessions_panel.controller.sessions is None and w.sessions_panel.delete_button.isEnabled()
         calls = host.calls

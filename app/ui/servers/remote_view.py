@@ -1,15 +1,15 @@
-"""A remote row of the server list drives the tabs (issues #20, #27).
+"""A remote row of the server list drives the tabs (issues #20, #27, #37).
 
-Selecting a host's server (a row whose target id is ``HOST:PROFILE``) shows in the Sessions tab
-that server's :class:`app.servers.remote_sessions.RemoteSessions`, through the tab's one entry
-point (its controller's ``set_sessions``) as a server here is shown: its parked sessions, its slots, Park and Resume
-through the host's own ``kv-valet``, the controls its capabilities allow. The Log tab says where that
-server's log is. The Monitor tab shows the host's slots and GPUs from the one sampler of that server
-(:class:`app.monitor.sampler.Sampler` over its ``kv-valet status PROFILE --json``, one call at a
-time, paused while the tab is not seen; it stops when another row is selected), and the status bar
-says the remote server's state ("Ready on gpu-box").
-Everything runs as a task of the Sessions tab: the window never waits on SSH; a failure is said in
-the status bar and on the tab's hint line (the sessions' ``describe``).
+Selecting a host's server (a row whose target id is ``HOST:PROFILE``) shows that server's handle in
+the server service (:meth:`app.servers.service.ServerService.host_server`,
+:class:`app.servers.host_server.HostServer`): its sessions in the Sessions tab, through the tab's one
+entry point (its controller's ``set_sessions``) as a server here is shown: its parked sessions, its
+slots, Park and Resume through the host's own ``kv-valet``, the controls its capabilities allow. The
+Log tab says where that server's log is. The Monitor tab shows the snapshots of the handle's one
+sampler (its ``kv-valet status PROFILE --json``, asked while the tab is seen), which also feed its
+sessions' slots; the status bar says the remote server's state ("Ready on gpu-box"). This view decides
+nothing: it only shows the handle. Everything runs as a task of the Sessions tab: the window never
+waits on SSH; a failure is said in the status bar and on the tab's hint line (the sessions' ``describe``).
 """
 
 from __future__ import annotations
@@ -20,17 +20,13 @@ import time
 from PySide6.QtCore import QObject, Signal
 
 from app.core.states import ServerState
-from app.monitor.sampler import Sampler
-from app.monitor.snapshot import Snapshot, error_snapshot
+from app.monitor.snapshot import Snapshot
 from app.servers import remote_sessions as rs
-from app.servers.remote_sessions import RemoteSessions
+from app.servers.host_server import HostServer
 from app.servers.server_list import STATE_ROLES
 from app.ui.widgets import theme
 
 log = logging.getLogger(__name__)
-
-#: seconds between two ``kv-valet status --json`` of the host while its row is selected and the Monitor seen
-MONITOR_EVERY_S = 3.0
 
 
 class RemoteView(QObject):
@@ -43,21 +39,24 @@ class RemoteView(QObject):
         self.panel = window.sessions_panel
         self.servers = window.server_list.servers
         self.monitor = window.monitor_panel
-        self.shown: RemoteSessions | None = None  # the host's server the tabs show
-        self.sampler: Sampler | None = None  # its one sampler
-        self._poll_task = None  # the task that runs it (a task of the Sessions tab: it ends with the window)
+        self.shown: HostServer | None = None  # the host's server the tabs show
+        self._hooked: set[str] = set()  # the handles whose sessions' changes this view hears (once each)
         self._listed = 0  # the shown sessions' listings seen (sig_loaded once per listing)
         self._clicked: float | None = None
         window.controller.sig_selected.connect(self._on_selected)
         window.controller.sig_state.connect(lambda *_: self.show_state())  # after the window's "Server Stopped"
         window.tabs.currentChanged.connect(lambda _i: self._update_pause())  # the Monitor seen: asked at once
 
+    @property
+    def sampler(self):
+        """The shown host server's one sampler (None: none shown)."""
+        return self.shown.sampler if self.shown is not None else None
+
     def _on_selected(self, target_id: str) -> None:
         row = self.servers.row(target_id)
         if row is None or row.kind != "remote":
             if self.shown is not None:
-                self.shown = None
-                self._stop_sampling()
+                self._let_go()
                 self.panel.controller.set_sessions(self.panel.controller.service)
                 state = self.window.controller.state
                 self.window.show_state(state, "")
@@ -67,93 +66,79 @@ class RemoteView(QObject):
         source = next((s for s in self.servers.sources if s.name == row.host), None)
         if source is None:
             return
-        self.shown = remote = RemoteSessions(source.host, row.profile, row.target_id)
-        self._listed, self._clicked = 0, time.perf_counter()
-        remote.on_change(lambda r=remote: self._on_changed(r))
+        hs = self.window.controller.service.host_server(source.host, row.profile, row.target_id)
+        self._let_go()
+        self.shown = hs
+        remote = hs.sessions
+        self._listed, self._clicked = remote.listings, time.perf_counter()
+        if hs.target_id not in self._hooked:
+            self._hooked.add(hs.target_id)
+            remote.on_change(lambda h=hs: self._on_changed(h))
         self.panel.controller.set_sessions(remote)
         self.window.log_panel.view.setPlainText(rs.NO_REMOTE_LOG.format(host=row.host, profile=row.profile))
-        self.panel.controller.spawn(self._load(remote), f"listing the sessions of {target_id}")
-        self._stop_sampling()
+        self.panel.controller.spawn(self._load(hs), f"listing the sessions of {target_id}")
         self.show_state()
         self.monitor.clear_shown(f"Asking {row.host} for the status of '{row.profile}'…")
-        self._start_sampling(remote)
+        hs.watch(self._on_snapshot)
+        self._update_pause()
 
-    async def _load(self, remote: RemoteSessions) -> None:
-        if not await remote.load() and self.shown is remote:
-            self.window.show_message(remote.describe())
+    def _let_go(self) -> None:
+        """The shown host server is shown no more: its sampler pauses (the service keeps the handle)."""
+        hs, self.shown = self.shown, None
+        if hs is not None:
+            hs.unwatch(self._on_snapshot)
 
-    def _on_changed(self, remote: RemoteSessions) -> None:
+    async def _load(self, hs: HostServer) -> None:
+        if not await hs.sessions.load() and self.shown is hs:
+            self.window.show_message(hs.sessions.describe())
+
+    def _on_changed(self, hs: HostServer) -> None:
         """The shown host's sessions or status changed: the status bar, and sig_loaded once per listing."""
-        if remote is not self.shown:
+        if hs is not self.shown:
             return
         self.show_state()
-        if remote.loaded:
-            self.window.snapshot_label.show_snapshot(rs.snapshot_of(remote.status, host=remote.host,
-                                                                    profile=remote.profile_name, taken_at=time.time()))
+        snap = hs.snapshot()
+        if snap is not None:
+            self.window.snapshot_label.show_snapshot(snap)
+        remote = hs.sessions
         if remote.listings > self._listed:
             self._listed = remote.listings
             clicked, self._clicked = self._clicked, None
-            self.sig_loaded.emit(remote.target_id, time.perf_counter() - clicked if clicked is not None else 0.0)
+            self.sig_loaded.emit(hs.target_id, time.perf_counter() - clicked if clicked is not None else 0.0)
 
     async def reload(self) -> None:
         if self.shown is not None:
-            await self.shown.load()
+            await self.shown.sessions.load()
 
     # -- the Monitor tab and the status bar -------------------------------------------------------
     def show_state(self) -> None:
         """The status bar says the shown remote server's state ("Ready on gpu-box")."""
-        remote = self.shown
-        if remote is None:
+        hs = self.shown
+        if hs is None:
             return
-        row = self.servers.row(remote.target_id)
-        state = rs.remote_state(remote.status if remote.loaded else None,
-                                row.state if row is not None else ServerState.STOPPED)
+        row = self.servers.row(hs.target_id)
+        state = hs.state(row.state if row is not None else ServerState.STOPPED)
         colour = theme.hex_of(STATE_ROLES.get(state, "muted"))
-        self.window.state_label.setText(f"<b style='color:{colour}'>● {rs.state_text(state, remote.host)}</b>")
-        self.window.url_label.setText(f"'{remote.profile_name}' on {remote.host}" + (f" ({row.url})" if row and row.url
-                                                                                       else ""))
+        self.window.state_label.setText(f"<b style='color:{colour}'>● {rs.state_text(state, hs.host)}</b>")
+        self.window.url_label.setText(f"'{hs.profile}' on {hs.host}" + (f" ({row.url})" if row and row.url else ""))
 
-    def _start_sampling(self, remote: RemoteSessions) -> None:
-        """The one sampler of the host's server: its ``status --json`` as the Monitor's snapshot,
-        one call at a time, MONITOR_EVERY_S after the last answer; paused while the Monitor is not seen."""
-
-        async def take() -> Snapshot:
-            from app.remote.host import RemoteError
-
-            label = f"{remote.profile_name} on {remote.host}"
-            try:
-                status = await remote.remote.status(remote.profile_name)
-            except RemoteError as e:
-                return error_snapshot(label, f"{remote.host} did not answer: {e}")
-            if remote is self.shown:
-                remote.set_status(status)
-            return rs.snapshot_of(status, host=remote.host, profile=remote.profile_name, taken_at=time.time())
-
-        def shown(snap: Snapshot) -> None:
-            if remote is not self.shown or self.panel.controller.closed:
-                return
-            if snap.error:
-                self.monitor.clear_shown(snap.error)
-            else:
-                self.monitor.apply_snapshot(snap)
-            self.window.snapshot_label.show_snapshot(snap)
-            self.sig_monitor.emit(remote.target_id)
-
-        self.sampler = Sampler(take, on_snapshot=shown, interval=MONITOR_EVERY_S, busy_interval=MONITOR_EVERY_S,
-                               tick_timeout=120.0, url=f"{remote.profile_name} on {remote.host}")
-        self.sampler.pause()  # until the Monitor is seen
-        self._poll_task = self.panel.controller.spawn(self.sampler.run(), f"the Monitor of {remote.target_id}")
-        self._update_pause()
+    def _on_snapshot(self, snap: Snapshot) -> None:
+        """A snapshot of the shown host server's sampler: the Monitor tab and the status bar."""
+        hs = self.shown
+        if hs is None or self.panel.controller.closed:
+            return
+        if snap.error:
+            self.monitor.clear_shown(snap.error)
+        else:
+            self.monitor.apply_snapshot(snap)
+        self.window.snapshot_label.show_snapshot(snap)
+        self.sig_monitor.emit(hs.target_id)
 
     def _update_pause(self) -> None:
-        if self.sampler is None:
+        """The shown host server's sampler asks while the Monitor tab is seen, and pauses while not."""
+        if self.shown is None:
             return
         if self.monitor.isVisible():
-            self.sampler.resume()
+            self.shown.resume()
         else:
-            self.sampler.pause()
-
-    def _stop_sampling(self) -> None:
-        task, self._poll_task, self.sampler = self._poll_task, None, None
-        if task is not None:
-            task.cancel()  # the sampler stops with it
+            self.shown.pause()
