@@ -1,8 +1,10 @@
 """``kv-valet sessions move|copy|facts|receive``: a parked session to another profile or host.
 
-``move``/``copy`` run here (app.move.transfer); ``facts`` and ``receive`` are what another
-machine's ``kv-valet`` asks this one over SSH: the source's session and files, and the
-target's facts, commit and abort (the same code a local move runs).
+``move``/``copy`` run here (app.move.transfer); ``move-host`` is what another machine's
+``kv-valet`` runs on this one over SSH for a move, one process answering all its requests
+(app.move.host_side); ``facts`` and ``receive`` answer one each: the source's session and files,
+and the target's facts, commit and abort (the same code a local move runs; ``receive --abort``
+settles a commit whose ``move-host`` the sender lost).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def add_commands(ssa) -> None:
                       "listed the session (the sender deletes its source), else its files removed")
     r.add_argument("--json", action="store_true")
     r.set_defaults(run=cmd_receive)
+    h = ssa.add_parser("move-host", help="this machine's side of one move into or out of PROFILE, its requests on "
+                       "stdin (JSON lines; run by another kv-valet over SSH)")
+    h.add_argument("profile")
+    h.set_defaults(run=cmd_move_host)
 
 
 def _catalog():
@@ -206,6 +212,18 @@ def cmd_facts(args) -> int:
         catalog.close()
     _print({"record": asdict(s.record), "facts": s.facts.to_dict(),
             "files": [{"suffix": f.suffix, "path": f.path, "size": f.size} for f in s.files]})
+    return Exit.OK
+
+
+def cmd_move_host(args) -> int:
+    """One move's host process (app.move.host_side): its requests on stdin, its answers on stdout."""
+    from app.move.host_side import serve
+
+    catalog = _catalog()
+    try:
+        serve(catalog, args.profile, sys.stdin.buffer, sys.stdout.buffer)
+    finally:
+        catalog.close()
     return Exit.OK
 
 

@@ -121,26 +121,34 @@ def _learnt_state_version(catalog: Catalog, keys: list[str]) -> int | None:
     return None
 
 
+def _load_profile(name: str):
+    """The profile ``name`` here, read as app.server.targets.load_profile reads it, from the store itself:
+    that module and app.server.launcher import the HTTP client and the supervisor, a tenth of a second
+    of each move's host process (app.move.host_side) for nothing. Raises MoveError."""
+    from app.core.profile import ProfileError
+    from app.store.profiles import ProfileStore
+
+    store = ProfileStore()
+    try:
+        return store.ensure_default() if name == "default" else store.load(name)
+    except ProfileError as e:
+        raise MoveError(str(e)) from None
+
+
 def _folder_and_model(profile) -> tuple[object, Path, str]:
-    """(the profile as launched, its save folder, its model path) on this machine."""
+    """(the profile as launched, its save folder, its model path) on this machine. The folder is
+    app.server.launcher.slot_save_path_for's (tests/unit/test_move_cli.py holds them equal)."""
     from app.core.argv import absorb_extra_args
-    from app.server.launcher import slot_save_path_for
 
     profile = absorb_extra_args(profile)[0]
     model = str(Path(profile.model).expanduser()) if profile.model else ""
-    return profile, Path(slot_save_path_for(profile)).expanduser(), model
+    return profile, Path(profile.slot_save_path or paths.sessions_dir(profile.name)).expanduser(), model
 
 
 def receiving_folder(profile_name: str) -> tuple[Path, str]:
     """(save folder, model path) of ``profile_name`` here: all a commit or an abort needs (the
     rules ran at :func:`describe_target`). Raises MoveError for an unknown profile."""
-    from app.core.profile import ProfileError
-    from app.server.targets import load_profile
-
-    try:
-        return _folder_and_model(load_profile(profile_name))[1:]
-    except ProfileError as e:
-        raise MoveError(str(e)) from None
+    return _folder_and_model(_load_profile(profile_name))[1:]
 
 
 def _target_facts_sync(catalog: Catalog, profile, where: str) -> TargetFacts:
@@ -179,14 +187,9 @@ async def describe_target(catalog: Catalog, profile_name: str, *, where: str | N
     leftovers of crashed moves into its folder). Raises MoveError for an unknown profile."""
     from dataclasses import replace
 
-    from app.core.profile import ProfileError
     from app.sessions.model_identity import model_identity
-    from app.server.targets import load_profile
 
-    try:
-        profile = load_profile(profile_name)
-    except ProfileError as e:
-        raise MoveError(str(e)) from None
+    profile = _load_profile(profile_name)
     facts = await asyncio.to_thread(_target_facts_sync, catalog, profile, where or f"profile '{profile_name}'")
     ident = await model_identity(facts.model_path, kind=False)
     facts = replace(facts, model_size=ident.size, model_sha256=ident.sha256, model_quick_id=ident.quick_id)

@@ -11,6 +11,7 @@ left, :func:`settle` answers a sender that lost its commit's answer. Finishing o
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -89,7 +90,61 @@ _RESET = {"id": None, "last_restore_ms": None, "last_n_restored": None, "last_re
           "files_verified": ""}  # the sender's stamps: the first look here hashes (parked_files travels: same bytes)
 
 
-def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int) -> None:
+class ReadBack:
+    """The SHA-256 of a move's temporary file read back from this disk while its sender still writes
+    it: :meth:`advance` reads the bytes the sender says are written (its writes are sequential and
+    done), so the commit reads only the rest (:meth:`digest`) instead of the whole file after the
+    last byte arrived. Never raises: a file it could not follow (or that was replaced meanwhile) is
+    read back whole at the commit."""
+
+    BLOCK = 1 << 20
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.done = 0
+        self._h = hashlib.sha256()
+        self._fd: int | None = None
+        self._buf = bytearray(self.BLOCK)  # one buffer reused (see app.sessions.move_in.sha256_of)
+        self._broken = False
+
+    def advance(self, upto: int) -> None:
+        if self._broken:
+            return
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            view = memoryview(self._buf)
+            while self.done < upto:
+                n = os.preadv(self._fd, [view[:min(self.BLOCK, upto - self.done)]], self.done)
+                if n <= 0:
+                    break  # fewer bytes than said: digest() says so
+                self._h.update(view[:n])
+                self.done += n
+        except OSError as e:
+            log.info("move: %s cannot be read back as it comes: %s", self.path.name, e)
+            self._broken = True
+
+    def digest(self, size: int) -> str | None:
+        """The SHA-256 of the file's ``size`` bytes (the rest read now), or None: read it whole."""
+        self.advance(size)
+        if self._broken or self._fd is None or self.done != size:
+            return None
+        try:
+            held, now = os.fstat(self._fd), os.lstat(self.path)
+        except OSError:
+            return None
+        if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino) or now.st_size != size:
+            return None
+        return self._h.hexdigest()
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int,
+                  read_back: dict[str, ReadBack] | None = None) -> None:
     from app.server.statefile import StateFileError, read_state_header
 
     suffixes = [f.get("suffix", "") for f in files]
@@ -102,7 +157,8 @@ def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int
         size = p.stat().st_size
         if size != int(f["size"]):
             raise MoveError(f"{p.name} has {size:,} bytes, {int(f['size']):,} were sent")
-        digest = sha256_of(p)
+        follower = (read_back or {}).get(f["suffix"])
+        digest = (follower.digest(size) if follower is not None else None) or sha256_of(p)
         if digest != f["sha256"]:
             raise MoveError(f"checksum mismatch: {p.name} arrived with SHA-256 {digest[:12]}…, "
                             f"{str(f['sha256'])[:12]}… was sent")
@@ -116,14 +172,15 @@ def _verify_temps(save_dir: Path, move_id: str, files: list[dict], n_tokens: int
 
 
 def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, manifest: dict[str, Any], *,
-          model_path: str = "", receipt: bool = True) -> SessionRecord:
+          model_path: str = "", receipt: bool = True, read_back: dict[str, ReadBack] | None = None) -> SessionRecord:
     """The target's half of a move: check the temporary files (size, SHA-256 read back from
     this disk, state header), then rename them into place and write the catalog row, under
     the catalog's files lock and a journal entry (:func:`app.sessions.move_in.recover_moves`); returns the stored
     row. On any failure the temporary files are removed and nothing is listed.
     ``model_path``: the target profile's model. ``receipt``: leave the move's receipt for a
     sender in another process that may lose this answer (:func:`app.sessions.move_in.settle_move`); a move within
-    this process has the answer."""
+    this process has the answer. ``read_back``: per file suffix, the hash of what was read back as the
+    file was written (:class:`ReadBack`); a file without one is read back whole here."""
     folder = Path(save_dir)
     move_id = check_move_id(manifest.get("move_id", ""))
     try:
@@ -132,7 +189,7 @@ def adopt(catalog: Catalog, profile_name: str, save_dir: str | os.PathLike, mani
         src = dict(manifest["record"])
         if not name:
             raise MoveError("a session name cannot be empty")
-        _verify_temps(folder, move_id, files, int(src.get("n_tokens") or 0))
+        _verify_temps(folder, move_id, files, int(src.get("n_tokens") or 0), read_back)
         from app.sessions.files_lock import files_locked
 
         with files_locked(catalog):

@@ -14,7 +14,8 @@ folder and maybe its checkpoint sidecar (``<state>.ckpt``). A move:
    (read back from its disk) and the state file's header, then, under the catalog's
    files lock, renames the sidecar and the state file into place (both or neither) and
    writes the target catalog's row (:func:`app.move.receive.adopt`: the same code runs on
-   a remote host, through its ``kv-valet sessions receive``);
+   a remote host, in the move's one ``kv-valet sessions move-host`` process there,
+   :mod:`app.move.host_side`, which reads each chunk back as soon as it is written);
 4. for a move (not a copy), deletes the source only after the target confirmed.
 
 The commit is journaled (``catalog.pending``, kind ``move-in``: app.sessions.journal) before the
@@ -24,7 +25,7 @@ next move, ``kv-valet sessions ...``, ``kv-valet receive`` and the app's connect
 temporary name, size and SHA-256 as sent: the session is listed) or roll back (the files are
 removed). A commit that listed the session leaves a receipt (its move id) at the target.
 
-A commit whose answer the sender lost (the SSH connection cut, the host's ``receive --commit``
+A commit whose answer the sender lost (the SSH connection cut, the host's ``move-host`` process
 killed, at any step) is settled: the sender asks the target again, on a new connection
 (``receive --abort ID``: :func:`app.sessions.move_in.settle_move`, which waits for a commit of it
 still running there). Listed there (its receipt, or its row written): the sender deletes its
@@ -64,7 +65,6 @@ from app.core.compat import Compatibility, Problem, TargetFacts, check_move
 from app.core.park_files import FoundFile, ParkedFiles, compare
 from app.move.endpoints import Endpoint
 from app.move.values import MoveError, MoveRefused, MoveResult, SourceSession
-from app.sessions.move_in import temp_name
 from app.store.catalog import SessionRecord
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,22 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
     A cancellation that arrives while the target commits waits for the commit's outcome
     (it renames and lists together, or not at all); ``on_committed(result)`` is called as
     soon as the target listed the session, before the source is deleted: a caller that is
-    interrupted after that knows both copies exist."""
+    interrupted after that knows both copies exist. A host's side runs in one process for the whole
+    move (app.move.host_side), ended here whatever the outcome."""
+    try:
+        return await _move(source, name, target, keep_source=keep_source, new_name=new_name,
+                           on_progress=on_progress, chunk=chunk, on_committed=on_committed, force=force)
+    finally:
+        for side in (source, target):
+            try:
+                await asyncio.shield(side.end())
+            except Exception:  # report: the move's outcome stands; its host process ends with its connection (logged)
+                log.warning("move: could not end the move's process at %s", side.where, exc_info=True)
+
+
+async def _move(source: Endpoint, name: str, target: Endpoint, *, keep_source: bool, new_name: str | None,
+                on_progress: ProgressFn | None, chunk: int, on_committed: Callable[[MoveResult], None] | None,
+                force: bool) -> MoveResult:
     src, facts, compat = await preview(source, name, target, new_name=new_name, force=force)
     if not compat.ok:
         raise MoveRefused(compat)
@@ -133,7 +148,7 @@ async def move_session(source: Endpoint, name: str, target: Endpoint, *, keep_so
     try:
         _tell(on_progress, 0, total)
         for f in src.files:
-            writer = await target.open_temp(temp_name(move_id, f.suffix))
+            writer = await target.open_temp(move_id, f.suffix)
             h, n = hashlib.sha256(), 0
             try:
                 async with contextlib.aclosing(source.read(f, chunk)) as chunks:

@@ -30,7 +30,7 @@ MOVE_PREFIX = "kvv-move-"
 SIDECAR_SUFFIXES = (".ckpt", ".checkpoints")
 _ID_RE = re.compile(r"[0-9a-f]{12}")
 #: The catalog's pending table holds a receipt per move listed here (its sender may have lost the
-#: answer: a cut connection, a killed ``receive --commit``) until the sender settles it, or this long.
+#: answer: a cut connection, a killed ``move-host`` or ``receive --commit``) until the sender settles it, or this long.
 RECEIPT_KIND = "move-done"
 RECEIPT_KEEP_S = 30 * 86400.0
 
@@ -112,7 +112,7 @@ def write_receipt(catalog: Catalog, move_id: str, rec: SessionRecord) -> None:
 def settle_move(catalog: Catalog, move_id: str, save_dir: str | os.PathLike | None = None
                 ) -> tuple[SessionRecord | None, list[str]]:
     """What became of move ``move_id`` here, for its sender, who gave up on it or lost the answer of
-    its commit (a cut SSH connection, a killed ``receive --commit``): returns (the listed row, or
+    its commit (a cut SSH connection, a killed ``move-host`` or ``receive --commit``): returns (the listed row, or
     None, and what recovery did). Under the catalog's files lock, so a commit of it that still runs
     in another process is waited for. A commit that got as far as listing the session (its
     receipt, or its journal entry with the row written) is kept: its row is returned and the

@@ -11,7 +11,8 @@ click on the row (``RemoteView.sig_loaded``'s seconds: the click's handler to th
 * **warm**: the connection kept (the list's refresh made it), the two commands only;
 
 ``--runs`` of each (default 10), interleaved (a click on this machine's row between two), medians,
-and the cold/warm ratio. Prints one line, then one JSON object of every figure.
+and the cold/warm ratio. Prints one line, then one JSON object of every figure. Compiles the
+checkout's bytecode first (tests/bench/bench_move.py ``bytecode_for_the_host``: the host cannot).
 
 ``--ci`` is the quick mode CI runs (.ci/run): 5 runs; ``--json PATH`` also writes the figures there.
 
@@ -100,6 +101,9 @@ def main() -> None:
     if args.runs < 5:
         ap.error("--runs must be at least 5")
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from tests.bench.bench_move import bytecode_for_the_host
+
+    bytecode_for_the_host()  # else the host compiles what was edited since, at every click
     with tempfile.TemporaryDirectory(prefix="kvv-bench-") as d:
         for k, sub in (("KV_VALET_CONFIG_DIR", "config"), ("KV_VALET_DATA_DIR", "data"),
                        ("KV_VALET_STATE_DIR", "state")):

@@ -3,10 +3,11 @@
     python -m tests.ssh.host_pause POINT FIFO_DIR KV-VALET-ARGS...
 
 The test puts a two-line wrapper on the host that runs this, and gives it to the move as the host's
-``kv_valet``. Any command runs as ``kv-valet`` does; in ``sessions receive PROFILE --commit ID``
-the commit stops at POINT: it writes ``at POINT PID`` into the FIFO ``FIFO_DIR/at`` and blocks
-reading the FIFO ``FIFO_DIR/go``, everything frozen as it is (the files lock held where the
-commit holds it). The test kills the SSH connection there (and this process, or lets it go on).
+``kv_valet``. Any command runs as ``kv-valet`` does; in ``sessions move-host PROFILE`` (a move's
+host process, app.move.host_side) the commit stops at POINT: it writes ``at POINT PID`` into the
+FIFO ``FIFO_DIR/at`` and blocks reading the FIFO ``FIFO_DIR/go``, everything frozen as it is (the
+files lock held where the commit holds it). The test kills the SSH connection there (and this
+process, or lets it go on).
 
 Points (each wraps the function the commit really calls; app.move.receive ``adopt``/``_commit``):
 
@@ -28,8 +29,8 @@ POINTS = ("verified", "journaled", "sidecar-placed", "renamed", "listed", "answe
 
 
 def install(point: str, fifos: Path) -> None:
-    import app.cli.move as cli_move
     import app.move.receive as receive
+    from app.move.host_side import HostSide
     from app.sessions.journal import Journal, MoveInJournal
     from app.store.catalog import Catalog
 
@@ -77,21 +78,22 @@ def install(point: str, fifos: Path) -> None:
         return out
 
     Catalog.add_or_replace = add_or_replace
-    show = cli_move._print
+    answer = HostSide.answer
 
-    def _print(data):
-        if isinstance(data, dict) and "record" in data:
+    def answer_then_freeze(self, req):
+        out = answer(self, req)
+        if req.get("op") == "commit":
             freeze("answered")
-        show(data)
+        return out
 
-    cli_move._print = _print
+    HostSide.answer = answer_then_freeze
 
 
 def main(argv: list[str]) -> int:
     point, fifos, args = argv[0], Path(argv[1]), argv[2:]
     if point not in POINTS:
         raise SystemExit(f"unknown pause point {point!r}")
-    if args[:2] == ["sessions", "receive"] and "--commit" in args:
+    if args[:2] == ["sessions", "move-host"]:
         install(point, fifos)
     from app.cli import main as kv_valet
 

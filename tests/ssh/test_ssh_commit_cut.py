@@ -1,5 +1,5 @@
 """A move to a host cut during its commit, at every step of it, over a real SSH connection
-(tests/ssh/conftest.py): the host's ``sessions receive --commit`` stops at the step
+(tests/ssh/conftest.py): the commit in the move's host process (``sessions move-host``) stops at the step
 (tests/ssh/host_pause.py says where it is and blocks), the test SIGKILLs the server side of that
 connection (its sshd processes) and either the receiving process too, or lets it go on. The
 sender, its commit's answer lost, asks the host on a new connection what became of the move

@@ -1,7 +1,8 @@
 """Moves to and from a host over a real SSH server (tests/ssh/conftest.py: another user, its own
-network namespace and home): the remote side is the real ``kv-valet`` of this checkout, reached through RemoteHost's
-``run_cli`` (``sessions facts|receive|rm --json``) and SFTP. Parked files without a server: the
-real-server move is tests/real/test_real_move.py."""
+network namespace and home): the remote side is the real ``kv-valet`` of this checkout, one
+``kv-valet sessions move-host PROFILE`` process per move on the move's SSH connection
+(app.move.host_side), and SFTP. Parked files without a server: the real-server move is
+tests/real/test_real_move.py."""
 
 from __future__ import annotations
 
@@ -44,9 +45,12 @@ def test_move_there_and_back_over_ssh(sshd, tmp_path):
     cat = open_catalog()
     rec = park_file(cat, a, "chat")
     before = sums(rec.state_path)
+    runs = sshd.remote_home / "kv-valet-runs"  # each command the host's kv-valet is asked to run, a line
+    wrapper = sshd.remote_home / "kv-valet-counted"
+    sshd.write(wrapper, f'#!/bin/sh\necho "$*" >> {runs}\nexec kv-valet "$@"\n', mode="755")
 
     async def go():
-        async with sshd.remote_host() as host:
+        async with sshd.remote_host(kv_valet=str(wrapper)) as host:
             seen = []
             out = await move_session(LocalEndpoint(cat, "a"), "chat", RemoteEndpoint(host, "box", "there"),
                                      on_progress=lambda d, t: seen.append((d, t)), chunk=64 * 1024)
@@ -68,6 +72,9 @@ def test_move_there_and_back_over_ssh(sshd, tmp_path):
         assert back.record.name == "chat again" and back.record.notes == "copied from box:there"
         assert sums(back.record.state_path) == before
         assert sshd.listdir(r.slot_save_path) == []  # moved away again: nothing left there
+        # one host process per move, whichever way (the lists are the test's own)
+        assert sshd.read(runs).decode().splitlines() == ["sessions move-host there",
+                                                          "sessions list --profile there --json"] * 2
     finally:
         cat.close()
 

@@ -148,8 +148,8 @@ class Faulty(LocalEndpoint):
         super().__init__(cat, profile)
         self.fault = fault
 
-    async def open_temp(self, tmp_name):
-        w = await super().open_temp(tmp_name)
+    async def open_temp(self, move_id, suffix):
+        w = await super().open_temp(move_id, suffix)
         real, calls = w.write, [0]
 
         async def write(data):
@@ -177,6 +177,26 @@ def test_a_checksum_mismatch_is_refused_at_the_target(two):
     with pytest.raises(MoveError, match="checksum mismatch"):
         asyncio.run(move_session(LocalEndpoint(cat, "a"), "chat", Faulty(cat, "b", flip_first_byte)))
     assert_untouched(cat, a, b, sums)
+
+
+def test_a_file_read_back_as_it_came_is_read_again_whole_when_it_changed_after(tmp_path):
+    """The target hashes each chunk as it is written (app.move.receive.ReadBack); a file replaced or
+    grown after that is not vouched for by those reads: the commit reads it back whole."""
+    from app.move.receive import ReadBack
+
+    p = tmp_path / "f"
+    p.write_bytes(b"abc" * 1000)
+    rb = ReadBack(p)
+    rb.advance(1500)
+    assert rb.digest(3000) == hashlib.sha256(b"abc" * 1000).hexdigest()
+    for change in (lambda: p.write_bytes(p.read_bytes() + b"x"),  # grown
+                   lambda: (p.unlink(), p.write_bytes(b"abc" * 1000))):  # replaced: another inode
+        rb = ReadBack(p)
+        rb.advance(3000)
+        change()
+        assert rb.digest(3000) is None
+        rb.close()
+    assert ReadBack(tmp_path / "missing").digest(3) is None
 
 
 def test_a_full_disk_mid_copy_fails_cleanly(two):
