@@ -92,7 +92,8 @@ def _files_problem(text: str) -> Problem:
 async def preview(source: Endpoint, name: str, target: Endpoint, *, new_name: str | None = None,
                   force: bool = False) -> tuple[SourceSession, TargetFacts, Compatibility]:
     """The rules only, nothing copied: what a move of ``name`` to ``target`` would meet. A file that is
-    not the one parked is a refusal (a warning with ``force``)."""
+    not the one parked is a refusal (a warning with ``force``). A host's endpoint keeps its process
+    for the move that follows: a caller that stops here ends it (``end()``)."""
     src = await source.session(name)
     facts = await target.describe()
     compat = check_move(src.facts, facts, name=new_name or src.record.name)
