@@ -13,9 +13,12 @@ sliding-window attention, so a restore without its checkpoints re-processes ever
    fresh process (the baseline, measured in the same run: the expensive part, done once);
 2. **restart**: Ctrl-C (SIGINT) to ``serve``: the proxy parks the conversation (state + checkpoint
    sidecar) and the server stops; ``serve`` again starts a new server;
-3. **resumed**: the conversation's next turn (its history, the answer, a short question): the proxy
-   finds the conversation by its messages and restores its park by itself before the request goes
-   on. Time to first token (the restore included), and the server's own ``timings`` of the answer:
+3. **resumed**: the conversation's next turn (its history, the answer, a short question). serve's
+   proxy restores the park by itself: by its warm start (the parks used last into the free slots at
+   the start, before any request) unless ``--no-warm`` (the request's own restore, on its path). With
+   the warm start the turn is sent once serve says ``warm start: restored …`` (the time from ready to
+   that line is ``warm_s``): a user's next turn after a restart comes seconds later, not at once.
+   Time to first token (with ``--no-warm`` the restore included), and the server's own ``timings`` of the answer:
    ``prompt_n`` is the tokens re-processed, ``cache_n`` the ones reused. Steps 2-3 repeat
    ``--runs`` times (each run one more turn of the same conversation: a restart is cheap).
 
@@ -135,8 +138,14 @@ async def run(profile, args) -> dict:
             t0 = time.perf_counter()
             app = await Serve.start(profile.name)
             start_s = time.perf_counter() - t0
+            warm_s = None
+            if not args.no_warm:  # the warm start's line: the park is in the slot
+                t0 = time.perf_counter()
+                line = await app.expect("[kv-valet] warm start: ", timeout=CLIENT_TIMEOUT_S)
+                warm_s = time.perf_counter() - t0
+                say(f"{line} ({warm_s:.1f} s after ready)")
             r = await ask(client, messages) | await proxy_line(app)
-            r |= {"stop_s": stop_s, "start_s": start_s, "parks": parks}
+            r |= {"stop_s": stop_s, "start_s": start_s, "warm_s": warm_s, "parks": parks}
             resumed.append(r)
             say(f"run {i + 1} of {args.runs}: stop (park) {stop_s:.1f} s, start {start_s:.1f} s, first token in "
                 f"{r['ttft_ms']:,.0f} ms (the restore included); {r['line']}")
@@ -175,7 +184,9 @@ def table(res: dict) -> str:
         f"| resumed after restart (median of {res['runs']}) | {f(res['resumed_prompt_n'])} | "
         f"{f(res['resumed_cache_n'])} | {f(res['resumed_ttft_ms'])} | {f(res['resumed_prompt_ms'], 1)} |",
         "", f"first token, cold / resumed: {f(res['ttft_ratio'])}× (goal ≥ 100×); prompt ms, cold / resumed: "
-        f"{f(res['prompt_ratio'])}×"])
+        f"{f(res['prompt_ratio'])}×", "warm start: " + (
+            f"the park in its slot {f(res['resumed_warm_s'], 1)} s after ready (median)" if res.get("warm_start")
+            else "off (--no-warm): the restore is on the turn's path")])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32768, help="the context and the whole conversation, in tokens")
     ap.add_argument("--runs", type=int, default=1, help="restart-and-resume runs (medians); the cold prefill is once")
     ap.add_argument("--ci", action="store_true", help="a quick mode: ~2K tokens, one run")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="the proxy's warm start off (proxy_warm_start=false): the request restores its park")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.ci:
@@ -204,7 +217,14 @@ def main(argv: list[str] | None = None) -> int:
                                 ctx_size=args.tokens, parallel=1, proxy=True,
                                 slot_save_path=str(work / "slots") + "/")
         ProfileStore().save(profile)
+        if args.no_warm:
+            from app import settings
+
+            settings.update(proxy_warm_start=False)
         res = asyncio.run(run(profile, args))
+        res["warm_start"] = not args.no_warm
+        res["resumed_warm_s"] = med([r["warm_s"] for r in res["resumed"] if r["warm_s"] is not None]) \
+            if not args.no_warm else None
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     machine = f"{os.cpu_count()} cores, {platform.machine()}, no GPU, {when}"
     report = {"machine": machine, "seconds": round(time.perf_counter() - t_start), "result": res, "failures": FAILURES}
