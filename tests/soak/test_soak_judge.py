@@ -41,3 +41,11 @@ def test_one_transient_among_many_samples_is_not_a_leak():
     fds = [34] * 20
     fds[17] = 36  # a poll in flight near the end
     assert judge("flood", samples(fds)).grew == []
+
+
+def test_rss_is_only_reported_where_memory_is_not_judged():
+    rss = [100.0 + 0.5 * i for i in range(32)]
+    rep = judge("flood", samples([77] * 32, rss), memory=False)
+    assert rep.grew == [] and rep.slope["rss_mb"] == 0.5
+    fds = judge("flood", samples([77 + i for i in range(32)], rss), memory=False)  # counts are judged regardless
+    assert [g.split(":")[1].split()[0] for g in fds.grew] == ["fds"]

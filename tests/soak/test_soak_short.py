@@ -2,7 +2,9 @@
 at least 30 s and 80,000 lines, its first 20,000 filling the bounded log stores (not judged)
 (tests/soak/soak_window.py has the long run and the details).
 Growth is a trend over every sample (a least-squares slope per cycle, per second of flood) of
-open descriptors, threads, asyncio tasks, QTimers, the window's Qt objects and RSS."""
+open descriptors, threads, asyncio tasks, QTimers and the window's Qt objects; the log's stores
+must stay at their bounds. RSS is reported, and judged only by the long run (its stores are
+filled first; in 30 s its trend is the machine's speed: soak_window.py's docstring)."""
 
 from __future__ import annotations
 
@@ -32,4 +34,6 @@ def test_thirty_cycles_and_a_flood_leak_nothing(qtbot, qloop, tmp_path, real_bin
     assert report.failures == [], report.text()
     flood_phase = report.phases[1]
     assert int(flood_phase.extra["lines delivered"].split()[0].replace(",", "")) >= 80_000  # a count waited for
-    assert set(flood_phase.slope) == {"rss_mb", "fds", "threads", "tasks", "timers_active", "timers", "qobjects"}
+    assert set(flood_phase.slope) == {"rss_mb", "py_blocks", "fds", "threads", "tasks", "timers_active", "timers",
+                                      "qobjects"}
+    assert "passed its bound" not in report.text() and "lines kept (bound 20,000)" in flood_phase.extra["bounded"]
