@@ -131,7 +131,7 @@ def cmd_move(args, keep: bool) -> int:
             result = await move_session(source, args.name, target, keep_source=keep, new_name=args.rename,
                                         on_progress=progress, on_committed=on_committed,
                                         force=getattr(args, "yes", False))
-            restored = await _restore(args, target, result.record.name) if args.restore else None
+            restored = await _restore(args, target, result.record.name, catalog, hosts) if args.restore else None
             return result, restored
         finally:
             for h in hosts.values():
@@ -179,20 +179,25 @@ def cmd_move(args, keep: bool) -> int:
     return Exit.OK if not result.source_kept else Exit.FAIL
 
 
-async def _restore(args, target, name: str) -> dict:
-    """Restore ``name`` at the target and judge a first query (``kv-valet check`` there)."""
-    from app.move.endpoints import LocalEndpoint
-    from app.servers.remote_sessions import restore_and_judge
-
-    if not isinstance(target, LocalEndpoint):
-        return await restore_and_judge(target, name, args.slot, output_check=args.output_check)
-    from app.cli.connect import connect
+async def _restore(args, target, name: str, catalog, hosts: dict) -> dict:
+    """Restore ``name`` at the move's target and judge a first query, through that server's Sessions
+    (app.servers.restore_after_move): a running server here, or the host's (its ``kv-valet check``)."""
     from app.core.confirmation import NeedsConfirmation
+    from app.move.values import parse_target
+    from app.servers.restore_after_move import restore_and_judge
     from app.sessions.service import ServiceError
 
-    svc = await connect(target.catalog, target.profile)
+    host, _profile = parse_target(args.to) if args.to else (None, None)
+    if host is not None:
+        from app.servers.remote_sessions import RemoteSessions
+
+        return await restore_and_judge(RemoteSessions(hosts[host], target.profile), name, args.slot,
+                                       output_check=args.output_check)
+    from app.cli.connect import connect
+
+    svc = await connect(catalog, target.profile)
     try:
-        return await restore_and_judge(target, name, args.slot, sessions=svc, output_check=args.output_check)
+        return await restore_and_judge(svc, name, args.slot, output_check=args.output_check)
     except (ServiceError, NeedsConfirmation) as e:
         raise CliError(f"copied, but the restore at {target.where} failed: {e}") from None
     finally:

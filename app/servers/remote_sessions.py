@@ -15,8 +15,8 @@ paint what this module decides:
   :func:`state_text` — the status bar's "Ready on gpu-box".
 * :meth:`RemoteSessions.park` / :meth:`RemoteSessions.resume` — through the host's own
   ``kv-valet park|resume --json``, answered as a server here answers (ParkResult, ResumeResult).
-* :func:`restore_and_judge` — after a move, the session restored at the target and judged by a
-  first query: ``SessionService.check`` here, ``kv-valet check --json`` on a host.
+* :meth:`RemoteSessions.restore_judged` — after a move, the session restored at the host and judged
+  by a first query there (its ``kv-valet check --json``), as ``SessionService.restore_judged`` here.
 """
 
 from __future__ import annotations
@@ -246,21 +246,33 @@ class RemoteSessions:
 
     # -- asking the host -----------------------------------------------------------------------
     async def load(self) -> bool:
-        """The host's sessions of this profile and its server's status, asked at once. False (and
-        ``error`` set, logged) when the host did not answer; the observers hear either way."""
+        """The host's sessions of this profile and its server's status, asked at once (two SSH
+        channels). The records are announced as soon as the host lists them, before its status
+        comes (that command asks the host's server, so it starts an HTTP client there: a few
+        hundred ms more); the status is announced when it comes. False (and ``error`` set, logged)
+        when the host did not answer either; the observers hear it."""
         from app.remote.host import RemoteError
 
-        try:
-            async with self._asking(f"asking {self.host}"):
-                entries, status = await asyncio.gather(self.remote.sessions(self._profile),
-                                                       self.remote.status(self._profile))
-        except RemoteError as e:
-            log.warning("%s did not answer: %s", self.host, e)
-            self.error = str(e)
-            self._changed.emit()
-            return False
-        self.records, self.status, self.loaded, self.error = session_records(entries), status, True, None
-        self.listings += 1
+        async with self._asking(f"asking {self.host}"):
+            status = asyncio.create_task(self.remote.status(self._profile))
+            try:
+                entries = await self.remote.sessions(self._profile)
+                self.records, self.error = session_records(entries), None
+                self.listings += 1
+                self._changed.emit()  # the list is shown now; the server's state follows
+                answer = await status
+            except RemoteError as e:
+                log.warning("%s did not answer: %s", self.host, e)
+                self.error = str(e)
+                self._changed.emit()
+                return False
+            finally:
+                if not status.done():
+                    status.cancel()
+                    await asyncio.gather(status, return_exceptions=True)
+                elif not status.cancelled() and status.exception() is not None:
+                    status.exception()  # read, so an unheard failure is not logged twice
+        self.status, self.loaded = answer, True
         self._changed.emit()
         return True
 
@@ -408,6 +420,21 @@ class RemoteSessions:
     async def check(self, name: str, slot_id: int | None = None, *, force: bool = False):
         raise self._not_here("a check", f"kv-valet check {self._profile} {name}")
 
+    async def restore_judged(self, name: str, slot_id: int | None = None, *,
+                             output_check: bool = True) -> dict[str, Any]:
+        """The host's ``kv-valet check --yes --json``: its report as the host printed it (a discarded
+        or a differing restore is a report too, exit status 3 or 4; a refusal is RemoteError)."""
+        argv = ["check", self._profile, name, "--yes", "--json"] + \
+            (["--slot", str(slot_id)] if slot_id is not None else []) + ([] if output_check else ["--no-output-check"])
+        async with self._asking(f"checking '{name}'"):
+            d = await self.remote.run_cli(argv, timeout=600, ok_exits=(0, CHECK_DISCARDED, CHECK_DIFFERS))
+        if not isinstance(d, dict):
+            from app.remote.host import RemoteError
+
+            raise RemoteError(f"`kv-valet check --json` on {self.host} answered no JSON object", kind="output",
+                              host=self.host)
+        return d
+
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False):
         raise self._not_here("an A/B check", f"kv-valet check {self._profile} {name} --ab")
 
@@ -457,36 +484,3 @@ async def _json_of(host, argv: list[str]) -> dict:
         raise RemoteError(" ".join([str(d.get("error") or "; ".join(failed) or "failed"), *reasons]),
                           kind="command", host=host.name, exit_status=d.get("exit", 1), output=d)
     return d
-
-
-async def restore_and_judge(endpoint, name: str, slot: int | None = None, *, server_service=None,
-                            target_id: str | None = None, sessions=None,
-                            output_check: bool = True) -> dict[str, Any]:
-    """Restore ``name`` at ``endpoint`` (app.move.endpoints: a profile here, or a host's) and judge a
-    first query: ``{"slot_id", "n_restored", "verdict": {"kind", "reason"}, "report"}``. Here through
-    an open session service (``sessions``, the CLI's), else the running server's
-    (``server_service.sessions(target_id)``, the window's); on a host through its ``kv-valet check``.
-    ``output_check`` False leaves out the comparison with a cold prefill (``--no-output-check``): the
-    verdict then rests on the tokens and checkpoints reused, and costs no second prefill of the chat."""
-    from app.move.endpoints import LocalEndpoint
-
-    if isinstance(endpoint, LocalEndpoint):
-        from app.sessions.check_export import report_dict
-
-        svc = sessions if sessions is not None else await server_service.sessions(target_id)
-        d = report_dict(await svc.check(name, slot, force=True, output_check=output_check))
-    else:
-        argv = ["check", endpoint.profile, name, "--yes", "--json"] + \
-            (["--slot", str(slot)] if slot is not None else []) + ([] if output_check else ["--no-output-check"])
-        d = await endpoint.host.run_cli(argv, timeout=600, ok_exits=(0, CHECK_DISCARDED, CHECK_DIFFERS))
-    return {"slot_id": d.get("slot_id"), "n_restored": d.get("n_restored"), "verdict": d.get("verdict") or {},
-            "report": d}
-
-
-def verdict_text(restored: dict[str, Any]) -> str:
-    """The restore's outcome in one sentence."""
-    v = restored.get("verdict") or {}
-    n = restored.get("n_restored")
-    return (f"Restored into slot {restored.get('slot_id')} ({n:,} tokens); first query: {v.get('kind', '?')}"
-            + (f" — {v['reason']}" if v.get("reason") else "") + ".") if n is not None else \
-        f"Restore: {v.get('kind', '?')} {v.get('reason', '')}".strip()

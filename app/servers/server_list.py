@@ -176,6 +176,10 @@ class LocalServerSource:
             if tid in self.service.servers:  # still listed after the tick
                 self._figures[tid] = figures_of(snap)
 
+    async def sessions_of(self, row: ServerRow, service=None):
+        """The Sessions of ``row``'s server (the service's session service of it)."""
+        return await (service or self.service).sessions(row.target_id)
+
     async def aclose(self) -> None:
         self._figures.clear()  # the samplers are the service's: it stops them with their servers
 
@@ -240,6 +244,11 @@ class RemoteServerSource:
         except Exception as e:  # report: the host's rows say it (a refused key, a dropped link), logged
             log.warning("server list: host %s: %s", self.name, e)
             self.error = str(e) or type(e).__name__
+
+    async def sessions_of(self, row: ServerRow, service):
+        """The Sessions of ``row``'s server: the handle ``service`` (app.servers.service.ServerService)
+        keeps of it, the one the window shows when the row is clicked."""
+        return service.host_server(self.host, row.profile, row.target_id).sessions
 
     def move_endpoint(self, row: ServerRow):
         """Where a move to ``row`` goes: that host's profile (app.move.endpoints.RemoteEndpoint)."""
@@ -310,6 +319,15 @@ class ServerList:
 
     def row(self, target_id: str | None) -> ServerRow | None:
         return next((r for r in self.rows() if r.target_id == target_id), None)
+
+    async def sessions_of(self, row: ServerRow, service):
+        """The one door to ``row``'s server's slots and parks (app.sessions.protocol.Sessions), here or
+        on a host, through ``service`` (app.servers.service.ServerService). Raises LookupError for a
+        row whose source is gone."""
+        source = next((s for s in self.sources if s.name == row.host), None)
+        if source is None or not hasattr(source, "sessions_of"):
+            raise LookupError(f"no server list source for {row.host}")
+        return await source.sessions_of(row, service)
 
     async def refresh(self) -> None:
         """Every source's figures, at once; one that fails is logged and keeps its last rows."""

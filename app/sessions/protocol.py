@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from app.core.profile import LaunchProfile
@@ -90,6 +90,13 @@ class Sessions(Protocol):
 
     async def check(self, name: str, slot_id: int | None = None, *, force: bool = False):
         """Restore ``name`` and judge a first query (capabilities.check); raises ServiceError."""
+
+    async def restore_judged(self, name: str, slot_id: int | None = None, *,
+                             output_check: bool = True) -> "dict[str, Any]":
+        """Restore ``name`` whatever the slot holds and judge a first query (a move's "restore there",
+        any kind of server): the check's report as JSON (app.sessions.check_export.report_dict: its
+        ``slot_id``, ``n_restored``, ``verdict``). ``output_check`` False: no comparison with a cold
+        prefill. Raises ServiceError (a host's RemoteError when it does not answer)."""
 
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False):
         """The A/B: with its sidecar and with it hidden (capabilities.check); raises ServiceError."""

@@ -26,7 +26,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from app.core.observers import Observers
 from app.core.confirmation import NeedsConfirmation
@@ -529,6 +529,13 @@ class SessionService:
                 self.catalog.update_verdict(rec.id, report.verdict.kind.value, report.verdict.reason)
         self._changed.emit()
         return report
+
+    async def restore_judged(self, name: str, slot_id: int | None = None, *,
+                             output_check: bool = True) -> dict[str, Any]:
+        """The Sessions protocol's judged restore: :meth:`check` whatever the slot holds, as JSON."""
+        from app.sessions.check_export import report_dict
+
+        return report_dict(await self.check(name, slot_id, force=True, output_check=output_check))
 
     async def ab(self, name: str, slot_id: int | None = None, *, force: bool = False, baseline: bool = False,
                  question: str = DEFAULT_QUESTION, between_arms=None,

@@ -164,9 +164,11 @@ def test_park_and_resume_on_a_remote_row_go_through_the_tabs_one_code_path(qtbot
         await asyncio.wait_for(refreshed, 120)
         open_tab(qtbot, w, sessions)
         loaded = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "gpu-box:big")
+        slots = signal_future(sessions.controller.slots_changed, lambda rows: [r.id for r in rows] == [0, 1])
         click_row(qtbot, w, "gpu-box:big")
         await asyncio.wait_for(loaded, 120)
-        assert [r.name for r in sessions.source_model.records] == ["chat"]
+        assert [r.name for r in sessions.source_model.records] == ["chat"]  # listed; its status may follow
+        await asyncio.wait_for(slots, 120)  # the host's status: its slots in the chooser
         assert "'big' on gpu-box: Ready" in sessions.hint.text()
 
         sessions.slot.setCurrentIndex(sessions.slot.findData(0))

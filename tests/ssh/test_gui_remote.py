@@ -119,9 +119,11 @@ def test_add_a_host_list_its_sessions_park_there_and_drag_one_here_with_a_verdic
 
             # a click on the remote row: the Sessions tab lists the host's session
             loaded = signal_future(w.remote_view.sig_loaded, lambda tid, _s: tid == "box:there")
+            slots = signal_future(sessions.controller.slots_changed, lambda rows: len(rows) == there.parallel)
             click_row(qtbot, w, "box:there")
             await asyncio.wait_for(loaded, 120)
-            assert [r.name for r in sessions.source_model.records] == ["chat"]
+            assert [r.name for r in sessions.source_model.records] == ["chat"]  # listed before its status came
+            await asyncio.wait_for(slots, 120)  # the host's status: its slots
             assert sessions.controller.sessions.host == "box"
             assert not sessions.check_button.isEnabled() and not sessions.rename_button.isEnabled()  # the host's
             assert sessions.park_button.isEnabled() and "'there' on box: Ready" in sessions.hint.text()

@@ -44,3 +44,46 @@ async def test_one_handle_per_server_its_sampler_feeds_its_sessions():
     finally:
         await service.aclose()
     assert service.hosts == {}
+
+
+async def test_a_move_restores_through_the_rows_one_door_here_or_on_a_host(tmp_path):
+    """The restore after a move asks the target row's Sessions (ServerList.sessions_of): a host's row
+    the handle the window shows (its ``kv-valet check --json``), this machine's its session service;
+    no switch on the endpoint's kind (issue #37)."""
+    from app.servers.restore_after_move import restore_and_judge, verdict_text
+    from app.servers.server_list import LocalServerSource, RemoteServerSource, ServerList, ServerRow
+    from app.sessions.service import ServiceError
+
+    class CheckingHost(Host):
+        def __init__(self):
+            super().__init__()
+            self.argv = []
+
+        async def run_cli(self, argv, *, timeout=60, ok_exits=(0,)):
+            self.argv.append(list(argv))
+            assert 3 in ok_exits and 4 in ok_exits  # a discarded or differing restore is a report, not a failure
+            return {"type": "check", "slot_id": 1, "n_restored": 900, "verdict": {"kind": "DISCARDED", "reason": "x"}}
+
+    service = ServerService(connect_sessions=False)
+    host = CheckingHost()
+    servers = ServerList([LocalServerSource(service), RemoteServerSource(host, owns_host=False)])
+    try:
+        row = ServerRow("gpu-box:big", "big", ServerState.READY, "remote", "gpu-box", profile="big")
+        sessions = await servers.sessions_of(row, service)
+        assert sessions is service.host_server(host, "big", "gpu-box:big").sessions  # the shown handle's
+        restored = await restore_and_judge(sessions, "chat", output_check=False)
+        assert host.argv == [["check", "big", "chat", "--yes", "--json", "--no-output-check"]]
+        assert verdict_text(restored) == "Restored into slot 1 (900 tokens); first query: DISCARDED — x."
+        await restore_and_judge(sessions, "chat", 0)
+        assert host.argv[-1] == ["check", "big", "chat", "--yes", "--json", "--slot", "0"]
+
+        here = ServerRow("profile:gone", "gone", ServerState.STOPPED, profile="gone")  # this machine's
+        try:
+            await servers.sessions_of(here, service)
+        except ServiceError as e:  # this machine's row: its session service, which says why there is none
+            assert "no server profile:gone" in str(e)
+        else:
+            raise AssertionError("a server that is not listed has no sessions")
+    finally:
+        await servers.aclose()
+        await service.aclose()

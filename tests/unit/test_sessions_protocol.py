@@ -84,21 +84,92 @@ async def test_a_hosts_sessions_list_and_slots_like_a_server_here():
     assert await there.load()
     [rec] = there.sessions()
     assert isinstance(rec, SessionRecord) and (rec.name, rec.n_tokens, rec.save_dir) == ("chat", 900, "/srv/kv")
-    assert sorted(c[0] for c in host.calls) == ["sessions", "status"] and len(changed) == 1
+    assert sorted(c[0] for c in host.calls) == ["sessions", "status"] and len(changed) == 2  # the list, the status
     assert queued == [["asking gpu-box"], []]  # the tab's busy line while the host answers
     assert there.health is Health.OK and there.running and str(there.save_dir) == "/srv/kv"
     assert "'there' on gpu-box: Ready" in there.describe() and "1 / 2 slots in use" in there.describe()
     calls = len(host.calls)
     assert [r.id for r in await there.slot_rows()] == [0, 1] and len(host.calls) == calls  # no SSH call
     there.set_status({**STATUS, "health": "unreachable: connection refused"})
-    assert not there.running and len(changed) == 2
+    assert not there.running and len(changed) == 3
     there.set_status({**STATUS, "health": "unreachable: connection refused"})
-    assert len(changed) == 2  # the same status: nobody is told
+    assert len(changed) == 3  # the same status: nobody is told
+
+
+async def test_a_hosts_list_is_shown_before_its_status_comes():
+    """The host's ``status --json`` asks its server (an HTTP client started there): the records it
+    listed are announced first, the status when it comes; a status that fails after the list says why."""
+    import asyncio
+
+    class SlowStatus(StandInHost):
+        def __init__(self, fail=False):
+            super().__init__()
+            self.answer, self.fail = asyncio.Event(), fail
+
+        async def status(self, profile):
+            self.calls.append(("status", profile))
+            await self.answer.wait()
+            if self.fail:
+                raise RemoteError("connection reset", kind="unreachable", host=self.name)
+            return dict(STATUS)
+
+    host = SlowStatus()
+    there = RemoteSessions(host, "there")
+    seen = []
+    listed = asyncio.Event()
+    there.on_change(lambda: (seen.append((there.listings, [r.name for r in there.sessions()], there.loaded)),
+                             listed.set()))
+    loading = asyncio.ensure_future(there.load())
+    await listed.wait()
+    assert seen == [(1, ["chat"], False)] and not there.running and "asking the host" in there.describe()
+    host.answer.set()
+    assert await loading and seen[-1] == (1, ["chat"], True) and there.running
+
+    failing = SlowStatus(fail=True)
+    there = RemoteSessions(failing, "there")
+    listed.clear()
+    there.on_change(lambda: listed.set())
+    loading = asyncio.ensure_future(there.load())
+    await listed.wait()
+    failing.answer.set()
+    assert not await loading and there.sessions()[0].name == "chat"
+    assert there.describe() == "gpu-box did not answer: connection reset"
+
+
+async def test_a_load_cancelled_while_the_host_lists_cancels_its_status_too():
+    import asyncio
+
+    class Stuck(StandInHost):
+        def __init__(self):
+            super().__init__()
+            self.status_cancelled = asyncio.Event()
+            self.listing = asyncio.Event()
+
+        async def sessions(self, profile=None):
+            self.listing.set()
+            await asyncio.Event().wait()
+
+        async def status(self, profile):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.status_cancelled.set()
+                raise
+
+    host = Stuck()
+    loading = asyncio.ensure_future(RemoteSessions(host, "there").load())
+    await host.listing.wait()
+    loading.cancel()
+    await asyncio.gather(loading, return_exceptions=True)
+    assert host.status_cancelled.is_set()
 
 
 async def test_a_host_that_does_not_answer_is_said_not_raised():
     class Gone(StandInHost):
         async def status(self, profile):
+            raise RemoteError("connection reset", kind="unreachable", host=self.name)
+
+        async def sessions(self, profile=None):
             raise RemoteError("connection reset", kind="unreachable", host=self.name)
 
     there = RemoteSessions(Gone(), "there")
@@ -172,7 +243,8 @@ async def test_what_a_host_cannot_do_is_refused_with_where_it_runs():
 
 
 def test_the_words_for_a_host_that_are_kept():
-    from app.servers.remote_sessions import status_line, verdict_text
+    from app.servers.remote_sessions import status_line
+    from app.servers.restore_after_move import verdict_text
 
     assert status_line("gpu-box", "there", {"health": "unreachable: refused"}) == "'there' on gpu-box: unreachable: refused"
     assert verdict_text({"slot_id": 1, "n_restored": 900, "verdict": {"kind": "HIT", "reason": "reused"}}) == \

@@ -8,7 +8,7 @@ source is this machine's catalog, or the host whose server the Sessions tab show
 :func:`app.move.transfer.move_session` (the compatibility rules first, then the copy with its
 SHA-256 check and the atomic rename at the target), with a progress bar that can cancel it
 and the outcome said on the tab's message line (:func:`app.servers.server_list.move_verdict`),
-with the restore's verdict when asked (app.servers.remote_sessions.restore_and_judge).
+with the restore's verdict when asked (app.servers.restore_after_move.restore_and_judge).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class SessionMoves(QObject):
             dialog.deleteLater()
             self.progress = None
         if result is not None and restore and not cancel["asked"]:
-            text += " " + await self._restore(target, result.record.name, row, output_check=output_check)
+            text += " " + await self._restore(result.record.name, row, output_check=output_check)
         self.panel.say(text, ok=ok, op=Operation.MOVE)
         self.panel.refresh()
         if self.panel.controller.sessions is not None:
@@ -207,14 +207,14 @@ class SessionMoves(QObject):
         self.sig_done.emit(ok, text)
         return ok, text
 
-    async def _restore(self, target, name: str, row: ServerRow, *, output_check: bool = True) -> str:
-        """Restore ``name`` at ``target`` and judge a first query: the verdict, or why not."""
-        from app.servers.remote_sessions import restore_and_judge, verdict_text
+    async def _restore(self, name: str, row: ServerRow, *, output_check: bool = True) -> str:
+        """Restore ``name`` at ``row``'s server and judge a first query: the verdict, or why not."""
+        from app.servers.restore_after_move import restore_and_judge, verdict_text
 
         self.panel.set_busy(True)
         try:
-            restored = await restore_and_judge(target, name, server_service=self.list_panel.controller.service,
-                                               target_id=row.target_id, output_check=output_check)
+            sessions = await self.servers.sessions_of(row, self.list_panel.controller.service)
+            restored = await restore_and_judge(sessions, name, output_check=output_check)
         except Exception as e:  # report: the move stands; the restore's failure is said and logged
             log.warning("restore of %r at %s after the move failed", name, row.target_id, exc_info=True)
             return f"The restore there failed: {e}"
