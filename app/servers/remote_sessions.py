@@ -169,6 +169,7 @@ class RemoteSessions:
         self._changed: Observers[[]] = Observers(f"the sessions of {host.name}")
         self._queue_cbs: Observers[[]] = Observers(f"the queue of {host.name}")
         self.listings = 0  # how many times the host listed the sessions (each load that got an answer)
+        self.statuses = 0  # how many of its server's statuses were read (a load's, or its sampler's)
         self._doing: list[str] = []  # what the host is asked now, in order (the tab's queue line)
         self._sizes: dict[str, int] = {}  # park -> bytes, as the host's park said
         self._discarding: set[asyncio.Future] = set()  # deletions asked of the host, still running
@@ -273,6 +274,7 @@ class RemoteSessions:
                 elif not status.cancelled() and status.exception() is not None:
                     status.exception()  # read, so an unheard failure is not logged twice
         self.status, self.loaded = answer, True
+        self.statuses += 1
         self._changed.emit()
         return True
 
@@ -284,6 +286,7 @@ class RemoteSessions:
     def set_status(self, status: dict) -> None:
         """The host's server's ``status --json`` asked by someone else (its sampler): the observers
         hear it when it changed."""
+        self.statuses += 1
         if status != self.status or not self.loaded:
             self.status, self.loaded = status, True
             self._changed.emit()

@@ -9,6 +9,8 @@ click on the row (``RemoteView.sig_loaded``'s seconds: the click's handler to th
 * **cold**: the host's SSH connection closed before the click (connect, verify the host key, log
   in, then ``kv-valet sessions list --json`` and ``status --json`` there, at once);
 * **warm**: the connection kept (the list's refresh made it), the two commands only;
+* and, for each, the click to its server's state shown too (``status --json``'s answer: the list is
+  shown as soon as the host lists it, the state when the status comes);
 
 ``--runs`` of each (default 10), interleaved (a click on this machine's row between two), medians,
 and the cold/warm ratio. Prints one line, then one JSON object of every figure. Compiles the
@@ -29,6 +31,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -63,30 +66,56 @@ async def clicks(window, source, runs: int, sessions: int) -> dict:
 
     panel = window.server_list
 
-    async def click(target_id: str) -> float:
+    hooked: set[str] = set()
+    read: dict[str, asyncio.Event] = {}
+
+    async def click(target_id: str) -> tuple[float, float]:
+        """Seconds from the click to the list shown, and to its server's status shown too."""
         loaded = signal_future(window.remote_view.sig_loaded, lambda tid, _s: tid == target_id)
         row = panel.model.row_of(target_id)
+        t0 = time.perf_counter()
         panel.table.setCurrentIndex(panel.model.index(row, COL_NAME))  # the click's selection change
+        remote = window.remote_view.shown.sessions  # the click's handler ran: its load is asked, not answered
+        n0, status_read = statuses(remote), asyncio.Event()
+        read[target_id] = status_read
+        if target_id not in hooked:
+            hooked.add(target_id)
+            remote.on_change(lambda: read[target_id].set() if statuses(remote) > read_from[target_id] else None)
+        read_from[target_id] = n0
         _tid, seconds = await asyncio.wait_for(loaded, 120)
         assert len(window.sessions_panel.source_model.records) == sessions
-        return seconds
+        await asyncio.wait_for(status_read.wait(), 120)
+        return seconds, time.perf_counter() - t0
+
+    read_from: dict[str, int] = {}
+
+    def statuses(remote) -> int:
+        """The statuses read so far; a tree from before 2026-12-04 read one with each listing only."""
+        return getattr(remote, "statuses", remote.listings)
 
     def away() -> None:
         panel.table.clearSelection()
         window.controller.select(None)
 
-    cold, warm = [], []
+    cold, warm, cold_state, warm_state = [], [], [], []
     for _ in range(runs):
         await source.host.close()
         away()
-        cold.append(await click("box:there"))
+        listed, stated = await click("box:there")
+        cold.append(listed)
+        cold_state.append(stated)
         away()
-        warm.append(await click("box:there"))
-    med = {"cold_ms": statistics.median(cold) * 1000, "warm_ms": statistics.median(warm) * 1000}
+        listed, stated = await click("box:there")
+        warm.append(listed)
+        warm_state.append(stated)
+    med = {"cold_ms": statistics.median(cold) * 1000, "warm_ms": statistics.median(warm) * 1000,
+           "cold_state_ms": statistics.median(cold_state) * 1000, "warm_state_ms": statistics.median(warm_state) * 1000}
     med["cold_vs_warm"] = med["cold_ms"] / med["warm_ms"]
     print(f"click on a remote row to its Sessions list ({sessions} sessions, median of {runs}): cold "
-          f"{med['cold_ms']:.0f} ms, warm {med['warm_ms']:.0f} ms ({med['cold_vs_warm']:.1f}x)")
-    return {"runs": runs, "sessions": sessions, "median": med, "all_s": {"cold": cold, "warm": warm}}
+          f"{med['cold_ms']:.0f} ms, warm {med['warm_ms']:.0f} ms ({med['cold_vs_warm']:.1f}x); to its server's "
+          f"state too: cold {med['cold_state_ms']:.0f} ms, warm {med['warm_state_ms']:.0f} ms")
+    return {"runs": runs, "sessions": sessions, "median": med,
+            "all_s": {"cold": cold, "warm": warm, "cold_state": cold_state, "warm_state": warm_state}}
 
 
 def main() -> None:
