@@ -60,6 +60,26 @@ def default_known_hosts() -> list[str]:
     return [str(f) for f in files if f.is_file()]
 
 
+#: AES-GCM before asyncssh's own first choice (chacha20-poly1305, computed in Python's event loop
+#: per packet): OpenSSL's AES-GCM made raw SFTP 1.2-1.7x faster here; the rest of asyncssh's
+#: defaults follow, for a server that offers neither. A ``Ciphers`` line in the user's ssh config wins.
+PREFERRED_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
+
+
+def _config_sets_ciphers(files: list[str] | None) -> bool:
+    """Whether an OpenSSH client config (``files``; None: ``~/.ssh/config``) names its ciphers anywhere:
+    then asyncssh takes them from it, as ssh would."""
+    paths = [os.path.expanduser("~/.ssh/config")] if files is None else files
+    for path in paths:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        if any(line.strip().lower().startswith("ciphers") for line in text.splitlines()):
+            return True
+    return False
+
+
 class RemoteHost:
     """One SSH connection to a host, made on first use (or by :meth:`connect`), reused by
     every command, the SFTP client and the server's HTTP channels. An async context manager."""
@@ -98,6 +118,11 @@ class RemoteHost:
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.is_closed()
 
+    @property
+    def cipher(self) -> str | None:
+        """The cipher the open connection sends with (None: not connected)."""
+        return self._conn.get_extra_info("send_cipher") if self.connected else None
+
     async def connect(self) -> None:
         await self._connection()
 
@@ -122,6 +147,8 @@ class RemoteHost:
             opts["agent_path"] = None
         if self._ssh_config is not None:
             opts["config"] = self._ssh_config or None
+        if not _config_sets_ciphers(self._ssh_config):
+            opts["encryption_algs"] = PREFERRED_CIPHERS
         return opts
 
     def _load_known_hosts(self) -> asyncssh.SSHKnownHosts:

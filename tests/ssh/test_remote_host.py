@@ -133,3 +133,19 @@ def test_ssh_itself_reaches_the_fixture_host(sshd):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(sshd.remote_home)
     assert sshd.run("id", "-u").stdout.strip() == str(pwd.getpwnam("kvvhost").pw_uid).encode() != str(os.getuid()).encode()
+
+
+async def test_the_connection_prefers_aes_gcm_unless_the_users_ssh_config_names_ciphers(sshd, tmp_path):
+    """AES-GCM (OpenSSL's, per packet) moves sessions faster than asyncssh's first choice,
+    chacha20-poly1305 (tests/bench/bench_move.py); a ``Ciphers`` line in the user's ssh config wins."""
+    from app.remote.host import RemoteHost
+
+    async with sshd.remote_host() as host:
+        await host.connect()
+        assert host.cipher == "aes128-gcm@openssh.com"
+    config = tmp_path / "config"
+    config.write_text("Host *\n    Ciphers chacha20-poly1305@openssh.com\n")
+    async with RemoteHost(sshd.host_config("box"), known_hosts=str(sshd.known_hosts), ssh_config=[str(config)],
+                          use_agent=False) as host:
+        await host.connect()
+        assert host.cipher == "chacha20-poly1305@openssh.com"
