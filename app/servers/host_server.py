@@ -5,7 +5,9 @@ server here.
 :class:`HostServer` owns what the window shows of it: its sessions (the one door to its slots and
 parks, :class:`app.servers.remote_sessions.RemoteSessions`), its one sampler (the host's ``kv-valet
 status PROFILE --json``, one call at a time, ``MONITOR_EVERY_S`` after the last answer; paused
-until someone watches), and its state from that status. Every status the sampler reads feeds its
+until someone watches; a status someone else read less than ``MONITOR_EVERY_S`` ago is used
+instead: the server list's poll of the host feeds it, :meth:`ServerService.feed_host_statuses`),
+and its state from that status. Every status the sampler reads feeds its
 sessions, so the Sessions tab's slots and the Monitor tab's snapshot are the same picture. Qt-free:
 the window's remote view (app.ui.servers.remote_view) only shows it. The server service keeps one per
 ``HOST:PROFILE`` (:meth:`app.servers.service.ServerService.host_server`).
@@ -65,8 +67,14 @@ class HostServer:
 
     # -- the one sampler --------------------------------------------------------------------------
     async def _take(self) -> Snapshot:
+        """The host's ``status --json``, or the one read less than ``MONITOR_EVERY_S`` ago by someone
+        else (the click's listing, the server list's poll of the host): one SSH poll of a server."""
         from app.remote.host import RemoteError
 
+        age = self.sessions.status_age()
+        if age is not None and age < MONITOR_EVERY_S and self.sessions.loaded:
+            return rs.snapshot_of(self.sessions.status, host=self.host, profile=self.profile,
+                                  taken_at=time.time() - age)
         try:
             status = await self.sessions.remote.status(self.profile)
         except RemoteError as e:

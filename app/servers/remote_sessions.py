@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from pathlib import PurePosixPath
 from typing import Any, Callable
 
@@ -169,7 +170,8 @@ class RemoteSessions:
         self._changed: Observers[[]] = Observers(f"the sessions of {host.name}")
         self._queue_cbs: Observers[[]] = Observers(f"the queue of {host.name}")
         self.listings = 0  # how many times the host listed the sessions (each load that got an answer)
-        self.statuses = 0  # how many of its server's statuses were read (a load's, or its sampler's)
+        self.statuses = 0  # how many of its server's statuses were read (a load's, its sampler's, the list's)
+        self.status_at: float | None = None  # time.monotonic() when the last one was read
         self._doing: list[str] = []  # what the host is asked now, in order (the tab's queue line)
         self._sizes: dict[str, int] = {}  # park -> bytes, as the host's park said
         self._discarding: set[asyncio.Future] = set()  # deletions asked of the host, still running
@@ -275,8 +277,13 @@ class RemoteSessions:
                     status.exception()  # read, so an unheard failure is not logged twice
         self.status, self.loaded = answer, True
         self.statuses += 1
+        self.status_at = time.monotonic()
         self._changed.emit()
         return True
+
+    def status_age(self) -> float | None:
+        """Seconds since its server's last status was read, by anyone (None: never)."""
+        return None if self.status_at is None else time.monotonic() - self.status_at
 
     async def slot_rows(self) -> list[SlotRow]:
         """The slots of the host's server as its last ``status --json`` said (no SSH call: the host
@@ -284,9 +291,10 @@ class RemoteSessions:
         return slot_rows_of(self.status)
 
     def set_status(self, status: dict) -> None:
-        """The host's server's ``status --json`` asked by someone else (its sampler): the observers
-        hear it when it changed."""
+        """The host's server's ``status --json`` asked by someone else (its sampler, the server list):
+        the observers hear it when it changed."""
         self.statuses += 1
+        self.status_at = time.monotonic()
         if status != self.status or not self.loaded:
             self.status, self.loaded = status, True
             self._changed.emit()

@@ -215,10 +215,13 @@ class RemoteServerSource:
     ``kv-valet`` (``host.servers()``: app.remote.host.RemoteHost, or anything with ``name`` and
     that coroutine). Its rows' target ids are ``HOST:PROFILE``, as a move names them."""
 
-    def __init__(self, host, *, owns_host: bool = True):
+    def __init__(self, host, *, owns_host: bool = True, service=None):
+        """``service``: the app.servers.service.ServerService whose handles of this host's servers
+        each refresh's statuses feed (:meth:`~app.servers.service.ServerService.feed_host_statuses`)."""
         self.host = host
         self.name = host.name
         self._owns_host = owns_host
+        self._service = service
         self._answer: list[dict] = []
         self.error: str | None = None  # the last refresh failed: why (the rows keep their last figures)
         self._cbs: Observers[[]] = Observers("the server list changed")
@@ -239,6 +242,10 @@ class RemoteServerSource:
         try:
             self._answer = list(await asyncio.wait_for(self.host.servers(), 60))
             self.error = None
+            if self._service is not None:
+                self._service.feed_host_statuses(self.host, {
+                    str((e.get("profile") or {}).get("name")): dict(e.get("status") or {})
+                    for e in self._answer if (e.get("profile") or {}).get("name")})
         except asyncio.CancelledError:
             raise
         except Exception as e:  # report: the host's rows say it (a refused key, a dropped link), logged

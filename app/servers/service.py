@@ -498,6 +498,14 @@ class ServerService:
             hs = self.hosts[tid] = HostServer(host, profile, tid)
         return hs
 
+    def feed_host_statuses(self, host, statuses: dict[str, dict]) -> None:
+        """Statuses of ``host``'s servers read by someone else (the server list's poll of the host:
+        ``{profile: status --json}``) given to the handles kept of them: their Sessions tab's slots and
+        their sampler's next snapshot without another SSH call."""
+        for hs in list(self.hosts.values()):
+            if hs.sessions.remote is host and hs.profile in statuses:
+                hs.sessions.set_status(statuses[hs.profile])
+
     async def aclose(self) -> None:
         self._closed = True
         for tid in list(self.servers):

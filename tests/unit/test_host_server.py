@@ -87,3 +87,42 @@ async def test_a_move_restores_through_the_rows_one_door_here_or_on_a_host(tmp_p
     finally:
         await servers.aclose()
         await service.aclose()
+
+
+async def test_the_server_lists_poll_of_a_host_feeds_its_handle_one_ssh_poll_per_server():
+    """The list asks the host every 2 s for every profile's status; the handle of a server the window
+    shows takes it (its Sessions tab's slots) and its sampler uses a status younger than
+    MONITOR_EVERY_S instead of asking the host again (issue #37: one poller of a server)."""
+    from app.servers import host_server
+    from app.servers.server_list import RemoteServerSource
+
+    class ListedHost(Host):
+        def __init__(self):
+            super().__init__()
+            self.listings = 0
+
+        async def servers(self):
+            self.listings += 1
+            return [{"profile": {"name": "big"}, "status": dict(STATUS), "running": True},
+                    {"profile": {"name": "small"}, "status": {"health": "unreachable: refused"}, "running": False}]
+
+    service = ServerService(connect_sessions=False)
+    host = ListedHost()
+    source = RemoteServerSource(host, owns_host=False, service=service)
+    try:
+        hs = service.host_server(host, "big")
+        other = service.host_server(Host(), "big", "elsewhere:big")  # another host's server of that name
+        await source.refresh()
+        assert host.listings == 1 and hs.sessions.loaded and hs.sessions.statuses == 1
+        assert [r.id for r in await hs.sessions.slot_rows()] == [0, 1] and not other.sessions.loaded
+        seen: asyncio.Queue = asyncio.Queue()
+        hs.watch(seen.put_nowait)
+        hs.resume()
+        snap = await asyncio.wait_for(seen.get(), 60)
+        assert len(snap.slots) == 2 and host.asked.empty()  # the list's status, younger than MONITOR_EVERY_S
+        hs.pause()
+        hs.sessions.status_at -= host_server.MONITOR_EVERY_S  # older now: the sampler asks the host itself
+        await hs.sampler.refresh()
+        assert await asyncio.wait_for(host.asked.get(), 60) == "big"
+    finally:
+        await service.aclose()

@@ -128,14 +128,14 @@ class ServerListPanel(QWidget):
     async def _list_host(self, host) -> None:
         if any(s.name == host.name for s in self.servers.sources):
             await self.servers.remove(host.name)  # added again (a new port, a new path): the new one
-        self.add_source(RemoteServerSource(host))
+        self.add_source(RemoteServerSource(host, service=self.controller.service))
 
     def add_host(self, name: str) -> None:
         """List host ``name``'s servers (app.remote over SSH, through its own kv-valet)."""
         from app.remote.host import RemoteHost
         from app.store.hosts import HostStore
 
-        self.add_source(RemoteServerSource(RemoteHost(HostStore().get(name))))
+        self.add_source(RemoteServerSource(RemoteHost(HostStore().get(name)), service=self.controller.service))
 
     # -- rows -------------------------------------------------------------------------------
     def show_rows(self) -> None:
