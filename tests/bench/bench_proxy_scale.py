@@ -148,7 +148,8 @@ async def run(profile, args) -> dict:
             r |= {"stop_s": stop_s, "start_s": start_s, "warm_s": warm_s, "parks": parks}
             resumed.append(r)
             say(f"run {i + 1} of {args.runs}: stop (park) {stop_s:.1f} s, start {start_s:.1f} s, first token in "
-                f"{r['ttft_ms']:,.0f} ms (the restore included); {r['line']}")
+                f"{r['ttft_ms']:,.0f} ms ({'the restore included' if args.no_warm else 'restored before, by the warm start'}); "
+                f"{r['line']}")
             judge(i + 1, r, cold)
     finally:
         await client.close()
