@@ -114,14 +114,15 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# -- two workers (pytest-xdist) -------------------------------------------------------------------
-# pyproject's addopts run the suite on two worker processes (``-n 2 --dist loadgroup``): the two cores of
-# the machines it is written for. What must not overlap shares a group and so a worker:
+# -- worker processes (pytest-xdist) --------------------------------------------------------------
+# pyproject's addopts run the suite on three worker processes (``-n 3 --dist loadgroup``) on the two cores
+# of the machines it is written for: two workers left the cores idle a third of the time, waiting on SSH,
+# server starts and subprocesses. What must not overlap shares a group and so a worker:
 #
 #: folder (or file) -> xdist group. tests/ssh: one sshd host per session (its account, its network
 #: namespace and its /30 addresses are made and removed by the session fixture).
 XDIST_GROUPS = {"tests/ssh/": "ssh"}
-#: llama.cpp's CPU threads per server while two workers run: two servers of two threads each on two cores
+#: llama.cpp's CPU threads per server while several workers run: two servers of two threads each on two cores
 #: spin against each other (a decode of 20 ms per token took 0.6 to 1.6 s); one thread each shares them.
 XDIST_SERVER_THREADS = "1"
 

@@ -1,4 +1,4 @@
-"""The suite on two workers (pytest-xdist): what must not overlap shares a worker, servers share the cores."""
+"""The suite on three workers on two cores (pytest-xdist): what must not overlap shares a worker, servers share the cores."""
 
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ def test_every_ssh_test_is_in_the_ssh_group_and_nothing_else_is_grouped():
     assert [m.args[0] for m in chosen.markers] == ["mine"]  # a test's own group is kept
 
 
-def test_the_suite_runs_on_two_workers_by_group():
+def test_the_suite_runs_on_three_workers_by_group():
     addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
     words = addopts.split()
-    assert words[words.index("-n") + 1] == "2" and words[words.index("--dist") + 1] == "loadgroup"
+    assert words[words.index("-n") + 1] == "3" and words[words.index("--dist") + 1] == "loadgroup"
 
 
 def test_a_worker_count_is_read_on_the_controller_and_on_a_worker():
@@ -51,8 +51,8 @@ def test_a_worker_count_is_read_on_the_controller_and_on_a_worker():
     assert conftest.xdist_worker_count(SimpleNamespace(option=SimpleNamespace())) == 0
 
 
-@pytest.mark.skipif(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) < 2, reason="runs on a worker of two")
-def test_on_two_workers_every_server_gets_one_thread():
+@pytest.mark.skipif(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) < 2, reason="runs on a worker of several")
+def test_on_several_workers_every_server_gets_one_thread():
     """llama-server reads LLAMA_ARG_THREADS; every server a test starts inherits this environment."""
     assert os.environ.get("LLAMA_ARG_THREADS") == conftest.XDIST_SERVER_THREADS == "1"
 
