@@ -181,13 +181,12 @@ async def cmd_serve(args) -> int:
         router = handle.profile is not None and handle.profile.router
         _say(f"ready at {proxy.http.url if proxy else handle.url}; Ctrl-C "
              + ("stops the router and its child servers" if router else "parks the slots and stops the server"))
+        collections = None
         if proxy is not None:
-            # what the start-up made (modules, the stores, the server's plan) stays for the process's life:
-            # out of the collector's way, so a full collection does not pause a proxied stream for it
-            import gc
+            # the start-up's objects out of the collector's way, and its collections between requests
+            from app.core.gc_moments import collect_between_requests
 
-            gc.collect()
-            gc.freeze()
+            collections = collect_between_requests(proxy.on_idle)
         waiters = [loop.create_task(stop.wait()), loop.create_task(ended.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:
@@ -207,6 +206,8 @@ async def cmd_serve(args) -> int:
         outcome, final_state = sup.outcome, sup.state
         if proxy is not None:
             await proxy.stop()
+        if collections is not None:
+            collections.stop()
     finally:
         await service.aclose()
     if ended.is_set() and outcome and final_state == ServerState.CRASHED:

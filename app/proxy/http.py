@@ -8,7 +8,8 @@ POSTs to the completion endpoints (:data:`INTERCEPTED`) go through the :class:`I
 and ``after`` is told how the request ended (:class:`Result`), exactly once per request that
 ``before`` accepted, whatever happened: a success, an upstream error, an unreachable upstream, a
 client that went away, the proxy stopping. A failure in ``after`` is logged, never the client's
-problem.
+problem. Once an ``after`` has ended with no intercepted request waiting or running, ``on_idle`` is
+called: what the proxy keeps off the requests' path runs there.
 
 A client that goes away mid-response: aiohttp cancels the handler (``handler_cancellation``), the
 upstream response is closed unread (its connection dropped, not drained), and llama-server stops
@@ -262,7 +263,7 @@ class ProxyServer:
 
     def __init__(self, upstream: LlamaClient, *, interceptor: Interceptor | None = None,
                  api_key: str | None = None, slot_actions: bool = True, slots_endpoint: bool = True,
-                 metrics: Callable[[], bytes] | None = None):
+                 metrics: Callable[[], bytes] | None = None, on_idle: Callable[[], None] | None = None):
         self._upstream = upstream
         self._interceptor = interceptor
         self._api_key = api_key or None
@@ -270,6 +271,7 @@ class ProxyServer:
         self._slot_actions = slot_actions
         self._slots_endpoint = slots_endpoint  # False: the user's --no-slots, said to clients as the server says it
         self._metrics = metrics  # KV Valet's own families, served after the server's at /metrics
+        self._on_idle = on_idle  # told when an answer's ``after`` ended and no intercepted request is in flight
         self._runner: web.AppRunner | None = None
         self.addresses: list[tuple[str, int]] = []  # (address, port) it listens on, once started
         self._url: str | None = None
@@ -452,6 +454,11 @@ class ProxyServer:
         except Exception:
             log.exception("the proxy's interceptor failed after %s %s (status %s, disconnected %s)",
                           method, path, collector.status, collector.disconnected)
+        if self._on_idle is not None and self.waiting == 0 and self.running == 0:
+            try:
+                self._on_idle()  # the work kept off the requests' path (a checkpoint, a garbage collection)
+            except Exception:
+                log.exception("the proxy's idle work failed after %s %s", method, path)
 
     async def _pass(self, request: web.Request, target: str, headers: Mapping[str, str], content: bytes,
                     collector: _Collector | None, *, anonymous: bool = False) -> tuple[web.StreamResponse, bool]:

@@ -41,7 +41,7 @@ from app.proxy.request_facts import CHAT_PATHS, TEXT_PATHS, answer_timings, clie
 from app.proxy.session_backend import SessionBackend, tokens_left
 from app.sessions.journal import Recovery
 from app.server.client import ServerError, ServerUnreachable
-from app.store.conversations import ConversationStore
+from app.store.conversations import ConversationStore, ConversationStoreError
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class ProxyService:
         #: the warm start's restores (started by start(); done at once when there is none): the conversations
         #: brought into a slot
         self.warming: asyncio.Future | None = None
+        self._idle_callbacks: list[Callable[[], object]] = []
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -174,8 +175,10 @@ class ProxyService:
             log.info("server %s is a router: the proxy passes its requests through, judged", self.target_id)
         if h.supervisor is not None:
             h.supervisor.on_state(self._on_server_state)
+        # the journal's commits sit on the requests' path: their WAL checkpoints (fsyncs) run when it is idle
+        self.store.defer_checkpoints()
         self.http = ProxyServer(h.client, interceptor=self, api_key=api_key, slot_actions=slot_actions_on(p),
-                                slots_endpoint=slots_endpoint, metrics=self.metrics.exposition)
+                                slots_endpoint=slots_endpoint, metrics=self.metrics.exposition, on_idle=self._idle)
         await self.http.start(host, port)
         if self.leases is not None and self.warm_start and not self.steps_aside:
             self.warming = track(self._warm(), f"proxy {self.target_id}: warm start")
@@ -233,6 +236,19 @@ class ProxyService:
     async def settle(self) -> None:
         """Wait for the token comparisons running now (explanations refined after their request)."""
         await self.records.settle()
+
+    def on_idle(self, cb: Callable[[], object]) -> None:
+        """``cb()`` whenever the proxy has answered and judged every request it was given (nothing in
+        flight): work that must not land inside a request (``kv-valet serve``'s garbage collections)."""
+        self._idle_callbacks.append(cb)
+
+    def _idle(self) -> None:
+        try:
+            self.store.checkpoint_if_due()
+        except ConversationStoreError as e:  # report: the next idle moment tries again, SQLite's own limit holds
+            log.warning("the conversation store's checkpoint did not run: %s", e)
+        for cb in self._idle_callbacks:
+            cb()
 
     def on_explained(self, cb: Callable[[RequestRecord], None]) -> None:
         """``cb(record)`` when a recorded request's explanation was refined (its first divergent token)."""

@@ -3,7 +3,13 @@ proxy's conversations): 0600 in a 0700 folder, WAL, one connection guarded by a 
 window's thread and asyncio's workers), every write one explicit ``BEGIN IMMEDIATE``
 transaction, the schema version in ``PRAGMA user_version`` brought forward one step per
 transaction (a file from a newer app is refused, not guessed at), and a failing disk said
-with the file's name instead of sqlite's bare "disk I/O error"."""
+with the file's name instead of sqlite's bare "disk I/O error".
+
+WAL checkpoints: SQLite runs one inside whichever commit takes the log past 1,000 pages, with its
+fsyncs: milliseconds, on a request's path when the proxy commits there. An owner with idle moments
+(the proxy between requests) calls :meth:`SqliteFile.defer_checkpoints` and then
+:meth:`SqliteFile.checkpoint_if_due` when idle; SQLite still checkpoints by itself past
+:data:`DEFERRED_CHECKPOINT_PAGES`, so a log never grows without bound."""
 
 from __future__ import annotations
 
@@ -15,6 +21,13 @@ import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator
+
+
+#: with checkpoints deferred, SQLite's own checkpoint comes only past this many log pages (16 MiB of 4 KiB pages)
+DEFERRED_CHECKPOINT_PAGES = 4000
+#: with checkpoints deferred, an idle moment checkpoints once this many commits went into the log since the last
+#: (a proxy's journal entry and the conversation rows it touched: a few pages each, about SQLite's 1,000 pages)
+CHECKPOINT_EVERY_COMMITS = 250
 
 
 def set_wal(conn: sqlite3.Connection, timeout: float = 10.0) -> None:
@@ -58,6 +71,8 @@ class SqliteFile:
             fileio.private_dir(self.path.parent)  # 0700, the file 0600 (its -wal and -shm follow)
             fileio.touch_private(self.path)
         self._lock = threading.Lock()
+        self.commits = 0  # since the last checkpoint this connection made (counted while deferred)
+        self._deferred = False
         # isolation_level=None: BEGIN/COMMIT are issued here, so transactions are exactly what the code says
         try:
             self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10.0)
@@ -75,6 +90,30 @@ class SqliteFile:
         except BaseException:
             self._conn.close()
             raise
+
+    # -- checkpoints
+    def defer_checkpoints(self, limit_pages: int = DEFERRED_CHECKPOINT_PAGES) -> None:
+        """Leave the WAL checkpoints to :meth:`checkpoint_if_due` (SQLite's own only past ``limit_pages``)."""
+        with self._lock:
+            self._conn.execute(f"PRAGMA wal_autocheckpoint = {int(limit_pages)}")
+            self._deferred = True
+
+    def checkpoint_if_due(self, every_commits: int | None = None) -> bool:
+        """A passive checkpoint (it waits for no reader or writer) when checkpoints are deferred and
+        ``every_commits`` (default :data:`CHECKPOINT_EVERY_COMMITS`) commits went into the log since the
+        last; whether one ran."""
+        due = CHECKPOINT_EVERY_COMMITS if every_commits is None else every_commits
+        if not self._deferred or self.commits < due:
+            return False
+        with self._lock:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.OperationalError as e:
+                if (err := self._storage_error("checkpoint", e)) is None:
+                    raise
+                raise err from e
+            self.commits = 0
+        return True
 
     # -- lifecycle
     def close(self) -> None:
@@ -153,6 +192,7 @@ class SqliteFile:
                 try:
                     yield conn
                     conn.execute("COMMIT")
+                    self.commits += 1
                 except BaseException:
                     if conn.in_transaction:
                         with suppress(sqlite3.Error):

@@ -13,7 +13,8 @@ in the act.)
 
 The well-known remedy for PySide/PyQt programs: turn automatic collection off and
 collect from a timer on the GUI thread, with the same thresholds
-(:data:`app.ui.app.GC_THRESHOLDS`) deciding which generation is due.
+(:data:`app.ui.app.GC_THRESHOLDS`) deciding which generation is due
+(:func:`app.core.gc_moments.due_generation`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import gc
 import logging
 
 from PySide6.QtCore import QObject, QTimer
+
+from app.core.gc_moments import due_generation
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +57,7 @@ class MainThreadCollector(QObject):
 
     def check(self) -> int | None:
         """Collect the oldest generation that is due (None: none is); what it freed."""
-        counts = gc.get_count()
-        generation = None
-        for g in range(3):
-            if counts[g] > self.thresholds[g]:
-                generation = g
-            else:
-                break
+        generation = due_generation(gc.get_count(), self.thresholds)
         if generation is None:
             return None
         self.collections[generation] += 1

@@ -5,8 +5,9 @@ Not a test. The proxy is the real one: the profile (``proxy = true``) goes throu
 does, so every request runs the whole ``ProxyService``: identity (messages normalised and hashed),
 a slot lease with ``id_slot`` pinned, the park of the slot's previous conversation and the restore
 of this one when it comes back to a slot another used, the judging after the answer, the
-conversation store, the Prometheus counters. Then ``gc.collect(); gc.freeze()``, as ``serve`` does
-once the proxy is up. The proxy runs in this process, as in ``serve``'s (the client is here too:
+conversation store, the Prometheus counters. Then the start-up's objects frozen out of the collector
+and its collections moved between requests (``app.core.gc_moments.collect_between_requests``), as
+``serve`` does once the proxy is up. The proxy runs in this process, as in ``serve``'s (the client is here too:
 its work is the same for both sides of a pair).
 
 The traffic is a chat client's: each turn posts the conversation's whole history to
@@ -210,15 +211,21 @@ async def _send(h, url: str, body: bytes, stream: bool, close: bool) -> Sample:
 
 
 class FullCollections:
-    """The full (generation 2) garbage collections while it is on: how many, the longest pause."""
+    """The garbage collections while it is on: how many of each generation, and the full (generation 2)
+    ones' pauses."""
 
     def __init__(self):
         self.pauses: list[float] = []
+        self.counts = [0, 0, 0]
         self._t0 = 0.0
         self.on = False
 
     def __call__(self, phase: str, info: dict) -> None:
-        if not self.on or info.get("generation") != 2:
+        if not self.on:
+            return
+        if phase == "stop":
+            self.counts[info.get("generation", 0)] += 1
+        if info.get("generation") != 2:
             return
         if phase == "start":
             self._t0 = time.perf_counter()
@@ -280,6 +287,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
     """``n_convs`` chat conversations of ``turns`` turns over ``n_slots`` slots behind the real proxy on
     the fake server; each turn direct and proxied (see the module's doc). Prints the table, returns the
     figures."""
+    from app.core.gc_moments import collect_between_requests
     from app.core.profile import LaunchProfile
     from app.proxy.front import ProxyFront
     from app.servers.launch import launch_profile
@@ -298,6 +306,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
     ops: dict[str, list[float]] = {"park": [], "restore": []}
     failed_ops = {"park": 0, "restore": 0}
     full = FullCollections()
+    collections = None
     servers = ServerService(front=ProxyFront())
     t_run = 0.0
     try:
@@ -317,8 +326,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
                     failed_ops[_kind] += 1
                 _told(conv, seconds, n_bytes, ok)
             setattr(m, f"observe_{kind}", observe)
-        gc.collect()  # as `kv-valet serve --proxy` once the proxy is up
-        gc.freeze()
+        collections = collect_between_requests(proxy.on_idle)  # as `kv-valet serve --proxy` once it is up
         gc.callbacks.append(full)
         full.on = True
         direct_url, proxy_url = handle.url, proxy.http.url
@@ -372,6 +380,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
                                  conv.tokens, d.content == p.content))
         t_run = time.perf_counter() - t0
         full.on = False
+        between = list(collections.collections)
         counted = {kind: int(sum(s.value for fam in getattr(m, kind + "s").collect() for s in fam.samples
                                  if s.name.endswith("_total") and s.labels.get("outcome") == "ok"))
                    for kind in ("park", "restore")}
@@ -379,6 +388,8 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
     finally:
         if full in gc.callbacks:
             gc.callbacks.remove(full)
+        if collections is not None:
+            collections.stop()
         gc.unfreeze()
         await servers.aclose()
         for k, v in saved_env.items():
@@ -417,6 +428,9 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
         "judged_after_answer_ms": _ms([t.judged_ms for t in done if t.judged_ms is not None]),
         "verdicts": verdicts, "same_answer": sum(t.same_answer for t in done), "lost": lost,
         "full_gc": {"count": len(full.pauses), "longest_ms": round(max(full.pauses), 2) if full.pauses else 0},
+        # per generation: every collection in the run, and those made between requests (the rest: by Python
+        # itself, past its raised threshold, wherever they fell)
+        "collections": {"all": full.counts, "between_requests": between},
         "goals_met": {"request_p99_le_2ms": goal_request, "first_token_le_1ms": goal_first},
     }
     print(f"\n{label}: the real conversation proxy (kv-valet serve --proxy's path) on the fake llama-server; "
@@ -443,7 +457,8 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
           + (f"p50 {j['p50']:.1f} ms, p99 {j['p99']:.1f} ms" if j.get("n") else "never"))
     print(f"verdicts: {', '.join(f'{k} {v}' for k, v in sorted(verdicts.items()))}; the same answer direct and "
           f"proxied: {out['same_answer']} of {len(done)}; requests lost: {lost}; full garbage collections: "
-          f"{len(full.pauses)}" + (f", longest {max(full.pauses):.1f} ms" if full.pauses else ""))
+          f"{len(full.pauses)}" + (f", longest {max(full.pauses):.1f} ms" if full.pauses else "")
+          + f"; collections per generation {full.counts}, of them between requests {between}")
     return out
 
 

@@ -62,11 +62,11 @@ class Recorder:
 
 
 @contextlib.asynccontextmanager
-async def proxied(tmp_path, interceptor=None, api_key=None, upstream_key=None, extra_args=(), **env):
+async def proxied(tmp_path, interceptor=None, api_key=None, upstream_key=None, extra_args=(), on_idle=None, **env):
     """``(fake_url, proxy, proc)``: the fake llama-server and a proxy in front of it."""
     with run_fake_server(tmp_path, extra_args=extra_args, **env) as (url, proc):
         client = LlamaClient(url, api_key=upstream_key)
-        proxy = ProxyServer(client, interceptor=interceptor, api_key=api_key)
+        proxy = ProxyServer(client, interceptor=interceptor, api_key=api_key, on_idle=on_idle)
         await proxy.start("127.0.0.1", 0)
         try:
             yield url, proxy, proc
@@ -227,6 +227,38 @@ async def test_after_failing_is_logged_and_the_client_gets_its_answer(tmp_path, 
     failures = [rec_ for rec_ in caplog.records if "interceptor failed after" in rec_.getMessage()]
     assert len(failures) == 2 and "POST /completion" in failures[0].getMessage()
     assert "the interceptor's after broke" in str(failures[0].exc_info[1])
+
+
+async def test_the_idle_work_runs_once_nothing_is_in_flight_never_inside_a_request(tmp_path):
+    """``on_idle`` (where the proxy's service checkpoints its store and ``serve`` collects garbage) comes
+    after an answer's ``after``, and not while another request waits in ``before`` or runs upstream."""
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    class Gated(Recorder):
+        async def before(self, path, headers, body):
+            if body.get("prompt") == "held":
+                entered.set()
+                await gate.wait()
+            return await super().before(path, headers, body)
+
+    rec, idle, seen = Gated(), [], []
+    async with proxied(tmp_path, rec, on_idle=lambda: idle.append((seen[0].waiting, seen[0].running,
+                                                                   len(rec.results)))) as (url, proxy, proc):
+        seen.append(proxy)
+        async with httpx.AsyncClient(timeout=WAIT) as h:
+            one = {"prompt": PROMPT, "n_predict": 2}
+            assert (await h.post(proxy.url + "/completion", json=one)).status_code == 200
+            await rec.next_result()
+            assert idle == [(0, 0, 1)]  # the answer judged, nothing else in flight
+            held = asyncio.create_task(h.post(proxy.url + "/completion", json={"prompt": "held", "n_predict": 2}))
+            await asyncio.wait_for(entered.wait(), WAIT)
+            assert (await h.post(proxy.url + "/completion", json=one)).status_code == 200
+            await rec.next_result()
+            assert idle == [(0, 0, 1)]  # judged, but the held request still waits in before: no idle work
+            gate.set()
+            assert (await asyncio.wait_for(held, WAIT)).status_code == 200
+            await rec.next_result()
+    assert idle == [(0, 0, 1), (0, 0, 3)]
 
 
 # -- streaming: never buffered; a client that goes away ----------------------------------------

@@ -17,6 +17,7 @@ from app.core.lifecycle import StopTrigger
 from app.servers.service import ServerService
 from app.proxy.front import ProxyFront
 from app.servers.launch import launch_profile
+from app.store import sqlite_file
 from tests.fake_server.profiles import fake_profile
 
 def system(name: str) -> str:
@@ -69,6 +70,22 @@ async def test_a_chat_is_one_conversation_pinned_to_its_slot(profile):
         assert second.verdict is VerdictKind.HIT, second
         [conv] = p.proxy.list()
         assert conv.requests == 2 and conv.slot == first.slot
+
+
+async def test_between_requests_the_proxy_checkpoints_its_store_then_runs_the_idle_work(profile, monkeypatch):
+    """The journal's commits sit on a request's path; their WAL checkpoint waits for the idle moment after
+    the answer is judged, where ``kv-valet serve`` also collects garbage (ProxyService.on_idle)."""
+    monkeypatch.setattr(sqlite_file, "CHECKPOINT_EVERY_COMMITS", 1)  # every idle moment has one due
+    async with Proxied(profile) as p:
+        idle, ran = [], asyncio.Event()
+
+        def at_idle():
+            idle.append(p.proxy.store.commits)
+            ran.set()
+        p.proxy.on_idle(at_idle)
+        await p.ask(chat(system("A"), "hello"))
+        await asyncio.wait_for(ran.wait(), 30)
+    assert idle == [0]  # the request's commits were checkpointed before the idle work ran
 
 
 async def test_more_conversations_than_slots_rotate_through_their_parks(profile):
