@@ -39,6 +39,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -92,6 +93,10 @@ class Result:
     final: dict | None
     disconnected: bool  # the client went away before the answer's end: the upstream request was cancelled
     error: str | None  # what went wrong upstream (an HTTP error's message, a broken connection), else None
+    # the proxy's own time on the request's path, in seconds: from its arrival to its sending upstream (the
+    # interceptor's ``before`` in it), and from the server's answer to its first bytes written to the client;
+    # None when the answer never reached the client
+    own_s: float | None = None
 
 
 class Interceptor(Protocol):
@@ -169,8 +174,11 @@ class _Collector:
     chunks) of which it keeps the raw text of the last one, of the last carrying "timings" and of the
     last carrying a route's usage (Anthropic's ``message_start``), and parses only those at the end."""
 
-    def __init__(self, stream: bool):
+    def __init__(self, stream: bool, arrived: float = 0.0):
         self.stream = stream
+        # perf_counter() stamps of the proxy's own time (``Result.own_s``): the request's arrival, its
+        # sending upstream, the server's answer, its first bytes written to the client
+        self.arrived, self.sent, self.answered, self.relayed = arrived, 0.0, 0.0, 0.0
         self.status = 0
         self.sse = False
         self.disconnected = False
@@ -254,8 +262,11 @@ class _Collector:
             error = _error_message(final, self.status)
         if error is None and self._event_error is not None:
             error = self._event_error
+        own = None
+        if self.arrived and self.sent and self.answered and self.relayed:
+            own = (self.sent - self.arrived) + (self.relayed - self.answered)
         return Result(status=self.status, stream=self.stream, final=final, disconnected=self.disconnected,
-                      error=error)
+                      error=error, own_s=own)
 
 
 class ProxyServer:
@@ -357,6 +368,7 @@ class ProxyServer:
             return await self._serve(request)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.perf_counter()
         anonymous = False
         if (self._api_key and request.path not in PUBLIC and request.method != "OPTIONS"
                 and not self._authorised(request)):
@@ -399,7 +411,7 @@ class ProxyServer:
                           "server_error")
         finally:
             self.waiting -= 1
-        collector = _Collector(bool(sent.get("stream")))
+        collector = _Collector(bool(sent.get("stream")), arrived)
         broken = False
         self.running += 1
         try:
@@ -466,10 +478,14 @@ class ProxyServer:
         response and whether the upstream answer broke off after it had started (the caller then
         cuts the client's connection, so the client sees an incomplete answer, not a short one)."""
         resp: web.StreamResponse | None = None
+        if collector is not None:
+            collector.sent = time.perf_counter()
         try:
             async with self._upstream.forward(request.method, target, headers=headers,
                                               content=content if content or request.method not in ("GET", "HEAD")
                                               else None, anonymous=anonymous) as up:
+                if collector is not None:
+                    collector.answered = time.perf_counter()
                 resp = web.StreamResponse(status=up.status_code, reason=up.reason_phrase or None)
                 for raw_k, raw_v in up.headers.raw:  # the names as the server wrote them (httpx lower-cases its view)
                     k, v = raw_k.decode("latin-1"), raw_v.decode("latin-1")
@@ -484,6 +500,8 @@ class ProxyServer:
                 async for chunk in up.aiter_raw():
                     await resp.write(chunk)  # the client first: reading along for the final chunk comes after
                     if collector is not None:
+                        if not collector.relayed:
+                            collector.relayed = time.perf_counter()
                         collector.feed(chunk)
                 await resp.write_eof()
                 return resp, False

@@ -45,6 +45,13 @@ from app.proxy.lease_table import SlotState, SlotView
 from app.proxy.leases import SlotLeases
 
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: the proxy's own time on a request's path: a millisecond or two on a turn that keeps its slot
+_OWN_SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+#: ``turn`` label of ``kvvalet_proxy_path_seconds``: the conversation kept its slot; a park was restored
+#: into the slot first; it got another slot (free, or taken from a conversation, parked first when it had
+#: changed); the request went through without a lease (the client chose its slot, a router, a server
+#: that keeps prompts itself)
+PATH_TURNS = ("kept", "restored", "other_slot", "no_lease")
 #: vLLM's labels on its engine families (vllm/v1/metrics/loggers.py): the served model, the engine's index
 VLLM_LABELS = ("model_name", "engine")
 
@@ -179,6 +186,10 @@ class ProxyMetrics:
                                       buckets=_SECONDS, registry=r)
         self.restore_seconds = Histogram("kvvalet_proxy_restore_seconds", "How long a restore took", ("server",),
                                          buckets=_SECONDS, registry=r)
+        self.path_seconds = Histogram(
+            "kvvalet_proxy_path_seconds", "The proxy's own time on a completion request's path: from its arrival "
+            "to its sending upstream, and from the server's answer to its first bytes at the client (a park "
+            "or restore on the path counts)", ("server", "turn"), buckets=_OWN_SECONDS, registry=r)
         self.leases = Counter("kvvalet_proxy_slot_leases", "Slot leases given to requests", conv, registry=r)
         self.leases_active = Gauge("kvvalet_proxy_slot_leases_active", "Slot leases held now", ("server",),
                                    registry=r)
@@ -215,6 +226,10 @@ class ProxyMetrics:
         if ok:
             self.restore_seconds.labels(self.server).observe(seconds)
             self.restore_bytes.labels(self.server, conversation).inc(n_bytes)
+
+    def observe_path(self, seconds: float, turn: str) -> None:
+        """One request's own time on the path (``Result.own_s``); ``turn``: one of :data:`PATH_TURNS`."""
+        self.path_seconds.labels(self.server, turn).observe(seconds)
 
     def lease_taken(self, conversation: str) -> None:
         self.leases.labels(self.server, conversation).inc()

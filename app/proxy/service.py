@@ -58,6 +58,15 @@ OUTSIDE = explain_mod.OUTSIDE
 ROUTER_SETUP = "router-"
 
 
+def _path_turn(p: Pending) -> str:
+    """How a request reached its slot, as ``kvvalet_proxy_path_seconds`` labels it (app.proxy.metrics)."""
+    if p.lease is None:
+        return "no_lease"
+    if p.lease.restored_from:
+        return "restored"
+    return "kept" if p.lease.slot_context.held else "other_slot"
+
+
 class ProxyService:
     def __init__(self, servers: ServerService, target_id: str, *, store: ConversationStore | None = None,
                  disk_budget_bytes: int | None = None, save_before_idle_clear: bool = True,
@@ -433,6 +442,8 @@ class ProxyService:
     async def after(self, ctx: object, result: Result) -> None:
         p = ctx
         assert isinstance(p, Pending)
+        if self.metrics is not None and result.own_s is not None:
+            self.metrics.observe_path(result.own_s, _path_turn(p))
         if p.conv is None:
             return
         if p.own is not None:

@@ -166,6 +166,7 @@ class Turn:
     verdict: str | None
     tokens: int
     same_answer: bool
+    own_ms: float | None = None  # the proxy's own time on its path (kvvalet_proxy_path_seconds), None: not told
 
 
 async def _send(h, url: str, body: bytes, stream: bool, close: bool) -> Sample:
@@ -326,6 +327,13 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
                     failed_ops[_kind] += 1
                 _told(conv, seconds, n_bytes, ok)
             setattr(m, f"observe_{kind}", observe)
+        own: list[float] = []  # the proxy's own time on each proxied request's path, as its histogram is told
+        told_path = m.observe_path
+
+        def observe_path(seconds, turn, _told=told_path):
+            own.append(seconds * 1000.0)
+            _told(seconds, turn)
+        m.observe_path = observe_path
         collections = collect_between_requests(proxy.on_idle)  # as `kv-valet serve --proxy` once it is up
         gc.callbacks.append(full)
         full.on = True
@@ -357,6 +365,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
                     d = await _send(client, direct_url, json.dumps(dict(body, id_slot=slot, cache_prompt=True)).encode(),
                                     stream, stream)
                 before = len(ops["park"]), len(ops["restore"])
+                n_own = len(own)
                 p = await _send(client, proxy_url, raw, stream, False)
                 t_end = time.perf_counter()
                 try:
@@ -377,7 +386,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
                 conv.messages += [user, {"role": "assistant", "content": p.content}]
                 done.append(Turn(stream, d, p, parks, restores, parks == 0 and restores == 0 and slot is not None,
                                  direct_first, judged_ms, rec.verdict.value if rec is not None else None,
-                                 conv.tokens, d.content == p.content))
+                                 conv.tokens, d.content == p.content, own[n_own] if len(own) > n_own else None))
         t_run = time.perf_counter() - t0
         full.on = False
         between = list(collections.collections)
@@ -426,6 +435,11 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
         "turns_with_park_or_restore": sum(1 for t in done if t.parks or t.restores),
         "direct_first": sum(t.direct_first for t in done),
         "judged_after_answer_ms": _ms([t.judged_ms for t in done if t.judged_ms is not None]),
+        # measured inside the proxy (kvvalet_proxy_path_seconds): from a request's arrival to its sending upstream,
+        # and from the server's answer to the first bytes written to the client; no server time in it
+        "own_path_ms": {k: _ms([t.own_ms for t in rows if t.own_ms is not None]) for k, rows in (
+            ("all", done), ("kept_slot", [t for t in done if t.kept_slot]),
+            ("park_or_restore", [t for t in done if t.parks or t.restores]))},
         "verdicts": verdicts, "same_answer": sum(t.same_answer for t in done), "lost": lost,
         "full_gc": {"count": len(full.pauses), "longest_ms": round(max(full.pauses), 2) if full.pauses else 0},
         # per generation: every collection in the run, and those made between requests (the rest: by Python
@@ -451,6 +465,10 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
         o = out[kind]
         print(f"{kind}: {o['counted']} (the proxy's /metrics count), {o['failed']} failed"
               + (f"; p50 {o['p50']:.1f} ms, p99 {o['p99']:.1f} ms, longest {o['max']:.1f} ms" if o.get("n") else ""))
+    o = out["own_path_ms"]
+    print("the proxy's own time on the path (measured inside it, no server time): "
+          + "; ".join(f"{k.replace('_', ' ')} p50 {o[k]['p50']:.2f} ms, p99 {o[k]['p99']:.2f} ms (n {o[k]['n']})"
+                      for k in ("kept_slot", "park_or_restore", "all") if o[k].get("n")))
     j = out["judged_after_answer_ms"]
     print(f"turns that kept their slot {out['turns_kept_slot']}, with a park or restore on their path "
           f"{out['turns_with_park_or_restore']}; judged after the answer (off the client's path): "

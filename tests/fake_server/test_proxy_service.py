@@ -9,6 +9,7 @@ import asyncio
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.conversation import Cause
 
@@ -70,6 +71,9 @@ async def test_a_chat_is_one_conversation_pinned_to_its_slot(profile):
         assert second.verdict is VerdictKind.HIT, second
         [conv] = p.proxy.list()
         assert conv.requests == 2 and conv.slot == first.slot
+        path = {s.labels["turn"]: s.value for fam in text_string_to_metric_families(p.proxy.metrics.exposition().decode())
+                if fam.name == "kvvalet_proxy_path_seconds" for s in fam.samples if s.name.endswith("_count")}
+        assert path == {"other_slot": 1, "kept": 1}  # the proxy's own time on each one's path, by how it got its slot
 
 
 async def test_between_requests_the_proxy_checkpoints_its_store_then_runs_the_idle_work(profile, monkeypatch):
