@@ -17,7 +17,6 @@ take (past its high-water mark) instead of waiting.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Callable, Iterable

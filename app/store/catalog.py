@@ -620,11 +620,13 @@ class Catalog(SqliteFile):
 
         Samples under MIN_PREFILL_TOKENS tokens or with ms <= 0 are dropped: they
         are dominated by per-request overhead and timer noise. Only the last
-        PREFILL_WINDOW samples per profile are kept.
+        PREFILL_WINDOW samples per profile are kept. Not durable at once (no fsync: it is written on the
+        event loop for every prompt the server reports, a proxied request's path); the next durable write
+        makes it so.
         """
         if n_tokens < MIN_PREFILL_TOKENS or ms <= 0:
             return
-        with self._tx() as conn:
+        with self._tx(durable=False) as conn:
             conn.execute(
                 "INSERT INTO prefill_samples (profile, n_tokens, ms, at) VALUES (?, ?, ?, ?)",
                 (profile, int(n_tokens), float(ms), time.time()),

@@ -175,8 +175,12 @@ class SqliteFile:
         return self.ERROR(f"cannot {what} {self.NAME} {path}: {why}")
 
     @contextmanager
-    def _tx(self) -> Iterator[Any]:
+    def _tx(self, durable: bool = True) -> Iterator[Any]:
         """Lock + one write transaction; rolled back on any exception.
+
+        ``durable=False``: committed without waiting for the disk even where the file is FULL (a measurement
+        a power cut may lose, written on the event loop for every request: no fsync there); a later durable
+        commit makes it durable too.
 
         A write the disk refuses (full, read-only, I/O error) raises the store's error naming the
         file, not sqlite's bare "database or disk is full". After such an error sqlite may or may
@@ -185,14 +189,19 @@ class SqliteFile:
         still open, so the error raised is the real one and this long-lived connection (the
         window's) writes again once the disk has room.
         """
+        relaxed = not durable and self.SYNCHRONOUS != "NORMAL"
         with self._lock:
             conn = self._conn
+            done = False
             try:
+                if relaxed:
+                    conn.execute("PRAGMA synchronous = NORMAL")  # outside a transaction, as SQLite requires
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield conn
                     conn.execute("COMMIT")
                     self.commits += 1
+                    done = True
                 except BaseException:
                     if conn.in_transaction:
                         with suppress(sqlite3.Error):
@@ -202,6 +211,13 @@ class SqliteFile:
                 if (err := self._storage_error("write", e)) is None:
                     raise
                 raise err from e
+            finally:
+                if relaxed:
+                    try:
+                        conn.execute(f"PRAGMA synchronous = {self.SYNCHRONOUS}")
+                    except sqlite3.Error:
+                        if done:  # else the write's own error is the one raised
+                            raise
 
     def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -92,3 +92,18 @@ def test_serve_freezes_the_start_up_and_collects_at_the_proxys_idle_moments(thre
         idle.stop()
         gc.unfreeze()
     assert gc.get_threshold() == thresholds
+
+
+def test_a_prefill_sample_is_written_without_an_fsync_and_the_catalog_stays_full(tmp_path):
+    """A prefill sample is written on the event loop for every prompt the server reports: no fsync there,
+    while every other write of the catalog still waits for the disk (synchronous FULL)."""
+    from app.store.catalog import Catalog
+
+    with Catalog(tmp_path / "catalog.sqlite3") as cat:
+        seen = []
+        cat._conn.set_trace_callback(seen.append)
+        cat.record_prefill("p", 4096, 1500.0)
+        cat._conn.set_trace_callback(None)
+        assert seen[0] == "PRAGMA synchronous = NORMAL" and seen[-1] == "PRAGMA synchronous = FULL"
+        assert cat._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
+        assert cat.prefill_rate("p") is not None
