@@ -112,6 +112,11 @@ def test_metrics_match_the_request_records(real_profile, sidecar_server_bin, mon
             assert sum(s.value for s in got["kvvalet_proxy_slot_leases_total"]) == len(records)
             [active] = got["kvvalet_proxy_slot_leases_active"]
             assert active.value == 0
+            # the proxy's own time on each request's path, by how it got its slot: one per request, the restore's
+            path = {c.labels["turn"]: c.value for c in got["kvvalet_proxy_path_seconds_count"]}
+            assert sum(path.values()) == len(records) and set(path) <= {"kept", "restored", "other_slot"}
+            assert path["restored"] == sum(1 for rec in records if rec.restored_from) == 1 and path["kept"] >= 1
+            assert 0 < sum(c.value for c in got["kvvalet_proxy_path_seconds_sum"])
 
             # -- the gateway's five, under vLLM's names: the same at /metrics and at /kv-valet/metrics
             async with httpx.AsyncClient(timeout=60) as h:
