@@ -24,7 +24,7 @@ from app import files as fileio
 from app.core.compat import SessionFacts, TargetFacts
 from app.move.facts import describe_target, slots_ctx, source_session
 from app.move.receive import ReadBack, adopt, settle
-from app.move.values import MoveError, SourceFile, SourceSession, check_move_id
+from app.move.values import ChecksumMismatch, MoveError, SourceFile, SourceSession, check_move_id
 from app.sessions.move_in import temp_name
 from app.store.catalog import Catalog, SessionRecord
 
@@ -271,6 +271,10 @@ class _HostProcess:
             raise self._error(f"did not answer JSON: {line[:200]!r}. Is kv-valet there as recent as this one?",
                               "output") from None
         if "error" in answer:
+            bad = answer.get("checksum")
+            if isinstance(bad, dict):
+                raise ChecksumMismatch(f"{self.where}: {answer['error']}", file=str(bad.get("file", "")),
+                                       got=str(bad.get("got", "")), expected=str(bad.get("expected", "")))
             raise MoveError(f"{self.where}: {answer['error']}")
         return dict(answer["ok"])
 

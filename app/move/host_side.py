@@ -2,7 +2,8 @@
 
 The sender (:class:`app.move.endpoints.RemoteEndpoint`) starts it once, on the move's SSH
 connection, and asks it everything the move needs from that host, one JSON object a line on its
-stdin; each answer is one line on its stdout, ``{"ok": {...}}`` or ``{"error": "message"}``. A
+stdin; each answer is one line on its stdout, ``{"ok": {...}}`` or ``{"error": "message"}`` (with
+``"checksum"``: ``{file, got, expected}`` when a file read back is not the one expected). A
 Python start and the imports cost more than any one step (about 0.2 s), so one process answers all:
 
 * ``describe``: PROFILE's facts as a move's target (:func:`app.move.facts.describe_target`);
@@ -30,7 +31,7 @@ from typing import IO, Any
 
 from app.move.facts import describe_target, receiving_folder, source_session
 from app.move.receive import ReadBack, adopt, settle
-from app.move.values import MoveError, check_move_id
+from app.move.values import ChecksumMismatch, MoveError, check_move_id
 from app.sessions.move_in import temp_name
 from app.store.catalog import Catalog
 
@@ -126,6 +127,8 @@ def serve(catalog: Catalog, profile: str, requests: IO[bytes], out: IO[bytes]) -
                     side.written(req)
                     continue
                 answer = side.answer(req)
+            except ChecksumMismatch as e:  # the sender tells a changed park from other failures by it
+                answer = {"error": str(e), "checksum": {"file": e.file, "got": e.got, "expected": e.expected}}
             except (MoveError, AmbiguousName, CatalogError, OSError, KeyError, TypeError, ValueError) as e:
                 answer = {"error": str(e) or type(e).__name__}
             else:

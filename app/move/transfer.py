@@ -8,8 +8,11 @@ folder and maybe its checkpoint sidecar (``<state>.ckpt``). A move:
    the compatibility rules (:mod:`app.core.compat`) **before any byte moves**: a refusal
    names its remedy;
 2. streams each file in chunks to a temporary name in the target folder
-   (``kvv-move-<id>.state.part``, ``kvv-move-<id>.ckpt.part``), computing its SHA-256
-   on the way and reporting bytes done / total;
+   (``kvv-move-<id>.state.part``, ``kvv-move-<id>.ckpt.part``), reporting bytes done / total.
+   The SHA-256 each file must have is the one its park recorded (every park hashes its files:
+   app.sessions.park); only a session without them, or a move forced past a refusal, has the
+   sender hash what it sends. Hashing on both sides cost a 1 GiB move a fifth of its time on two
+   cores (``tests/bench/bench_move.py``);
 3. commits at the target: the target checks each temporary file's size and SHA-256
    (read back from its disk) and the state file's header, then, under the catalog's
    files lock, renames the sidecar and the state file into place (both or neither) and
@@ -35,8 +38,10 @@ asked leaves the outcome open: the error says so and how to tell. The sender its
 after the target listed the session and before the source was deleted leaves two copies:
 both are whole and listed, as after a copy; nothing is lost (the CLI says so).
 
-A failure or an interruption anywhere before the commit (an exception, a cancelled
-task, Ctrl-C, a checksum mismatch, a full disk) removes the temporary files and leaves
+A checksum mismatch at the target against the park's own SHA-256 (the file changed here since
+the park, or was damaged on the way) refuses the move as a changed file would (MoveRefused, the
+remedy: ``--yes`` or park again). A failure or an interruption anywhere before the commit (an
+exception, a cancelled task, Ctrl-C, a checksum mismatch, a full disk) removes the temporary files and leaves
 the source as it was; nothing is listed at the target until its row is written. A
 temporary file a crash left behind is never listed (listings read the catalog) and is
 removed by the next move into that folder once nobody has written it for
@@ -64,7 +69,7 @@ from typing import Any, AsyncIterator, Callable
 from app.core.compat import Compatibility, Problem, TargetFacts, check_move
 from app.core.park_files import FoundFile, ParkedFiles, compare
 from app.move.endpoints import Endpoint
-from app.move.values import MoveError, MoveRefused, MoveResult, SourceSession
+from app.move.values import ChecksumMismatch, MoveError, MoveRefused, MoveResult, SourceSession
 from app.store.catalog import SessionRecord
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,21 @@ def _files_problems(src: SourceSession, sent: list[dict[str, Any]] | None = None
              for f in sent} if sent is not None else \
         {sfx: FoundFile(sfx, state + sfx, f.size) for sfx, f in by_suffix.items()}
     return list(compare(ParkedFiles.from_json(src.record.parked_files), found, state_name=state).problems)
+
+
+def _recorded_sums(src: SourceSession) -> dict[str, str] | None:
+    """Per file suffix, the SHA-256 the park recorded, when it recorded one for every file to send and
+    their sizes still agree (else None: the sender hashes what it sends)."""
+    parked = ParkedFiles.from_json(src.record.parked_files)
+    if parked is None:
+        return None
+    sums = {}
+    for f in src.files:
+        pf = parked.get(f.suffix)
+        if pf is None or not pf.sha256 or pf.size != f.size:
+            return None
+        sums[f.suffix] = pf.sha256
+    return sums
 
 
 def _files_problem(text: str) -> Problem:
@@ -146,20 +166,24 @@ async def _move(source: Endpoint, name: str, target: Endpoint, *, keep_source: b
     move_id = secrets.token_hex(6)
     total, done = src.total_bytes, 0
     sent: list[dict[str, Any]] = []
+    recorded = None if force else _recorded_sums(src)  # the target checks the bytes against the park's sums
     try:
         _tell(on_progress, 0, total)
         for f in src.files:
             writer = await target.open_temp(move_id, f.suffix)
-            h, n = hashlib.sha256(), 0
+            h, n = (None if recorded else hashlib.sha256()), 0
             try:
                 async with contextlib.aclosing(source.read(f, chunk)) as chunks:
-                    # the next chunk is read while this one is hashed (off the loop) and written:
-                    # reads, writes and hashing overlap (tests/bench/bench_move.py)
+                    # the next chunk is read while this one is written (and hashed, off the loop, when
+                    # the park recorded no sums): they overlap (tests/bench/bench_move.py)
                     upcoming = await anext(chunks, None)
                     while upcoming is not None:
                         data = upcoming
-                        upcoming, _, _ = await _together(_next(chunks), asyncio.to_thread(h.update, data),
-                                                         writer.write(data))
+                        if h is None:
+                            upcoming, _ = await _together(_next(chunks), writer.write(data))
+                        else:
+                            upcoming, _, _ = await _together(_next(chunks), asyncio.to_thread(h.update, data),
+                                                             writer.write(data))
                         n += len(data)
                         done += len(data)
                         _tell(on_progress, done, total)
@@ -168,7 +192,7 @@ async def _move(source: Endpoint, name: str, target: Endpoint, *, keep_source: b
             if n != f.size:
                 raise MoveError(f"the {f.role} file of '{name}' changed size during the move ({f.size:,} → "
                                 f"{n:,} bytes): parked again meanwhile? Try again")
-            sent.append({"suffix": f.suffix, "size": n, "sha256": h.hexdigest()})
+            sent.append({"suffix": f.suffix, "size": n, "sha256": recorded[f.suffix] if recorded else h.hexdigest()})
         # the bytes sent are the parked ones (hashed as they went): else nothing is listed (``force``: said)
         foreign = tuple(_files_problem(p) for p in _files_problems(src, sent))
         if foreign and not force:
@@ -193,7 +217,12 @@ async def _move(source: Endpoint, name: str, target: Endpoint, *, keep_source: b
             cancelled = e
             stored = await commit  # its outcome decides what the move did; the cancellation goes on below
     except BaseException as exc:  # why: the commit failed or its answer was lost: _settle asks, re-raises unless listed
-        stored = await _settle(target, move_id, exc, name, source.where)
+        try:
+            stored = await _settle(target, move_id, exc, name, source.where)
+        except ChecksumMismatch as e:
+            if not recorded:
+                raise
+            raise MoveRefused(Compatibility((_not_as_parked(e, target.where),), ())) from None
         warnings.append(f"the answer of the commit at {target.where} was lost ({_why(exc)}); asked again, "
                         f"{target.where} had listed '{stored.name}'")
         if cancelled is None and isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
@@ -211,6 +240,11 @@ async def _move(source: Endpoint, name: str, target: Endpoint, *, keep_source: b
                         exc_info=True)
             result.source_kept = f"copied, but the source could not be deleted: {e}"
     return result
+
+
+def _not_as_parked(e: ChecksumMismatch, where: str) -> Problem:
+    return _files_problem(f"{e.file} reached {where} with SHA-256 {e.got[:12]}…, not the parked {e.expected[:12]}…: "
+                          "the file changed here since the park, or was damaged on the way; nothing was added there")
 
 
 def _committed(on_committed: Callable[[MoveResult], None] | None, result: MoveResult) -> None:

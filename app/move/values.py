@@ -30,6 +30,14 @@ class MoveRefused(MoveError):
         super().__init__("; ".join(self.reasons))
 
 
+class ChecksumMismatch(MoveError):
+    """The target read back a file whose SHA-256 is not the one the manifest gave (``file``: its name)."""
+
+    def __init__(self, message: str, *, file: str = "", got: str = "", expected: str = ""):
+        super().__init__(message)
+        self.file, self.got, self.expected = file, got, expected
+
+
 class MoveCancelled(MoveError):
     """Raised from a progress callback to stop a move (the source stays as it was)."""
 

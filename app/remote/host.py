@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import asyncssh
 
 from app.core.states import Health
+from app.remote.batched_writes import batch_writes
 from app.remote.unit import unit_name
 from app.server.client import LlamaClient
 from app.store.hosts import HostConfig
@@ -132,6 +133,7 @@ class RemoteHost:
                 return self._conn
             self._conn, self._sftp = None, None
             self._conn = await self._open()
+            batch_writes(self._conn)
             return self._conn
 
     def _options(self) -> dict[str, Any]:

@@ -117,7 +117,7 @@ async def transfers(sshd, runs: int, mib: int, work: Path) -> dict:
     here = profile(work, "here", model)
     there = remote_profile(sshd, model, "there")
     catalog = open_catalog()
-    rec = park_file(catalog, here, "big", sidecar=False, payload=mib << 20)
+    rec = park_file(catalog, here, "big", sidecar=False, payload=mib << 20, hashed=True)  # as a park records it
     size = rec.state_size
     scp_copy = work / "scp-source.bin"  # the same bytes as the session's file, for scp
     scp_copy.write_bytes(rec.state_path.read_bytes())
@@ -133,15 +133,22 @@ async def transfers(sshd, runs: int, mib: int, work: Path) -> dict:
         async with sshd.remote_host() as host:
             local, remote = LocalEndpoint(catalog, "here"), RemoteEndpoint(host, "box", "there")
             for i in range(runs):
+                # each timed copy starts with no dirty pages of the last one still to write (untimed): a move
+                # syncs what it wrote (its commit's fsync), scp does not, and the disk would otherwise write
+                # scp's gigabyte during whatever comes next
+                os.sync()
                 whole, xfer, n = await _move(local, remote)
                 assert n == size
                 figures["move_up_s"].append(whole)
                 figures["move_up_transfer_s"].append(xfer)
+                os.sync()
                 whole, xfer, n = await _move(remote, local)
                 figures["move_down_s"].append(whole)
                 figures["move_down_transfer_s"].append(xfer)
+                os.sync()
                 figures["scp_up_s"].append(await asyncio.to_thread(
                     _scp, sshd, str(scp_copy), f"{sshd.destination}:{remote_dst}"))
+                os.sync()
                 figures["scp_down_s"].append(await asyncio.to_thread(
                     _scp, sshd, f"{sshd.destination}:{remote_dst}", str(back_dst)))
                 figures["scp_empty_up_s"].append(await asyncio.to_thread(

@@ -43,7 +43,7 @@ def test_move_there_and_back_over_ssh(sshd, tmp_path):
     a, b = profile(tmp_path, "a", model), profile(tmp_path, "b", model)
     r = remote_profile(sshd, model, "there")
     cat = open_catalog()
-    rec = park_file(cat, a, "chat")
+    rec = park_file(cat, a, "chat", hashed=True)  # as every park records them: the host checks against its sums
     before = sums(rec.state_path)
     runs = sshd.remote_home / "kv-valet-runs"  # each command the host's kv-valet is asked to run, a line
     wrapper = sshd.remote_home / "kv-valet-counted"
@@ -75,6 +75,36 @@ def test_move_there_and_back_over_ssh(sshd, tmp_path):
         # one host process per move, whichever way (the lists are the test's own)
         assert sshd.read(runs).decode().splitlines() == ["sessions move-host there",
                                                           "sessions list --profile there --json"] * 2
+    finally:
+        cat.close()
+
+
+def test_a_park_changed_here_since_it_was_parked_is_refused_by_the_hosts_check(sshd, tmp_path):
+    """The sender does not hash a park that recorded its sums: the host's read-back is checked against
+    them, and its answer says which file differs; the move is refused as a changed park, with the
+    remedy, and nothing is left there. Forced, the sender hashes, and the file lands."""
+    model = model_file(tmp_path)
+    a = profile(tmp_path, "a", model)
+    r = remote_profile(sshd, model, "there")
+    cat = open_catalog()
+    rec = park_file(cat, a, "chat", hashed=True)
+    data = bytearray(rec.state_path.read_bytes())
+    data[-1] ^= 0xFF  # the same size, other bytes
+    rec.state_path.write_bytes(bytes(data))
+
+    async def go(**kw):
+        async with sshd.remote_host() as host:
+            return await move_session(LocalEndpoint(cat, "a"), "chat", RemoteEndpoint(host, "box", "there"), **kw)
+
+    try:
+        with pytest.raises(MoveRefused) as e:
+            asyncio.run(go())
+        [reason] = e.value.reasons
+        assert reason.startswith("the state file reached box:there with SHA-256 ") and "(move it anyway with --yes" in reason
+        assert sshd.listdir(r.slot_save_path) == [] and cat.get("a", "chat") is not None
+        forced = asyncio.run(go(force=True))
+        assert forced.moved and any("the same size but other bytes" in w for w in forced.warnings)
+        assert sshd.read(f"{r.slot_save_path}/{forced.record.state_file}") == bytes(data)
     finally:
         cat.close()
 

@@ -10,6 +10,7 @@ from app.core.profile import LaunchProfile
 from app.server.gguf_info import model_quick_id
 from app.server.sidecar import Checkpoint, write_pkcl
 from app.server.statefile import write_state_file
+from app.sessions.files_check import digest
 from app.store.catalog import Catalog, SessionRecord
 from app.store.profiles import ProfileStore
 from tests.conftest import free_port
@@ -37,8 +38,10 @@ def profile(folder: Path, name: str, model: Path, **kw) -> LaunchProfile:
 
 
 def park_file(catalog: Catalog, prof: LaunchProfile, name: str, *, sidecar: bool = True,
-              payload: int = 300_000) -> SessionRecord:
-    """A parked session of ``prof`` as a park leaves it: state file, PKCL v1 sidecar, catalog row."""
+              payload: int = 300_000, hashed: bool = False) -> SessionRecord:
+    """A parked session of ``prof`` as a park leaves it: state file, PKCL v1 sidecar, catalog row.
+    ``hashed``: the row records its files' sizes and SHA-256, as app.sessions.park's does (a move then
+    leaves the hashing to its target); without it, a row from before parks recorded them."""
     folder = Path(prof.slot_save_path)
     state = folder / (name.replace(" ", "-") + ".bin")
     size = write_state_file(state, list(range(N_TOKENS)), os.urandom(payload))
@@ -53,7 +56,7 @@ def park_file(catalog: Catalog, prof: LaunchProfile, name: str, *, sidecar: bool
         model_size=os.path.getsize(prof.model), model_quick_id=model_quick_id(prof.model), cache_type_k="f16",
         cache_type_v="f16", flash_attn="auto", memory_kind="sliding-window",
         sidecar_status="present" if sidecar else "missing", sidecar_count=1 if sidecar else 0,
-        n_ctx_slot=2048, slot_id=0))
+        n_ctx_slot=2048, slot_id=0, parked_files=digest(state).to_json() if hashed else ""))
 
 
 def open_catalog() -> Catalog:

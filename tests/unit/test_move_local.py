@@ -179,6 +179,42 @@ def test_a_checksum_mismatch_is_refused_at_the_target(two):
     assert_untouched(cat, a, b, sums)
 
 
+def test_a_park_that_recorded_its_sums_is_checked_against_them_at_the_target(two):
+    """The sender of a park that recorded its files' SHA-256 (every park does) does not hash: the target
+    checks what reached it against the park's own sums. Bytes damaged on the way are then refused as
+    not the parked ones, with the remedy; forced, the sender hashes what it sends, and the target
+    catches the damage against that."""
+    cat, a, b = two
+    rec = park_file(cat, a, "chat", hashed=True)
+    sums = {s: digest(str(rec.state_path) + s) for s in ("", ".ckpt")}
+    with pytest.raises(MoveRefused) as refused:
+        asyncio.run(move_session(LocalEndpoint(cat, "a"), "chat", Faulty(cat, "b", flip_first_byte)))
+    [reason] = refused.value.reasons
+    assert reason.startswith("the state file reached profile 'b' with SHA-256 ")
+    assert f"not the parked {sums[''][:12]}…: the file changed here since the park, or was damaged on the way; " \
+           "nothing was added there (move it anyway with --yes, or park the chat again)" in reason
+    assert_untouched(cat, a, b, sums)
+    with pytest.raises(MoveError, match="checksum mismatch") as forced:
+        asyncio.run(move_session(LocalEndpoint(cat, "a"), "chat", Faulty(cat, "b", flip_first_byte), force=True))
+    assert not isinstance(forced.value, MoveRefused)
+    assert_untouched(cat, a, b, sums)
+
+
+def test_a_recorded_park_whose_bytes_changed_here_is_refused_and_moves_when_forced(two):
+    cat, a, b = two
+    rec = park_file(cat, a, "chat", hashed=True)
+    data = bytearray(rec.state_path.read_bytes())
+    data[-1] ^= 0xFF  # the same size, other bytes: only a hash sees it
+    rec.state_path.write_bytes(bytes(data))
+    with pytest.raises(MoveRefused, match="not the parked"):
+        move(cat, "chat")
+    assert cat.get("b", "chat") is None and cat.get("a", "chat") is not None
+    assert not any(n.startswith(MOVE_PREFIX) for n in folder_names(b.slot_save_path))
+    result = move(cat, "chat", force=True)
+    assert result.moved and any("the same size but other bytes" in w for w in result.warnings)
+    assert digest(result.record.state_path) == hashlib.sha256(bytes(data)).hexdigest()
+
+
 def test_a_file_read_back_as_it_came_is_read_again_whole_when_it_changed_after(tmp_path):
     """The target hashes each chunk as it is written (app.move.receive.ReadBack); a file replaced or
     grown after that is not vouched for by those reads: the commit reads it back whole."""
@@ -197,6 +233,40 @@ def test_a_file_read_back_as_it_came_is_read_again_whole_when_it_changed_after(t
         assert rb.digest(3000) is None
         rb.close()
     assert ReadBack(tmp_path / "missing").digest(3) is None
+
+
+def test_what_is_read_back_goes_to_the_disks_writeback_at_once(tmp_path, monkeypatch):
+    """Each range ReadBack has read is handed to the kernel's writeback (sync_file_range), so the
+    commit's fsync of a 1 GiB file no longer writes it all at the end (tests/bench/bench_move.py); a
+    kernel that refuses the hint costs nothing but the hint."""
+    from app.move import receive
+
+    assert receive.start_writeback is not None  # Linux: the suite's machines
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(3 << 20))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        receive.start_writeback(fd, 0, 3 << 20)  # the real call takes a read-only fd
+    finally:
+        os.close(fd)
+    told = []
+    monkeypatch.setattr(receive, "start_writeback", lambda fd, off, n: told.append((off, n)))
+    rb = receive.ReadBack(p)
+    rb.advance(1 << 20)
+    rb.advance(1 << 20)  # nothing new: nothing told
+    assert rb.digest(3 << 20) == digest(p)
+    rb.close()
+    assert told == [(0, 1 << 20), (1 << 20, 2 << 20)]
+
+    def refused(fd, off, n):
+        told.append("refused")
+        raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(receive, "start_writeback", refused)
+    rb = receive.ReadBack(p)
+    rb.advance(1 << 20)
+    rb.advance(2 << 20)  # asked once, then no more
+    assert rb.digest(3 << 20) == digest(p) and told.count("refused") == 1
+    rb.close()
 
 
 def test_a_full_disk_mid_copy_fails_cleanly(two):
