@@ -49,6 +49,7 @@ class Settings:
     proxy_disk_budget_gib: int = 50  # the conversation proxy's parks of one profile at most; 0: no limit
     proxy_save_before_idle_clear: bool = True  # save idle slots before a server that clears them runs a task
     proxy_warm_start: bool = True  # at a start, restore the conversations used last into the free slots
+    proxy_park_ahead: bool = True  # between requests, park the conversation the next eviction would take
 
     def errors(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -234,6 +235,9 @@ HELP = {
     "proxy_warm_start": "When the proxy starts, it restores the parked conversations used last into the free "
                         "slots before any request asks, so the first turn after a restart starts at once. Off: a "
                         "conversation is restored when its next request comes.",
+    "proxy_park_ahead": "When the conversations outnumber the slots, the proxy parks the one the next new "
+                        "conversation would push out while no request runs, so that conversation does not wait "
+                        "for the save. Off: the save happens when the slot is taken.",
 }
 
 

@@ -33,7 +33,7 @@ class ProxyFront:
         prefs, _problem = load_or_defaults()  # a broken settings file is said by the window and `settings`
         proxy = ProxyService(servers, handle.id, disk_budget_bytes=prefs.proxy_disk_budget_bytes(),
                              save_before_idle_clear=prefs.proxy_save_before_idle_clear, kv_events=self.kv_events,
-                             warm_start=prefs.proxy_warm_start)
+                             warm_start=prefs.proxy_warm_start, park_ahead=prefs.proxy_park_ahead)
         await proxy.start(host, port, api_key=api_key, slots_endpoint=slots_endpoint)
         return proxy
 

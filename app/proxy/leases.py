@@ -60,6 +60,14 @@ The rules (each one is tested in tests/unit/test_proxy_leases.py):
   comes back after a restart then finds it in its slot, and its time to the first token has no
   restore in it. Such a slot is IDLE_CLEAN (its park is what it holds): taking it costs no save.
   The request that finds its conversation there is judged as a restored one (``restored_from``).
+* **Park ahead.** When every slot holds a conversation and one of the last ``2 × n_slots`` new leases
+  took a slot from another conversation (conversations outnumber the slots), the conversation the
+  next eviction would take (the LRU idle slot, IDLE_DIRTY, at least ``MIN_PARK_TOKENS``) is saved
+  while nothing runs (:meth:`SlotLeases.park_ahead`, called at the proxy's idle moments). The
+  conversation that arrives next then takes an IDLE_CLEAN slot: no save on its path. Conversations
+  that fit in the slots are never parked ahead (no eviction happens); a request arriving during the
+  save waits for it and takes that slot, as it would have after the save on its path (not a more
+  recently used one).
 * **Disk budget.** After each save, when the parks of this profile exceed the budget, the
   parks of the conversations not in a slot are deleted, least recently used first.
 
@@ -71,6 +79,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Callable
 
 from app.core.conversation import Cause, Conversation
@@ -122,6 +131,8 @@ class SlotLeases:
         self._journal = LeaseJournal(store, profile, clock, self._table)
         # the server's RAM prompt cache (#28276), set from its caching at start (app.proxy.lease_parks)
         self._ram = RamCache()
+        # per new lease, whether it took a slot from another conversation (see park_ahead)
+        self._took: deque[bool] = deque(maxlen=2 * n_slots)
         self._parks = SlotParks(backend, self._table, self._journal, self._ram, store=store, profile=profile,
                                 prefill_ms_per_token=prefill_ms_per_token, restore_ms_estimate=restore_ms_estimate,
                                 disk_budget_bytes=disk_budget_bytes)
@@ -213,6 +224,10 @@ class SlotLeases:
                 if holding:
                     slot, candidates = None, holding
             if slot is None:
+                ahead = [s for s in t.slots if s.state is SlotState.SAVING and s.claimant is None]
+                if ahead and candidates and min(map(t.lru_key, ahead)) < t.lru_key(candidates[0]):
+                    await t.changed()  # a park ahead of the least recently used slot: that slot, once saved
+                    continue
                 if not candidates:
                     if not idle or any(s.state in ACTIVE for s in t.slots):
                         await t.changed()  # a slot will be released
@@ -229,6 +244,7 @@ class SlotLeases:
                     else:
                         evicted = victim.holder
                     slot = victim
+            self._took.append(evicted is not None)
             return await self._lease_new(slot, conv, prompt_tokens, evicted, dropped)
 
     def release(self, lease: Lease, n_tokens: int, ok: bool) -> None:
@@ -288,6 +304,30 @@ class SlotLeases:
             if not waiting_for & set(t.leases):
                 return saved
             await t.changed()
+
+    def park_ahead_slot(self) -> int | None:
+        """The slot :meth:`park_ahead` would save now (the module's doc, "Park ahead"), or None: a slot
+        is FREE, a request runs or waits, no recent lease took a slot from another conversation, or
+        the LRU idle slot is already parked (IDLE_CLEAN) or holds too few tokens to be worth it."""
+        t = self._table
+        if not any(self._took) or t.waiting or any(s.state is SlotState.FREE or s.state in ACTIVE
+                                                     for s in t.slots):
+            return None
+        lru = min((s for s in t.slots if s.state in IDLE), key=t.lru_key, default=None)
+        if lru is None or lru.state is not SlotState.IDLE_DIRTY or lru.n_tokens < MIN_PARK_TOKENS:
+            return None
+        return lru.index
+
+    async def park_ahead(self) -> str | None:
+        """Save the conversation the next eviction would take, while nothing runs (see
+        :meth:`park_ahead_slot`); the conversation saved, or None (nothing to do, or the save failed:
+        logged and journaled, the slot stays IDLE_DIRTY and a later eviction saves it on its path)."""
+        index = self.park_ahead_slot()
+        if index is None:
+            return None
+        slot = self._table.slots[index]
+        holder = slot.holder
+        return holder if await self._parks.save(slot, claimant=None) else None
 
     def note_slot_cleared(self, slot: int) -> None:
         """The server emptied an idle slot (idle-slot caching saves it to its RAM cache and clears it

@@ -72,12 +72,13 @@ class ProxyService:
                  disk_budget_bytes: int | None = None, save_before_idle_clear: bool = True,
                  profile_name: str | None = None,
                  backend: Callable[[ServerHandle], SessionBackend] | None = None, kv_events: str | None = None,
-                 warm_start: bool = True):
+                 warm_start: bool = True, park_ahead: bool = True):
         """``profile_name``: the name its conversations are kept under (default: the server's profile);
         ``backend``: makes the leases' slot operations for the server's handle (default: the server's
         session service here; app.proxy.remote's for a host's server); ``kv_events``: a ZMQ endpoint to
         publish the slots' and parks' KV events on (app.proxy.kv_follow; None: off); ``warm_start``: restore
-        the parks of the conversations used last into the free slots at the start (app.proxy.leases)."""
+        the parks of the conversations used last into the free slots at the start (app.proxy.leases); ``park_ahead``:
+        at idle moments, park the conversation the next eviction would take (app.proxy.leases, "Park ahead")."""
         self.servers = servers
         self.target_id = target_id
         self.store = store if store is not None else ConversationStore()
@@ -110,6 +111,9 @@ class ProxyService:
         #: brought into a slot
         self.warming: asyncio.Future | None = None
         self._idle_callbacks: list[Callable[[], object]] = []
+        self.park_ahead = park_ahead
+        #: the park ahead running now, started at an idle moment (None: none was started yet)
+        self.parking_ahead: asyncio.Future | None = None
 
     # -- life --------------------------------------------------------------------------
     @property
@@ -241,10 +245,17 @@ class ProxyService:
         self.save_before_idle_clear = prefs.proxy_save_before_idle_clear
         if self.watch is not None:
             self.watch.save_before_clear = prefs.proxy_save_before_idle_clear
+        self.park_ahead = prefs.proxy_park_ahead
 
     async def settle(self) -> None:
-        """Wait for the token comparisons running now (explanations refined after their request)."""
+        """Wait for the work that follows the requests: the token comparisons running now (explanations
+        refined after their request) and a park ahead under way."""
         await self.records.settle()
+        await self._parked_ahead()
+
+    async def _parked_ahead(self) -> None:
+        if self.parking_ahead is not None and not self.parking_ahead.done():
+            await asyncio.wait([self.parking_ahead])
 
     def on_idle(self, cb: Callable[[], object]) -> None:
         """``cb()`` whenever the proxy has answered and judged every request it was given (nothing in
@@ -256,6 +267,11 @@ class ProxyService:
             self.store.checkpoint_if_due()
         except ConversationStoreError as e:  # report: the next idle moment tries again, SQLite's own limit holds
             log.warning("the conversation store's checkpoint did not run: %s", e)
+        if self.park_ahead and self.leases is not None and not self._stopped \
+                and (self.parking_ahead is None or self.parking_ahead.done()) \
+                and self.leases.park_ahead_slot() is not None:
+            # the save sits here, between requests, not on the path of the conversation that takes the slot next
+            self.parking_ahead = track(self.leases.park_ahead(), f"proxy {self.target_id}: parking ahead")
         for cb in self._idle_callbacks:
             cb()
 
@@ -264,6 +280,7 @@ class ProxyService:
         self.records.on_explained(cb)
 
     async def stop(self) -> None:
+        await self._parked_ahead()  # a save under way ends (a cancelled one would drop the park it overwrote)
         if self.warming is not None and not self.warming.done():
             self.warming.cancel()  # the park it restores stays (a cancelled warm restore keeps it)
             await asyncio.wait([self.warming])
@@ -282,6 +299,7 @@ class ProxyService:
         """Save every slot a conversation used since its last save (the server is about to stop)."""
         if self.warming is not None and not self.warming.done():
             await asyncio.wait([self.warming])  # a restore under way ends first: a stop would fail it
+        await self._parked_ahead()  # so does a park ahead
         if self.leases is not None:
             await self.leases.save_dirty()
 

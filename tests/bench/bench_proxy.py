@@ -13,8 +13,9 @@ its work is the same for both sides of a pair).
 The traffic is a chat client's: each turn posts the conversation's whole history to
 ``/v1/chat/completions`` (``max_tokens`` 16, ``temperature`` 0), streamed or not (half each, at
 random), and appends the answer. Conversations take turns in random bursts of 1-4 turns (seeded),
-so a conversation often comes back to a slot another one used: the proxy parks that one (its save
-sits on the request's path) and restores this one from its park.
+so a conversation often comes back to a slot another one used: the proxy restores it from its park
+into the least recently used slot, whose conversation it parked ahead, between requests (the
+setting ``proxy_park_ahead``, on by default; with it off, that save sits on the request's path).
 
 * ``conversations``: 16 conversations over 4 slots, 100 turns each (1,600 turns, ~10,000 tokens
   per conversation at the end: a ~400-token system prompt, user turns of 10-40 words);
@@ -27,7 +28,9 @@ and ``cache_prompt``), so both run in the same slot over the same tokens and get
 (counted). Interleaved: when the conversation still holds its slot the direct request goes first
 every other time; when it must come back from its park the proxied one goes first (the slot is
 known only then). Before the next request the bench waits until the proxy has judged this one
-(its ``after``, off the client's path: the time is reported), as a person reading the answer does.
+(its ``after``, off the client's path: the time is reported) and parked ahead what it parks ahead
+(``ProxyService.settle``), as a person reading the answer gives it time to; the parks made ahead are
+counted apart, with their durations (a request sent during one would wait for the rest of it).
 
 Figures, p50 / p99 in ms, direct and proxied, "added" (proxied percentile minus direct one) and
 "paired diff" (the percentile of the per-pair differences): per request (not streamed: to the end of
@@ -167,6 +170,7 @@ class Turn:
     tokens: int
     same_answer: bool
     own_ms: float | None = None  # the proxy's own time on its path (kvvalet_proxy_path_seconds), None: not told
+    ahead: int = 0  # parks ahead after its answer, between requests (off every request's path)
 
 
 async def _send(h, url: str, body: bytes, stream: bool, close: bool) -> Sample:
@@ -305,6 +309,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
     order = schedule(rng, n_convs, turns)
     done: list[Turn] = []
     ops: dict[str, list[float]] = {"park": [], "restore": []}
+    ahead_ms: list[float] = []  # the parks ahead (app.proxy.leases, "Park ahead"): between requests
     failed_ops = {"park": 0, "restore": 0}
     full = FullCollections()
     collections = None
@@ -374,8 +379,11 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
                 except TimeoutError:
                     rec, judged_ms = None, None
                     print(f"  turn {n} of conversation {c}: the proxy never judged it")
-                await proxy.settle()
                 parks, restores = len(ops["park"]) - before[0], len(ops["restore"]) - before[1]
+                on_path = len(ops["park"])
+                await proxy.settle()  # the park ahead of the next eviction, if one is due, runs here
+                ahead = len(ops["park"]) - on_path
+                ahead_ms.extend(ops["park"][on_path:])
                 if d is None:
                     pinned = rec.slot if rec is not None and rec.slot is not None else 0
                     d = await _send(client, direct_url,
@@ -386,7 +394,8 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
                 conv.messages += [user, {"role": "assistant", "content": p.content}]
                 done.append(Turn(stream, d, p, parks, restores, parks == 0 and restores == 0 and slot is not None,
                                  direct_first, judged_ms, rec.verdict.value if rec is not None else None,
-                                 conv.tokens, d.content == p.content, own[n_own] if len(own) > n_own else None))
+                                 conv.tokens, d.content == p.content, own[n_own] if len(own) > n_own else None,
+                                 ahead))
         t_run = time.perf_counter() - t0
         full.on = False
         between = list(collections.collections)
@@ -431,6 +440,9 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
         "seconds": round(t_run, 1), "request_ms": request, "first_token_ms": first,
         "parks": {"counted": counted["park"], "failed": failed_ops["park"], **_ms(ops["park"])},
         "restores": {"counted": counted["restore"], "failed": failed_ops["restore"], **_ms(ops["restore"])},
+        # of the parks, those made ahead of the eviction, between requests (a reply sent during one waits for it)
+        "parked_ahead": _ms(ahead_ms),
+        "turns_with_park_on_path": sum(1 for t in done if t.parks),
         "turns_kept_slot": sum(t.kept_slot for t in done),
         "turns_with_park_or_restore": sum(1 for t in done if t.parks or t.restores),
         "direct_first": sum(t.direct_first for t in done),
@@ -465,6 +477,10 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
         o = out[kind]
         print(f"{kind}: {o['counted']} (the proxy's /metrics count), {o['failed']} failed"
               + (f"; p50 {o['p50']:.1f} ms, p99 {o['p99']:.1f} ms, longest {o['max']:.1f} ms" if o.get("n") else ""))
+    o = out["parked_ahead"]
+    print(f"of the parks, made ahead between requests: {o.get('n', 0)}"
+          + (f"; p50 {o['p50']:.1f} ms, p99 {o['p99']:.1f} ms (a request sent during one waits for it)"
+             if o.get("n") else "") + f"; turns with a park on their path: {out['turns_with_park_on_path']}")
     o = out["own_path_ms"]
     print("the proxy's own time on the path (measured inside it, no server time): "
           + "; ".join(f"{k.replace('_', ' ')} p50 {o[k]['p50']:.2f} ms, p99 {o[k]['p99']:.2f} ms (n {o[k]['n']})"

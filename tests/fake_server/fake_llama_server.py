@@ -270,6 +270,7 @@ def parse_args(argv: list[str]) -> dict:
 
 _pieces: dict[int, str] = {v: k for k, v in SPECIAL.items()}
 _pieces_lock = threading.Lock()
+_ids: dict[str, int] = {}  # piece -> id, each piece's id computed once (a long prompt repeats its pieces)
 _PIECE_RE = re.compile(r"<[A-Za-z_]+>|\w+|\s+|[^\w\s]")
 
 
@@ -296,6 +297,14 @@ def load_vocab(model_path: str) -> None:
 
 
 def token_id(piece: str) -> int:
+    tid = _ids.get(piece)
+    if tid is not None:
+        return tid
+    _ids[piece] = tid = _new_token_id(piece)
+    return tid
+
+
+def _new_token_id(piece: str) -> int:
     if piece in SPECIAL:
         return SPECIAL[piece]
     tid = 256 + zlib.crc32(piece.encode()) % (N_VOCAB - 256)
@@ -313,7 +322,8 @@ def token_id(piece: str) -> int:
 
 def tokenize(text: str, add_bos: bool = False) -> list[int]:
     """Deterministic fake pieces: a word, a run of whitespace, a punctuation mark or <special>."""
-    ids = [token_id(p) for p in _PIECE_RE.findall(text)]
+    known = _ids.get
+    ids = [t if (t := known(p)) is not None else token_id(p) for p in _PIECE_RE.findall(text)]
     return [BOS, *ids] if add_bos else ids
 
 

@@ -104,6 +104,42 @@ async def test_more_conversations_than_slots_rotate_through_their_parks(profile)
         assert back.verdict is VerdictKind.HIT, back  # the fake keeps what it restored
 
 
+def parks_by_conversation(proxy) -> dict[str, float]:
+    """kvvalet_proxy_parks_total of each conversation, as a scrape of the proxy's /metrics reads it."""
+    return {s.labels["conversation"]: s.value
+            for fam in text_string_to_metric_families(proxy.metrics.exposition().decode())
+            if fam.name == "kvvalet_proxy_parks" for s in fam.samples if s.name.endswith("_total")}
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["park-ahead", "no-park-ahead"])
+async def test_the_next_conversation_to_leave_its_slot_is_parked_between_requests(profile, ahead):
+    """Three conversations over two slots: once one had to leave its slot, the least recently used one
+    is parked while no request runs, and the conversation that comes back takes its slot without a save
+    on its path. With the setting off, that save happens on the returning request's path."""
+    from app import settings
+    from app.proxy.lease_table import SlotState
+
+    settings.update(proxy_park_ahead=ahead)
+    async with Proxied(profile) as p:
+        firsts = {name: await p.ask(chat(system(name), "hello")) for name in "ABC"}
+        await p.proxy.settle()  # the work that follows the answers, the park ahead with it
+        b = firsts["B"][1].conversation
+        state = {v.conversation: v.state for v in p.proxy.leases.snapshot()}
+        park_b = p.handle.save_dir / p.handle.sessions.session(f"proxy-{b}").state_file if ahead else None
+        if ahead:
+            assert state[b] is SlotState.IDLE_CLEAN and park_b.is_file()
+        else:
+            assert state[b] is SlotState.IDLE_DIRTY
+        before = parks_by_conversation(p.proxy)
+        reply_a, rec_a = firsts["A"]
+        _, back = await p.ask(chat(system("A"), "hello", reply_a, "again"))
+        assert back.restored_from == f"proxy-{rec_a.conversation}" and back.slot == firsts["B"][1].slot
+        assert back.verdict is VerdictKind.HIT, back
+        on_path = {k: v - before.get(k, 0) for k, v in parks_by_conversation(p.proxy).items()
+                   if v != before.get(k, 0)}
+        assert on_path == ({} if ahead else {b: 1})
+
+
 async def test_a_restore_the_server_refuses_is_said_and_the_request_re_prefills(profile, monkeypatch):
     # no RAM prompt cache: it would bring the conversation back by itself (as llama-server's does)
     async with Proxied(profile.replace(cache_ram=0)) as p:

@@ -149,3 +149,43 @@ def test_with_sidecars_a_conversation_comes_back_warm_after_the_server_and_the_a
             assert rec.verdict is VerdictKind.HIT, rec
 
     asyncio.run(go())
+
+
+def parks_total(proxy) -> float:
+    """kvvalet_proxy_parks_total over its conversations, as a scrape of the proxy's /metrics reads it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for fam in text_string_to_metric_families(proxy.metrics.exposition().decode())
+               if fam.name == "kvvalet_proxy_parks" for s in fam.samples if s.name.endswith("_total"))
+
+
+def test_the_next_conversation_to_leave_its_slot_is_parked_between_requests(sidecar_proxy_profile):
+    """Once C pushed A out, B (the least recently used) is parked while no request runs: A comes back into
+    B's slot with no save on its path, and B comes back from the park made ahead, warm."""
+    from app.proxy.lease_table import SlotState
+
+    async def go():
+        async with Proxied(sidecar_proxy_profile) as p:
+            first = {}
+            for name in ("A", "B", "C"):
+                first[name] = await p.ask(turn(SYSTEMS[name], question="What is the first word?"))
+            await p.proxy.settle()  # the work after C's answer: the park ahead with it
+            (reply_a, rec_a), (reply_b, rec_b) = first["A"], first["B"]
+            held = {v.conversation: v.state for v in p.proxy.leases.snapshot()}
+            assert held[rec_b.conversation] is SlotState.IDLE_CLEAN  # B's slot holds its park
+            park = p.handle.sessions.session(f"proxy-{rec_b.conversation}")
+            assert park is not None and park.n_tokens >= rec_b.prompt_n
+
+            parks = parks_total(p.proxy)
+            _, back = await p.ask(turn(SYSTEMS["A"], ("What is the first word?", reply_a), question="And the second?"))
+            assert back.conversation == rec_a.conversation and back.slot == rec_b.slot
+            assert back.restored_from == f"proxy-{rec_a.conversation}" and back.verdict is VerdictKind.HIT, back
+            assert parks_total(p.proxy) == parks  # no save on A's path: B was parked before A asked
+
+            await p.proxy.settle()  # C is parked ahead now
+            _, b_back = await p.ask(turn(SYSTEMS["B"], ("What is the first word?", reply_b), question="And the second?"))
+            assert b_back.restored_from == f"proxy-{rec_b.conversation}", b_back  # from the park made ahead
+            assert b_back.verdict is VerdictKind.HIT, b_back
+            assert b_back.cache_n >= b_back.expected_reuse - tolerance(b_back.expected_reuse), b_back
+
+    asyncio.run(go())

@@ -209,7 +209,12 @@ def test_server_killed_mid_generation(v2_profile):
     short answer), the supervisor restarts the server, the leases reset (every slot FREE, nothing
     left RESTORING), the warm start restores the parked ones into free slots before any request, the
     conversations that were only in slots are explained SERVER_RESTARTED, and the parked one comes back
-    warm (v2 sidecar build: HIT, restored from its park)."""
+    warm (v2 sidecar build: HIT, restored from its park). The park ahead is off: with it, A and C would
+    also have parks of earlier turns (tests/real/test_real_proxy.py has the park ahead on this build)."""
+    from app import settings
+
+    settings.update(proxy_park_ahead=False)
+
     async def go():
         async with Proxied(v2_profile.replace(auto_restart=True)) as p:
             first, back_a, again_c = await rotate(p)  # A and C in the slots (dirty), B parked

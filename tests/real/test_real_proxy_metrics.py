@@ -101,21 +101,23 @@ def test_metrics_match_the_request_records(real_profile, sidecar_server_bin, mon
             for s in got["kvvalet_proxy_requests_total"]:
                 per_conv[s.labels["conversation"]] += int(s.value)
             assert per_conv == Counter(rec.conversation for rec in records)
-            # A was parked to make room for C, and restored when it came back
+            # A was parked to make room for C, and restored when it came back (and the conversations parked
+            # ahead between requests may come back from those parks): one restore per restored request
+            restored = sum(1 for rec in records if rec.restored_from)
             parks = [s for s in got["kvvalet_proxy_parks_total"] if s.labels["outcome"] == "ok"]
             restores = [s for s in got["kvvalet_proxy_restores_total"] if s.labels["outcome"] == "ok"]
-            assert sum(s.value for s in parks) >= 1 and sum(s.value for s in restores) == 1
+            assert sum(s.value for s in parks) >= 1 and sum(s.value for s in restores) == restored >= 1
             assert sum(s.value for s in got["kvvalet_proxy_park_bytes_total"]) > 0
             assert sum(s.value for s in got["kvvalet_proxy_restore_bytes_total"]) > 0
             [count] = [s for s in got["kvvalet_proxy_restore_seconds_count"]]
-            assert count.value == 1
+            assert count.value == restored
             assert sum(s.value for s in got["kvvalet_proxy_slot_leases_total"]) == len(records)
             [active] = got["kvvalet_proxy_slot_leases_active"]
             assert active.value == 0
             # the proxy's own time on each request's path, by how it got its slot: one per request, the restore's
             path = {c.labels["turn"]: c.value for c in got["kvvalet_proxy_path_seconds_count"]}
             assert sum(path.values()) == len(records) and set(path) <= {"kept", "restored", "other_slot"}
-            assert path["restored"] == sum(1 for rec in records if rec.restored_from) == 1 and path["kept"] >= 1
+            assert path["restored"] == restored and path["kept"] >= 1
             assert 0 < sum(c.value for c in got["kvvalet_proxy_path_seconds_sum"])
 
             # -- the gateway's five, under vLLM's names: the same at /metrics and at /kv-valet/metrics

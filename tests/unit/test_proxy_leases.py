@@ -423,6 +423,118 @@ async def test_save_dirty_leaves_a_slot_whose_save_fails_dirty():
     assert leases.state(0) is SlotState.IDLE_DIRTY and a.parked_as is None
 
 
+# -- park ahead ------------------------------------------------------------------------------------
+
+
+async def test_conversations_that_fit_in_the_slots_are_never_parked_ahead():
+    be = FakeBackend()
+    leases = make(2, backend=be)
+    a, b = conv("A"), conv("B")
+    await turn(leases, be, a, 100)
+    assert leases.park_ahead_slot() is None  # a slot is FREE: the next conversation takes it
+    for _ in range(3):
+        await turn(leases, be, b, 200)
+        await turn(leases, be, a, 100)
+        assert leases.park_ahead_slot() is None  # both slots taken, but no conversation ever had to leave one
+    assert await leases.park_ahead() is None and be.calls == []
+
+
+async def test_once_conversations_outnumber_the_slots_the_next_to_leave_is_parked_between_requests(store):
+    be = FakeBackend(store)
+    leases = make(2, backend=be, store=store)
+    a, b, c = conv("A"), conv("B"), conv("C")
+    await turn(leases, be, a, 100)
+    await turn(leases, be, b, 200)
+    await turn(leases, be, c, 300)  # takes A's slot 0: A is saved on C's path, as before
+    assert be.kinds() == [("save", 0, "proxy-A")]
+    assert leases.park_ahead_slot() == 1  # B's slot is the least recently used: the next to be taken
+
+    assert await leases.park_ahead() == "B"
+    assert be.kinds()[1:] == [("save", 1, "proxy-B")] and be.journal_at_call[-1] == ("save", "saving")
+    assert leases.state(1) is SlotState.IDLE_CLEAN and b.parked_as == "proxy-B" and b.slot == 1
+    assert store.get("B").parked_as == "proxy-B"
+    assert leases.park_ahead_slot() is None  # the LRU slot is parked already: nothing more to do
+
+    back = await leases.acquire(a, 120)  # A comes back: B's slot is clean, so no save on A's path
+    assert back.slot == 1 and back.evicted == "B" and back.restored_from == "proxy-A"
+    assert be.kinds()[2:] == [("restore", 1, "proxy-A")]
+    assert leases.park_ahead_slot() is None  # a request runs: nothing is saved under it
+    be.slot_tokens[1] = 130
+    leases.release(back, 130, ok=True)
+    assert leases.park_ahead_slot() == 0  # C's slot is the LRU one now
+    assert await leases.park_ahead() == "C" and leases.state(0) is SlotState.IDLE_CLEAN
+
+
+async def test_nothing_is_parked_ahead_that_is_clean_tiny_or_in_use():
+    be = FakeBackend()
+    leases = make(2, backend=be)
+    a, b, c = conv("A"), conv("B"), conv("C")
+    await turn(leases, be, a, MIN_PARK_TOKENS - 1)
+    await turn(leases, be, b, 200)
+    await turn(leases, be, c, 300)  # takes A's slot 0 (an eviction saves whatever the size)
+    await turn(leases, be, a, MIN_PARK_TOKENS - 1)  # A takes B's slot 1: C's slot 0 is the LRU one now
+    lease = await leases.acquire(c, 310)
+    assert leases.park_ahead_slot() is None  # C's request runs
+    leases.release(lease, MIN_PARK_TOKENS + 1, ok=True)
+    assert leases.park_ahead_slot() is None  # the LRU slot (A's, a few tokens) is not worth a park
+    assert leases.state(1) is SlotState.IDLE_DIRTY and leases.holder(1) == "A"
+
+
+async def test_the_conversation_parked_ahead_keeps_its_slot_when_it_asks_during_the_save():
+    be = FakeBackend()
+    leases = make(2, backend=be)
+    a, b, c = conv("A"), conv("B"), conv("C")
+    await turn(leases, be, a, 100)
+    await turn(leases, be, b, 200)
+    await turn(leases, be, c, 300)
+    gate = be.gates[("save", 1)] = asyncio.Event()
+    ahead = asyncio.create_task(leases.park_ahead())
+    await settle()
+    assert leases.state(1) is SlotState.SAVING
+    tb = asyncio.create_task(leases.acquire(b, 210))  # B asks while it is being parked: it waits for the save
+    await settle()
+    assert not tb.done()
+    gate.set()
+    assert await ahead == "B"
+    lb = await tb
+    assert lb.slot == 1 and lb.slot_context.held and lb.restored_from is None and lb.evicted is None
+
+
+async def test_a_new_conversation_arriving_during_a_park_ahead_waits_for_that_slot():
+    be = FakeBackend()
+    leases = make(2, backend=be)
+    a, b, c, d = conv("A"), conv("B"), conv("C"), conv("D")
+    await turn(leases, be, a, 100)
+    await turn(leases, be, b, 200)
+    await turn(leases, be, c, 300)  # slot 0: C (most recent), slot 1: B (next to leave)
+    gate = be.gates[("save", 1)] = asyncio.Event()
+    ahead = asyncio.create_task(leases.park_ahead())
+    await settle()
+    td = asyncio.create_task(leases.acquire(d, 10))  # D must not push out C, the most recent conversation
+    await settle()
+    assert not td.done() and leases.state(0) is SlotState.IDLE_DIRTY and leases.holder(0) == "C"
+    gate.set()
+    assert await ahead == "B"
+    ld = await td
+    assert ld.slot == 1 and ld.evicted == "B" and be.kinds().count(("save", 1, "proxy-B")) == 1
+    assert ("save", 0, "proxy-C") not in be.kinds()
+
+
+async def test_a_park_ahead_that_fails_leaves_the_slot_to_be_saved_on_the_next_eviction():
+    be = FakeBackend()
+    leases = make(2, backend=be)
+    a, b, c = conv("A"), conv("B"), conv("C")
+    await turn(leases, be, a, 100)
+    await turn(leases, be, b, 200)
+    await turn(leases, be, c, 300)
+    be.fail_save.add(1)
+    assert await leases.park_ahead() is None
+    assert leases.state(1) is SlotState.IDLE_DIRTY and b.parked_as is None
+    be.fail_save.clear()
+    back = await leases.acquire(a, 120)  # the eviction saves B on A's path, as without a park ahead
+    assert back.slot == 1 and back.evicted == "B" and be.parks["proxy-B"] == 200
+
+
 async def test_server_restart_frees_every_slot_and_keeps_the_parks(store):
     be = FakeBackend()
     leases = make(3, backend=be, store=store)

@@ -85,6 +85,8 @@ class PreferencesDialog(QDialog):
         form.addRow("", self.proxy_save_first)
         self.proxy_warm = QCheckBox("Restore the conversations used last into free slots when the proxy starts")
         form.addRow("", self.proxy_warm)
+        self.proxy_park_ahead = QCheckBox("Park the next conversation to leave its slot while no request runs")
+        form.addRow("", self.proxy_park_ahead)
 
         for key, widget in (("data_folder", self.data_folder), ("monitor_interval_s", self.interval),
                             ("monitor_busy_interval_s", self.busy_interval), ("auto_resume", self.auto_resume),
@@ -92,7 +94,7 @@ class PreferencesDialog(QDialog):
                             ("log_file_mib", self.log_file_mib), ("log_backups", self.log_backups),
                             ("park_timeout_s", self.park_timeout), ("proxy_disk_budget_gib", self.proxy_budget),
                             ("proxy_save_before_idle_clear", self.proxy_save_first),
-                            ("proxy_warm_start", self.proxy_warm)):
+                            ("proxy_warm_start", self.proxy_warm), ("proxy_park_ahead", self.proxy_park_ahead)):
             widget.setToolTip(settings.describe(key))
 
         self.errors = QLabel()
@@ -127,6 +129,7 @@ class PreferencesDialog(QDialog):
         self.proxy_budget.setValue(s.proxy_disk_budget_gib)
         self.proxy_save_first.setChecked(s.proxy_save_before_idle_clear)
         self.proxy_warm.setChecked(s.proxy_warm_start)
+        self.proxy_park_ahead.setChecked(s.proxy_park_ahead)
         self.errors.clear()
         self._show_data_status()
 
@@ -138,7 +141,8 @@ class PreferencesDialog(QDialog):
                         log_file_mib=self.log_file_mib.value(), log_backups=self.log_backups.value(),
                         park_timeout_s=self.park_timeout.value(), proxy_disk_budget_gib=self.proxy_budget.value(),
                         proxy_save_before_idle_clear=self.proxy_save_first.isChecked(),
-                        proxy_warm_start=self.proxy_warm.isChecked())
+                        proxy_warm_start=self.proxy_warm.isChecked(),
+                        proxy_park_ahead=self.proxy_park_ahead.isChecked())
 
     def _show_data_status(self) -> None:
         s = dataclasses.replace(settings.DEFAULTS, data_folder=self.data_folder.text().strip())
