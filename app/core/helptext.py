@@ -27,9 +27,10 @@ class BinaryCaps:
     cache_types: tuple[str, ...]
 
     def has(self, flag: str) -> bool:
-        return flag in self.flags
+        return spelled(flag) in self.flags
 
     def takes_value(self, flag: str) -> bool | None:
+        flag = spelled(flag)
         if flag in self.optional_value_flags:
             return None  # let the caller look at the next word
         if flag in self.value_flags:
@@ -37,6 +38,12 @@ class BinaryCaps:
         if flag in self.flags:
             return False
         return None
+
+
+def spelled(flag: str) -> str:
+    """``flag`` as llama.cpp's argument parser reads it: a long flag's underscores are dashes
+    (``--backend_sampling`` is ``--backend-sampling``, which llama.cpp's own server tests pass)."""
+    return flag.replace("_", "-") if flag.startswith("--") else flag
 
 
 def parse_help(text: str) -> BinaryCaps:
@@ -95,7 +102,7 @@ def unsupported(profile: LaunchProfile, caps: BinaryCaps, binary: str) -> list[F
         if not word.startswith("-") or _looks_numeric(word):
             continue
         flag = word.split("=", 1)[0]
-        if flag not in caps.flags:
+        if not caps.has(flag):
             field = by_flag.get(flag, "extra_args")
             errors.append(FieldError(field, f"{binary} does not accept {flag}"))
     if caps.cache_types:

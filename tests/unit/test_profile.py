@@ -69,6 +69,17 @@ def test_unknown_flag_refused_by_binary(model):
     assert unsupported(LaunchProfile(name="t", model=model, extra_args=("--jinja",)), caps, "b") == []
 
 
+def test_a_long_flag_spelled_with_underscores_is_the_flag_llama_cpp_reads(model):
+    """llama.cpp's parser reads a long flag's underscores as dashes (its server tests start the server with
+    ``--backend_sampling``): accepted, and known to take a value or not, as its dashed spelling."""
+    caps = parse_help((B11434 / "help.txt").read_text())
+    p = LaunchProfile(name="t", model=model, extra_args=("--slot_save_path", "/tmp/x", "--no_warmup"))
+    assert unsupported(p, caps, "b") == []
+    assert caps.takes_value("--ctx_size") is True and caps.takes_value("--no_warmup") is False
+    assert not caps.has("-c_x") and unsupported(LaunchProfile(name="t", model=model, extra_args=("--turbo_magic",)),
+                                                 caps, "b")[0].message == "b does not accept --turbo_magic"
+
+
 def test_profile_files_round_trip_and_refuse_bad_content(tmp_path, model):
     store = ProfileStore(tmp_path / "profiles")
     p = LaunchProfile(name="big", model=model, ctx_size=102400, kv_unified=False, extra_args=("--jinja",),
