@@ -426,6 +426,16 @@ async def test_save_dirty_leaves_a_slot_whose_save_fails_dirty():
 # -- park ahead ------------------------------------------------------------------------------------
 
 
+async def three_over_two():
+    """A, B, C over two slots: C took A's slot 0 (A saved on its path); B's slot 1 is the next to leave."""
+    be = FakeBackend()
+    leases = make(2, backend=be)
+    convs = conv("A"), conv("B"), conv("C")
+    for c, n in zip(convs, (100, 200, 300)):
+        await turn(leases, be, c, n)
+    return be, leases, convs
+
+
 async def test_conversations_that_fit_in_the_slots_are_never_parked_ahead():
     be = FakeBackend()
     leases = make(2, backend=be)
@@ -481,12 +491,7 @@ async def test_nothing_is_parked_ahead_that_is_clean_tiny_or_in_use():
 
 
 async def test_the_conversation_parked_ahead_keeps_its_slot_when_it_asks_during_the_save():
-    be = FakeBackend()
-    leases = make(2, backend=be)
-    a, b, c = conv("A"), conv("B"), conv("C")
-    await turn(leases, be, a, 100)
-    await turn(leases, be, b, 200)
-    await turn(leases, be, c, 300)
+    be, leases, (a, b, c) = await three_over_two()
     gate = be.gates[("save", 1)] = asyncio.Event()
     ahead = asyncio.create_task(leases.park_ahead())
     await settle()
@@ -501,12 +506,8 @@ async def test_the_conversation_parked_ahead_keeps_its_slot_when_it_asks_during_
 
 
 async def test_a_new_conversation_arriving_during_a_park_ahead_waits_for_that_slot():
-    be = FakeBackend()
-    leases = make(2, backend=be)
-    a, b, c, d = conv("A"), conv("B"), conv("C"), conv("D")
-    await turn(leases, be, a, 100)
-    await turn(leases, be, b, 200)
-    await turn(leases, be, c, 300)  # slot 0: C (most recent), slot 1: B (next to leave)
+    be, leases, _ = await three_over_two()  # slot 0: C (most recent), slot 1: B (next to leave)
+    d = conv("D")
     gate = be.gates[("save", 1)] = asyncio.Event()
     ahead = asyncio.create_task(leases.park_ahead())
     await settle()
@@ -521,12 +522,7 @@ async def test_a_new_conversation_arriving_during_a_park_ahead_waits_for_that_sl
 
 
 async def test_a_park_ahead_that_fails_leaves_the_slot_to_be_saved_on_the_next_eviction():
-    be = FakeBackend()
-    leases = make(2, backend=be)
-    a, b, c = conv("A"), conv("B"), conv("C")
-    await turn(leases, be, a, 100)
-    await turn(leases, be, b, 200)
-    await turn(leases, be, c, 300)
+    be, leases, (a, b, c) = await three_over_two()
     be.fail_save.add(1)
     assert await leases.park_ahead() is None
     assert leases.state(1) is SlotState.IDLE_DIRTY and b.parked_as is None
