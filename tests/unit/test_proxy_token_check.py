@@ -4,29 +4,48 @@ restored (the real server's case: tests/real/test_real_proxy_final_check.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
 from app.core.verdict import tolerance
 from app.proxy.lease_parks import RestoreAvoided
-from app.proxy.session_backend import SessionBackend
+from app.proxy.session_backend import SessionBackend, shared_prefix, shared_with_prompt
 
 CHAT = {"messages": [{"role": "user", "content": "the long document, again"}]}
 PARKED = list(range(1000, 1400))  # the park's own tokens: 400 of them
 
 
+def rendered(tokens: list[int]) -> str:
+    """A text whose tokens are ``tokens``: a word for each ("t1234 ")."""
+    return "".join(f"t{t} " for t in tokens)
+
+
+def token_ids(text: str) -> list[int]:
+    """The tokens of :func:`rendered`'s text; a text cut inside a word tokenises otherwise near the cut (its
+    last five tokens here), as a real tokenizer's merges may."""
+    ids = [int(w[1:]) for w in text.split(" ") if w[1:].isdigit()]
+    if not text.endswith(" "):
+        ids[-5:] = [t + 1 for t in ids[-5:]]
+    return ids
+
+
 class Client:
-    """The server's /apply-template and /tokenize: the request's prompt is ``prompt``."""
+    """The server's /apply-template and /tokenize: the request's prompt is ``prompt``; the texts it was
+    asked to tokenise are kept."""
 
     def __init__(self, prompt: list[int]):
         self.prompt = prompt
+        self.tokenised: list[str] = []
 
     async def apply_template(self, body: dict) -> str:
-        return "rendered"
+        return rendered(self.prompt)
 
-    async def tokenize_pieces(self, text: str) -> list[tuple[int, str]]:
-        return [(t, "x") for t in self.prompt]
+    async def token_ids(self, text: str) -> list[int]:
+        self.tokenised.append(text)
+        return token_ids(text)
 
 
 class Sessions:
@@ -77,3 +96,42 @@ async def test_a_park_sharing_only_the_tolerance_with_the_prompt_is_never_restor
     with pytest.raises(RestoreAvoided, match="they share"):
         await backend(Client(prompt=PARKED[:tolerance(400)] + [9] * 400), sessions).restore(2, "proxy-a")
     assert sessions.restored == []
+
+
+async def test_a_long_prompt_is_checked_from_a_prefix_of_it():
+    """A 30,000-token conversation coming back to its park: a prefix of its prompt, a few hundred tokens
+    long, tells that the park is its own; the whole prompt is never tokenised (52 ms at llama-server)."""
+    parked = list(range(100_000, 130_000))
+    client, sessions = Client(prompt=parked + [7, 8, 9]), Sessions()
+    b = backend(client, sessions)
+    sessions.parked_tokens = lambda name: _async(parked)
+    await b.restore(2, "proxy-a")
+    assert sessions.restored == [("proxy-a", 2)]
+    assert len(client.tokenised) == 1 and len(token_ids(client.tokenised[0])) < 2 * tolerance(len(parked))
+
+
+async def _async(value):
+    return value
+
+
+WORD_IDS = st.integers(1_000_000, 1_000_040)
+LONG_PARK = [1_000_000 + i % 40 for i in range(300)]
+
+
+@settings(max_examples=300, deadline=None)
+@example(saved=LONG_PARK, keep=300, tail=[1_000_005], bos=False)  # (a first prefix of about the tolerance)
+@example(saved=LONG_PARK, keep=300, tail=[], bos=True)
+@example(saved=LONG_PARK, keep=20, tail=LONG_PARK[:280], bos=False)  # parts early, then the same again
+@given(saved=st.lists(WORD_IDS, min_size=1, max_size=2500),
+       keep=st.integers(0, 2600), tail=st.lists(WORD_IDS, max_size=300), bos=st.booleans())
+def test_a_prefix_decides_as_the_whole_prompt_would(saved, keep, tail, bos):
+    """Whatever the park and the prompt (a part of the park, then anything; a BOS on one side or not): more
+    than the tolerance shared, from the prefixes, exactly when the whole prompt's tokens say so. The tokens
+    are long ones (9 characters: "t1000040 "), so that a first prefix holds few more than it needs."""
+    prompt = ([2] if bos else []) + saved[:keep] + tail
+    enough = tolerance(len(saved))
+
+    async def ids(text: str) -> list[int]:
+        return token_ids(text)
+    found = asyncio.run(shared_with_prompt(ids, rendered(prompt), saved, enough))
+    assert (found > enough) == (shared_prefix(saved, prompt) > enough)
