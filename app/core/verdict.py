@@ -147,7 +147,11 @@ class Verdict:
         }
 
 
-def unknown(reason: str = "no query on this slot since the restore yet", n_restored: int | None = None) -> Verdict:
+#: a restored session's verdict until the next query on its slot is judged
+RESTORED_NOT_JUDGED = "no query on this slot since the restore yet"
+
+
+def unknown(reason: str = RESTORED_NOT_JUDGED, n_restored: int | None = None) -> Verdict:
     return Verdict(VerdictKind.UNKNOWN, reason, n_restored=n_restored)
 
 

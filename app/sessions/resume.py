@@ -26,6 +26,7 @@ from app.core.park_files import FilesCheck
 from app.core.sidecar_behaviour import Behaviour, LoadPrediction
 from app.core.states import SidecarStatus
 from app.core.timings import Timings
+from app.core.verdict import RESTORED_NOT_JUDGED
 from app.sessions import files_check, sidecar_check
 from app.sessions.behaviour import predict_for_target, resume_prediction, resume_warning
 from app.core.restore_needs import CHECKPOINTED_KINDS, effective_kind
@@ -381,12 +382,12 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
     if record.n_tokens and n_restored != record.n_tokens:
         warnings.append(f"the server restored {n_restored:,} tokens, {record.n_tokens:,} were parked")
     now = time.time()
-    if record.id is not None:
-        target.catalog.update_restore(record.id, restore_ms, n_restored, now)
-        target.catalog.add_event(HistoryEvent(
+    if record.id is not None:  # its verdict UNKNOWN until the next query on the slot is judged
+        target.catalog.note_restore(HistoryEvent(
             session_id=record.id, kind="resume", at=now, server_build=target.build, restore_ms=restore_ms,
             details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
-                     "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}))
+                     "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}),
+            n_restored, RESTORED_NOT_JUDGED)
     target.restored[slot_id] = RestoredSlot(n_restored, record.name, id_task_before)
     target.held_as[slot_id] = HeldSession(record.name, n_restored, id_task_before)
     loads = pf.prediction.loads if pf.prediction is not None else None

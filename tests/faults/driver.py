@@ -89,15 +89,14 @@ def install_pause(op: str, point: str | None) -> None:
             return original_add(self, rec)
 
         Catalog.add_or_replace = add_or_replace
-    elif (op, point) == ("resume", "restored"):
-        original_event = Catalog.add_event
+    elif (op, point) == ("resume", "restored"):  # the server restored; the catalog is told next
+        original_note = Catalog.note_restore
 
-        def add_event(self, ev):
-            if ev.kind == "resume":
-                freeze_here(point)
-            return original_event(self, ev)
+        def note_restore(self, ev, *a, **kw):
+            freeze_here(point)
+            return original_note(self, ev, *a, **kw)
 
-        Catalog.add_event = add_event
+        Catalog.note_restore = note_restore
     elif (op, point) == ("ab", "hidden"):
         original_hide = ab_mod.hide_sidecar
 

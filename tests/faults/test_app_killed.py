@@ -103,7 +103,8 @@ def test_app_killed_mid_park_keeps_one_good_copy(stock_profile):
 
 
 def test_app_killed_mid_resume_loses_nothing(stock_profile):
-    """Killed after the server restored the slot, with the restore half written down."""
+    """Killed after the server restored the slot, before the catalog notes the restore (its figures, its
+    verdict, its history event: one commit, so never half of it)."""
     async def go():
         srv = await Server(stock_profile).start()
         try:
@@ -119,13 +120,14 @@ def test_app_killed_mid_resume_loses_nothing(stock_profile):
             d = await Proc.driver(op="resume", profile="real", name="chat", slot=1, pause="restored")
             await d.expect("at restored")
             await d.kill()
-            # the server did restore; the catalog has the restore's figures but not its history event
+            # the server did restore; the catalog has nothing of it: neither its figures nor its event
             from app import paths
             from app.store.catalog import Catalog
 
             with Catalog(paths.catalog_path()) as cat:
                 again = cat.get("real", "chat")
-                assert again.last_n_restored == rec.n_tokens and cat.history(again.id) == []
+                assert (again.last_n_restored, again.last_restore_at) == (rec.last_n_restored, rec.last_restore_at)
+                assert again.last_verdict == rec.last_verdict and cat.history(again.id) == []
             # the next start resumes it again, and the file never changed
             rc, out, err = await cli("resume", "real", "chat", "--slot", "0", "--yes")
             assert rc == 0 and f"{rec.n_tokens:,} tokens" in out, (out, err)

@@ -23,9 +23,11 @@ CHAT = [{"role": "system", "content": TEXT},
         {"role": "assistant", "content": "Bay 42, by the lifts."},
         {"role": "user", "content": "Und auf Deutsch? 車はどこですか。Ответьте кратко."}]
 TEXTS = {
-    "code": "def park(slot: int, name: str) -> None:\n    if slot < 0:\n        raise ValueError(f'slot {slot}')\n" * 30,
+    "code": ("def park(slot: int, name: str) -> None:\n    if slot < 0:\n"
+             "        raise ValueError(f'slot {slot}')\n") * 30,
     "no-spaces": "abcdefghij0123456789" * 120 + "https://example.com/" + "x" * 800,
-    "scripts": "車はどこですか。駐車場の三番です。" * 40 + " Ответьте кратко, пожалуйста. " * 30 + "🚗🅿️" * 50,
+    "scripts": ("車はどこですか。駐車場の三番です。" * 40 + " Ответьте кратко, пожалуйста. " * 30
+                + "🚗🅿️" * 50),
     "numbers": " ".join(str(n * 7919 % 100000) for n in range(600)),
 }
 

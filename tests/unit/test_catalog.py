@@ -200,6 +200,26 @@ def test_update_restore_and_verdict(cat):
         cat.update_verdict(9999, VerdictKind.HIT, "y")
 
 
+def test_a_restore_is_noted_in_one_commit(cat):
+    """A restore's record (its last restore, its verdict back to UNKNOWN, the resume event) is one commit:
+    it sits on the path of a request the proxy restored for. Nothing of it lands for an unknown session."""
+    rec = cat.add_or_replace(full_record(last_verdict="resumed"))
+    commits = cat.commits
+    ev = cat.note_restore(HistoryEvent(session_id=rec.id, kind="resume", at=1234.0, restore_ms=12.5,
+                                       details={"slot": 2}), 4_000, "no query on this slot since the restore yet")
+    assert cat.commits == commits + 1
+    got = cat.get_by_id(rec.id)
+    assert (got.last_restore_ms, got.last_n_restored, got.last_restore_at) == (12.5, 4_000, 1234.0)
+    assert got.last_verdict is VerdictKind.UNKNOWN
+    assert got.last_verdict_reason == "no query on this slot since the restore yet"
+    assert cat.history(rec.id) == [ev] and ev.details == {"slot": 2} and ev.id is not None
+    with pytest.raises(CatalogError):
+        cat.note_restore(HistoryEvent(session_id=9999, kind="resume", at=1.0), 1, "x")
+    with pytest.raises(CatalogError):  # a bad event rolls the session's update back too
+        cat.note_restore(HistoryEvent(session_id=rec.id, kind="bogus", at=2.0, restore_ms=1.0), 1, "x")
+    assert cat.get_by_id(rec.id).last_restore_ms == 12.5 and len(cat.history(rec.id)) == 1
+
+
 def test_history_round_trip_oldest_first(cat):
     rec = cat.add_or_replace(full_record())
     ev = HistoryEvent(
