@@ -144,17 +144,21 @@ class SessionBackend:
         svc = self._sessions_now()
         if svc is None or self.handle is None:
             return
+        client = self.handle.client
+        chat = path in CHAT_PATHS or path in identity.ROUTED_PATHS  # (the chat request they amount to)
+        if not chat and not isinstance(body.get("prompt"), str):
+            return
+
+        async def prompt() -> str:
+            if chat:
+                return await client.apply_template(
+                    {k: v for k, v in body.items() if k in ("messages", "tools", "chat_template_kwargs")})
+            return body["prompt"]
         try:
-            saved = await svc.parked_tokens(name)
+            # the park's file is read while the server renders the chat
+            saved, text = await asyncio.gather(svc.parked_tokens(name), prompt())
             if saved is None:
                 return
-            if path in CHAT_PATHS or path in identity.ROUTED_PATHS:  # (the chat request they amount to)
-                text = await self.handle.client.apply_template(
-                    {k: v for k, v in body.items() if k in ("messages", "tools", "chat_template_kwargs")})
-            else:
-                text = body.get("prompt")
-                if not isinstance(text, str):
-                    return
             enough = tolerance(len(saved))
             if len(saved) <= enough:
                 return  # too short a park to tell

@@ -5,6 +5,7 @@ restored (the real server's case: tests/real/test_real_proxy_final_check.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -135,3 +136,35 @@ def test_a_prefix_decides_as_the_whole_prompt_would(saved, keep, tail, bos):
         return token_ids(text)
     found = asyncio.run(shared_with_prompt(ids, rendered(prompt), saved, enough))
     assert (found > enough) == (shared_prefix(saved, prompt) > enough)
+
+
+async def test_the_parks_file_is_read_while_the_server_renders_the_chat():
+    """Each side waits until the other has started: done one after the other, this would never end."""
+    reading, rendering = asyncio.Event(), asyncio.Event()
+    client, sessions = Client(prompt=PARKED + [7]), Sessions()
+    render = client.apply_template
+
+    async def parked_tokens(name):
+        reading.set()
+        await rendering.wait()
+        return PARKED
+
+    async def apply_template(body):
+        rendering.set()
+        await reading.wait()
+        return await render(body)
+    sessions.parked_tokens, client.apply_template = parked_tokens, apply_template
+    assert await asyncio.wait_for(backend(client, sessions).restore(1, "proxy-a"), 30) == 400  # (a hang guard)
+
+
+async def test_a_park_whose_file_cannot_be_read_is_restored_unchecked(caplog):
+    """The check cannot be made (the park's file unreadable here): the restore goes on as decided, which
+    is what the session service's own checks of that file then answer for; said in the log."""
+    client, sessions = Client(prompt=list(range(5000, 5600))), Sessions()
+
+    async def unreadable(name):
+        raise OSError("Permission denied")
+    sessions.parked_tokens = unreadable
+    with caplog.at_level(logging.INFO, logger="app.proxy.session_backend"):
+        assert await backend(client, sessions).restore(1, "proxy-a") == 400
+    assert sessions.restored == [("proxy-a", 1)] and "were not checked" in caplog.text
