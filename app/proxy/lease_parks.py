@@ -174,7 +174,7 @@ class SlotParks:
         name = park_name(conv.id)
         slot.set(SlotState.SAVING)
         slot.claimant = claimant
-        conv.parked_as = None  # the file is being overwritten: the old park is gone whatever happens
+        conv.parked_as = conv.park_chain = None  # the file is being overwritten: the old park is gone whatever happens
         epoch = table.epoch
         self._journal.write("saving", slot, park=name, touched=[conv])
         try:
@@ -190,6 +190,7 @@ class SlotParks:
             self._save_failed(slot, conv, name, epoch, "the server restarted during the save")
             return False
         conv.parked_as = name
+        conv.park_chain = conv.slot_chain  # the request whose render it holds (app.proxy.session_backend.RestoreFor)
         if n > 0:
             conv.n_tokens = slot.n_tokens = n
         self._ram.park_tokens[conv.id] = n if n > 0 else slot.n_tokens

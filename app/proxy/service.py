@@ -38,7 +38,7 @@ from app.proxy.leases import SlotLeases, recover_leases
 from app.proxy.metrics import ProxyMetrics, proxy_load, served_model_name
 from app.proxy.records import Pending, RequestRecords
 from app.proxy.request_facts import CHAT_PATHS, TEXT_PATHS, answer_timings, client_choice, slot_actions_on
-from app.proxy.session_backend import SessionBackend, tokens_left
+from app.proxy.session_backend import RestoreFor, SessionBackend, tokens_left
 from app.sessions.journal import Recovery
 from app.server.client import ServerError, ServerUnreachable
 from app.store.conversations import ConversationStore, ConversationStoreError
@@ -411,7 +411,11 @@ class ProxyService:
             return max(1, len(json.dumps(body_seen.get("messages") or body.get("prompt") or "")) // CHARS_PER_TOKEN)
         held_before = conv.n_tokens  # what it held after its last reply, wherever that is now
         assert self.leases is not None
-        self._backend.requests[park_name(conv.id)] = (path, body_seen)  # for the final check of a restore
+        # for the final check of a restore: messages that continue the request whose render (and answer) the
+        # park holds prove the park's tokens are this request's own
+        held = conv.park_chain
+        proven = held is not None and chain[:len(held)] == held
+        self._backend.requests[park_name(conv.id)] = RestoreFor(path, body_seen, proven)
         try:
             lease = await self.leases.acquire(conv, estimate)
         finally:
@@ -435,6 +439,7 @@ class ProxyService:
         out["id_slot"] = lease.slot
         out["cache_prompt"] = True
         conv.messages, conv.chain = messages, chain
+        conv.slot_chain = chain  # its slot holds this request's render from now on (a park of it, too)
         return out, Pending(conv, lease, messages, previous, expected, new, path, stream, body=body_seen,
                              previous_body=previous_body, restore_hazard=hazard)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, NamedTuple
 
 from app.core.verdict import tolerance
 from app.proxy import explain as explain_mod
@@ -50,6 +50,18 @@ PREFIX_UNTRUSTED_TOKENS = 64
 PREFIX_CHARS_PER_TOKEN = 8
 
 
+class RestoreFor(NamedTuple):
+    """The request a restore of a park is for (its final check): its path and body (the chat request it
+    amounts to), and whether its messages prove the park's tokens are its own: they continue the
+    conversation's last request (its hash chain extends that one's), whose render and answer the park
+    holds. Then the server's render starts with the park's tokens and the token check is not made; a
+    request the client's name alone tied to the conversation, or one that changed its history, is checked."""
+
+    path: str
+    body: dict
+    proven: bool = False
+
+
 class SessionBackend:
     """The leases' slot operations through the server's :class:`app.sessions.protocol.Sessions`, the
     one door to a server's slots and parks, here or on a host: a conversation's park is a session of
@@ -65,8 +77,8 @@ class SessionBackend:
         # a restore with no usable sidecar into a slot holding another chat's checkpoints, on a build
         # that keeps them across a restore (the turboquant fork): the session service's warning, or None
         self.hazards: dict[int, str | None] = {}
-        # park name -> (path, body) of the request a restore of that park is for: the final check
-        self.requests: dict[str, tuple[str, dict]] = {}
+        # park name -> the request a restore of that park is for: the final check
+        self.requests: dict[str, RestoreFor] = {}
         self.metrics: ProxyMetrics | None = None  # told of each park and restore
 
     @classmethod
@@ -111,9 +123,11 @@ class SessionBackend:
 
     async def restore(self, slot: int, name: str) -> int:
         path = None
-        if name in self.requests:
-            path = self.requests[name][0]
-            await self._check_tokens(name, *self.requests[name])
+        request = self.requests.get(name)
+        if request is not None:
+            path = request.path
+            if not request.proven:
+                await self._check_tokens(name, request.path, request.body)
         # the turn the restore is for: a chat client's re-rendered messages, or a prompt sent as text
         probe = "exact" if path in TEXT_PATHS else "chat"
         try:

@@ -81,7 +81,7 @@ async def run(args) -> dict:
                     times = {"before": [], "after": []}
                     for _ in range(args.runs):
                         for way in ("before", "after"):
-                            backend.requests["proxy-bench"] = ("/v1/chat/completions", body)
+                            backend.requests["proxy-bench"] = session_backend.RestoreFor("/v1/chat/completions", body)
                             saved = session_backend.shared_with_prompt
                             if way == "before":
                                 session_backend.shared_with_prompt = whole_prompt

@@ -50,8 +50,8 @@ class Proxied:
         await self.client.close()
         await self.servers.aclose()
 
-    async def ask(self, messages):
-        reply = await self.client.chat.completions.create(model="m", messages=messages, max_tokens=2)
+    async def ask(self, messages, **extra):
+        reply = await self.client.chat.completions.create(model="m", messages=messages, max_tokens=2, **extra)
         rec = await asyncio.wait_for(self.judged.get(), 120)  # judged once the response is through
         return reply.choices[0].message.content or "", rec
 
@@ -138,6 +138,79 @@ async def test_the_next_conversation_to_leave_its_slot_is_parked_between_request
         on_path = {k: v - before.get(k, 0) for k, v in parks_by_conversation(p.proxy).items()
                    if v != before.get(k, 0)}
         assert on_path == ({} if ahead else {b: 1})
+
+
+async def test_a_chat_that_continues_what_its_park_holds_is_restored_without_its_prompt_rendered(profile,
+                                                                                                  monkeypatch):
+    """The token check before a restore (the server renders the chat and tokenises it) is not made when the
+    messages prove the park is the request's own: they continue the request whose render and answer the park
+    holds. A chat the client's name ties to the conversation, whose messages do not continue it, is checked
+    (the fake has no /apply-template: the check ends at its 404 and the restore goes on)."""
+    from app.server.client import LlamaClient
+
+    asked: list[str] = []  # what the server was asked, in order: each chat rendered (its last message), restores
+    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
+
+    async def rendering(self, body):
+        asked.append(body["messages"][-1]["content"])
+        return await render(self, body)
+
+    async def restoring(self, slot, filename):
+        asked.append("restore")
+        return await restore(self, slot, filename)
+    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
+    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+    async with Proxied(profile.replace(cache_ram=0)) as p:
+        firsts = {name: await p.ask(chat(system(name), "hello"), user=f"chat-{name}") for name in "ABC"}
+        reply_a, rec_a = firsts["A"]
+        asked.clear()
+        _, back = await p.ask(chat(system("A"), "hello", reply_a, "again"), user="chat-A")
+        assert back.restored_from == f"proxy-{rec_a.conversation}", back
+        assert back.verdict is VerdictKind.HIT, back
+        assert asked == ["restore"]  # its messages continue what the park holds: no check
+
+        # B was parked to make room for A; the client sends another chat under B's name
+        _, rec_b = firsts["B"]
+        asked.clear()
+        _, other = await p.ask(chat(system("D"), "something else"), user="chat-B")
+        assert other.conversation == rec_b.conversation and other.restored_from == f"proxy-{rec_b.conversation}"
+        assert asked[:2] == ["something else", "restore"]  # checked before the restore
+
+
+async def test_a_park_is_proven_by_the_request_that_filled_its_slot_not_by_the_conversations_last(profile,
+                                                                                                  monkeypatch):
+    """What proves a park is the request whose render its slot held when it was parked. Here the client,
+    under its chat's name, sends other messages to a slot of its own choosing (passed through untouched,
+    elsewhere): the conversation's slot still holds its first chat, and so does the park made of it. The
+    next request continues the other messages, not the park's: it is checked before the restore."""
+    from app.server.client import LlamaClient
+
+    asked: list[str] = []
+    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
+
+    async def rendering(self, body):
+        asked.append(body["messages"][-1]["content"])
+        return await render(self, body)
+
+    async def restoring(self, slot, filename):
+        asked.append("restore")
+        return await restore(self, slot, filename)
+    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
+    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+    async with Proxied(profile.replace(cache_ram=0)) as p:
+        _, first = await p.ask(chat(system("A"), "hello"), user="chat-A")
+        other_slot = 1 - first.slot
+        elsewhere = chat(system("D"), "another chat")
+        reply, rec = await p.ask(elsewhere, user="chat-A", extra_body={"id_slot": other_slot})
+        assert rec.conversation == first.conversation and rec.slot == other_slot
+        for name in "BC":  # the conversation's slot, still holding its first chat, is parked to make room
+            await p.ask(chat(system(name), "hello"))
+        assert p.proxy.conversations[first.conversation].parked_as == f"proxy-{first.conversation}"
+        asked.clear()
+        _, back = await p.ask(elsewhere + [{"role": "assistant", "content": reply},
+                                           {"role": "user", "content": "and now?"}], user="chat-A")
+        assert back.conversation == first.conversation and back.restored_from == f"proxy-{first.conversation}"
+        assert asked[:2] == ["and now?", "restore"]  # checked before the restore
 
 
 async def test_a_restore_the_server_refuses_is_said_and_the_request_re_prefills(profile, monkeypatch):

@@ -13,7 +13,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from app.core.verdict import tolerance
 from app.proxy.lease_parks import RestoreAvoided
-from app.proxy.session_backend import SessionBackend, shared_prefix, shared_with_prompt
+from app.proxy.session_backend import RestoreFor, SessionBackend, shared_prefix, shared_with_prompt
 
 CHAT = {"messages": [{"role": "user", "content": "the long document, again"}]}
 PARKED = list(range(1000, 1400))  # the park's own tokens: 400 of them
@@ -68,7 +68,7 @@ class Sessions:
 
 def backend(client: Client, sessions: Sessions) -> SessionBackend:
     b = SessionBackend.of(SimpleNamespace(client=client), sessions)
-    b.requests["proxy-a"] = ("/v1/chat/completions", CHAT)
+    b.requests["proxy-a"] = RestoreFor("/v1/chat/completions", CHAT)
     return b
 
 

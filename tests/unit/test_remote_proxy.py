@@ -13,7 +13,7 @@ from app.core.conversation import Cause
 from app.proxy.explain import USELESS_RESTORE, _restore_avoided
 from app.proxy.lease_parks import RestoreAvoided
 from app.proxy.remote import RemoteProxyError, start_remote_proxy
-from app.proxy.session_backend import SessionBackend
+from app.proxy.session_backend import RestoreFor, SessionBackend
 from app.servers.remote_sessions import RemoteSessions
 from app.sessions.resume import ResumeFailed
 from app.sessions.service import ServiceError
@@ -51,7 +51,7 @@ async def test_a_park_and_a_restore_are_the_hosts_own():
     backend, sessions = backend_of(host)
     assert await backend.save(1, "proxy-c1") == 300
     assert backend.parked_size("proxy-c1") == 1024
-    backend.requests["proxy-c1"] = ("/v1/chat/completions", {"messages": []})  # a chat turn's restore
+    backend.requests["proxy-c1"] = RestoreFor("/v1/chat/completions", {"messages": []})  # a chat turn's restore
     assert await backend.restore(1, "proxy-c1") == 300
     backend.delete_park("proxy-c1")
     await sessions.settled()
