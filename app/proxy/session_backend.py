@@ -136,7 +136,7 @@ class SessionBackend:
             # nor a park whose files are not the ones it wrote (another chat's sidecar copied over its own);
             # on a host its own kv-valet makes the same checks
             result = await self._observed("restore", name, (await self._sessions()).resume(
-                name, slot, force=True, avoid_hazard=True, avoid_useless=probe, avoid_mismatch=True))
+                name, slot, force=True, avoid_hazard=True, avoid_useless=probe, avoid_mismatch=True, leased=True))
         except ResumeMismatch as e:
             raise RestoreAvoided(f"{explain_mod.FOREIGN_FILES}: {'; '.join(e.problems)}") from None
         except ResumeUseless as e:

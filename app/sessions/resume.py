@@ -175,9 +175,10 @@ async def _same_model(target: ServerTarget, rec: SessionRecord, live_path: str) 
 
 
 async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *,
-                    rows: list[SlotRow] | None = None) -> Preflight:
+                    rows: list[SlotRow] | None = None, held_known: bool = True) -> Preflight:
     """What would stop a restore of ``record`` into ``slot_id`` (refusals), and what
-    it would cost (warnings). ``rows``: the slot rows the caller just read."""
+    it would cost (warnings). ``rows``: the slot rows the caller just read; ``held_known`` False:
+    rows read earlier (which slots there are and their n_ctx), not what the slot holds now."""
     pf = Preflight()
     rows = rows if rows is not None else await target.slot_rows()
     try:
@@ -235,7 +236,7 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
     pf.warnings.extend(pf.files.problems)
 
     # -- warnings
-    n_held = held_tokens(slot) if slot is not None else 0
+    n_held = held_tokens(slot) if slot is not None and held_known else 0
     if n_held > 0:
         pf.warnings.append(f"slot {slot_id} holds {n_held:,} tokens; resuming replaces them")
     # what the restoring server needs: a sliding-window model under --swa-full keeps every position
@@ -311,7 +312,8 @@ def clean_slot(target: ServerTarget, rows: list[SlotRow], record: SessionRecord)
 
 async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
                          force: bool = False, avoid_hazard: bool = False,
-                         avoid_useless: str | None = None, avoid_mismatch: bool = False) -> ResumeResult:
+                         avoid_useless: str | None = None, avoid_mismatch: bool = False,
+                         leased: bool = False) -> ResumeResult:
     """Restore session ``name`` into ``slot_id`` (None: :func:`app.sessions.slots.default_slot`).
 
     Raises ResumeRefused (cannot work), NeedsConfirmation (would work, with
@@ -322,11 +324,15 @@ async def resume_session(target: ServerTarget, name: str, slot_id: int | None = 
     restore where the matrix measured that the restore buys that turn nothing;
     ``avoid_mismatch``: raise ResumeMismatch rather than restore files that are not the parked ones,
     whatever ``force`` says.
+    ``leased``: the caller holds ``slot_id`` (the proxy's lease: nothing else runs there), so /slots is not
+    read first when an earlier read of this server process showed the slot (its n_ctx is fixed). The slot's
+    task id kept for the restore is then that read's: the slot's task id now, or an earlier one, which the
+    restore's bookkeeping takes for a task run since (a copy parked again, never a task taken for none).
     """
     record = find_session(target.catalog, target.profile_name, name)
     label = f"Resume '{name}'" + (f" into slot {slot_id}" if slot_id is not None else "")
     return await target.queue.run(label, lambda: _resume(target, record, slot_id, force, avoid_hazard,
-                                                         avoid_useless, avoid_mismatch))
+                                                         avoid_useless, avoid_mismatch, leased))
 
 
 def useless_restore(target: ServerTarget, pf: Preflight, probe: str):
@@ -340,14 +346,17 @@ def useless_restore(target: ServerTarget, pf: Preflight, probe: str):
 
 async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool,
                   avoid_hazard: bool = False, avoid_useless: str | None = None,
-                  avoid_mismatch: bool = False) -> ResumeResult:
-    rows = await target.slot_rows()
+                  avoid_mismatch: bool = False, leased: bool = False) -> ResumeResult:
+    known = target.last_rows if leased and slot_id is not None else None
+    # (a slot that had run no task then has no task id to keep: read now)
+    earlier = known is not None and any(r.id == slot_id and r.id_task is not None for r in known)
+    rows = known if earlier else await target.slot_rows()
     chosen = slot_id is None
     if slot_id is None:
         slot_id = default_slot(rows, Purpose.RESUME, record.slot_id)
         if slot_id is None:
             raise ResumeRefused([no_default_reason(rows, Purpose.RESUME)])
-    pf = await preflight(target, record, slot_id, rows=rows)
+    pf = await preflight(target, record, slot_id, rows=rows, held_known=not earlier)
     if chosen and pf.hazard:
         # the app picked the slot: pick one without another chat's checkpoints when there is one
         other = clean_slot(target, rows, record)

@@ -404,7 +404,7 @@ class SessionService:
     # -- resume ------------------------------------------------------------------
     async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
                      avoid_hazard: bool = False, avoid_useless: str | None = None,
-                     avoid_mismatch: bool = False) -> ResumeResult:
+                     avoid_mismatch: bool = False, leased: bool = False) -> ResumeResult:
         """Restore session ``name`` into ``slot_id`` (None: the default slot).
 
         Raises ResumeRefused (cannot work), NeedsConfirmation (works, with
@@ -413,7 +413,7 @@ class SessionService:
         """
         self._refuse_router()
         result = await resume_session(self.target, name, slot_id, force=force, avoid_hazard=avoid_hazard,
-                                      avoid_useless=avoid_useless, avoid_mismatch=avoid_mismatch)
+                                      avoid_useless=avoid_useless, avoid_mismatch=avoid_mismatch, leased=leased)
         self.relay.note_restore(result)  # the verdict: this service's watcher, or another process's
         self._restored.emit(result.slot_id, self.target.restored[result.slot_id])
         self._changed.emit()
@@ -469,6 +469,7 @@ class SessionService:
             self.restarting = False
         self.target.restored.clear()
         self.target.held_as.clear()
+        self.target.last_rows = None
         self.target.last_tasks.clear()
         self.target.checkpoint_owners.clear()
 

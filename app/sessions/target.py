@@ -78,6 +78,10 @@ class ServerTarget:
     slots_read: Observers[[list[SlotRow]]] = field(default_factory=lambda: Observers("the slots were read"),
                                                    compare=False, repr=False)
 
+    # the rows of the last /slots read of this server process (:meth:`slot_rows`): which slots there are and
+    # each one's n_ctx, fixed for the process; what a slot held then, and its task id, may have changed since
+    last_rows: list[SlotRow] | None = field(default=None, compare=False, repr=False)
+
     async def slot_rows(self) -> list[SlotRow]:
         """``GET /slots`` as typed rows, with what the app knows that /slots does not (a router has none
         of its own: RouterSlots); :attr:`slots_read` is told them."""
@@ -89,6 +93,7 @@ class ServerTarget:
 
             raise ServerError(200, "GET /slots did not answer a list", path="/slots")
         rows = slot_rows(data, self.restored, self.last_tasks)
+        self.last_rows = list(rows)
         self.slots_read.emit(list(rows))
         return rows
 

@@ -429,6 +429,46 @@ def test_refuse_slot_too_small(fake_server, tmp_path):
     assert any("slot 1 holds at most 500 tokens" in r for r in reasons)
 
 
+def test_a_leased_resume_takes_the_slot_from_an_earlier_read(fake_server, tmp_path):
+    """The proxy's resume into a slot it holds (``leased``) does not read /slots first when an earlier read
+    of this server process showed the slot with a task id: its size still refuses a park too long for it,
+    and the task id kept is that read's. A slot that had run no task then is read now."""
+    write_model(tmp_path, dense=True)
+    for name, prompt in (("long", PROMPT), ("short", PROMPT[:len(PROMPT) // 3])):
+        with fake_server(FAKE_MODEL_KIND="dense") as (url, _):
+            run(fill_and_park(url, tmp_path, name=name, prompt=prompt))
+    with fake_server(FAKE_MODEL_KIND="dense", extra_args=("-c", "1000")) as (url, _):  # 500 per slot
+        async def go():
+            t = await connect(url, tmp_path)
+            try:
+                reads = []
+                read = t.client.slots
+
+                async def counted():
+                    reads.append(1)
+                    return await read()
+                t.client.slots = counted
+                assert {r.id: r for r in await t.slot_rows()}[1].id_task is None  # a slot that ran no task yet
+                reads.clear()
+                await resume_session(t, "short", 1, force=True, leased=True)
+                assert reads == [1]  # no task id to keep from that read: read now
+                await t.client.completion("another chat in slot one", slot_id=1, n_predict=4)
+                earlier = {r.id: r for r in await t.slot_rows()}[1]
+                assert earlier.id_task is not None
+                reads.clear()
+                res = await resume_session(t, "short", 1, force=True, leased=True)
+                assert reads == [] and res.n_restored > 0
+                assert t.restored[1].id_task == earlier.id_task
+                with pytest.raises(ResumeRefused, match="slot 1 holds at most 500 tokens"):
+                    await resume_session(t, "long", 1, force=True, leased=True)
+                assert reads == []
+                await resume_session(t, "short", 1, force=True)  # not leased: read
+                assert reads == [1]
+            finally:
+                await close(t)
+        run(go())
+
+
 # --------------------------------------------------------------------------- resume
 
 
