@@ -369,6 +369,37 @@ def _quick_id(path: str | os.PathLike) -> str:
 
 
 _KNOWN_SHA: dict[tuple[str, int, int], str] = {}
+#: files whose digest the hash cache did not have, with that cache file's (size, mtime_ns) then
+_NO_SHA: dict[tuple[str, int, int], tuple[int, int] | None] = {}
+
+
+def known_identity(path: str | os.PathLike, cache_file: str | os.PathLike) -> tuple[int, str, str] | None:
+    """The model's size, quick id and full SHA-256 ("" while not computed) when this process already knows
+    them for the file as it is now (size, mtime): its quick id from :func:`model_quick_id`, its digest from
+    :func:`cached_model_sha256`, or that function's finding that ``cache_file`` had none and has not been
+    written since. Else None. A ``stat`` or two, no file read: cheap enough for a request's path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    quick = _QUICK_IDS.get((os.path.abspath(path), st.st_size, st.st_mtime_ns))
+    if quick is None:
+        return None
+    key = (str(Path(path).absolute()), st.st_size, st.st_mtime_ns)
+    digest = _KNOWN_SHA.get(key)
+    if digest is not None:
+        return st.st_size, quick, digest
+    if key in _NO_SHA and _NO_SHA[key] == _file_stamp(cache_file):
+        return st.st_size, quick, ""
+    return None
+
+
+def _file_stamp(path: str | os.PathLike) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def cached_model_sha256(path: str | os.PathLike, cache_file: str | os.PathLike) -> str | None:
@@ -381,12 +412,14 @@ def cached_model_sha256(path: str | os.PathLike, cache_file: str | os.PathLike) 
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key in _KNOWN_SHA:
         return _KNOWN_SHA[key]
+    stamp = _file_stamp(cache_file)  # before the read: a write after it makes the next call read again
     entry = _load_cache(Path(cache_file)).get(str(path))
     if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
         digest = entry.get("sha256")
         if isinstance(digest, str) and len(digest) == 64:
             _KNOWN_SHA[key] = digest
             return digest
+    _NO_SHA[key] = stamp  # not there: known_identity needs no read while the cache file stays as it was
     return None
 
 

@@ -96,6 +96,32 @@ def _verified_stamps(rec: SessionRecord) -> dict[str, list]:
     return data if isinstance(data, dict) else {}
 
 
+def look_unchanged(rec: SessionRecord) -> FilesCheck | None:
+    """:func:`look`'s answer when none of ``rec``'s files was written since it was found to be the parked
+    one (a ``stat`` of each, no read, nothing to record: cheap enough for a request's path); None when one
+    was, or a file came or went: then :func:`look` reads what it must (off the event loop)."""
+    parked = ParkedFiles.from_json(rec.parked_files)
+    stamps = _verified_stamps(rec)
+    if parked is None or not stamps:
+        return None
+    state = rec.state_path
+    found: dict[str, FoundFile] = {}
+    for suffix in SUFFIXES:
+        p = _path(state, suffix)
+        st = _stamp(p)
+        if st is None:
+            if suffix in stamps:
+                return None  # gone since
+            continue
+        was = parked.get(suffix)
+        if was is None or stamps.get(suffix) != st or not p.is_file():
+            return None
+        found[suffix] = FoundFile(suffix, p.name, st[2], was.sha256, was.checkpoints)
+    if set(found) != set(stamps):
+        return None
+    return compare(parked, found, state_name=state.name)
+
+
 def look(catalog: Catalog | None, rec: SessionRecord, *, hash_changed: bool = True) -> FilesCheck:
     """``rec``'s files now against what its park wrote (see the module doc for what is read when).
     A file found by its hash to be the parked one gets its stamp recorded (``catalog`` given)."""

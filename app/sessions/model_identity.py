@@ -70,10 +70,15 @@ async def model_identity(model_path: str, *, full: bool = False, kind: bool = Tr
     """The model's identity without waiting for the full hash (unless ``full``), or an
     empty identity when the file is not readable here (attach mode to another machine).
     The memory kind is read from the GGUF metadata, cached by size + mtime."""
-    from app.server.gguf_info import cached_model_sha256, model_quick_id, model_sha256
+    from app.server.gguf_info import cached_model_sha256, known_identity, model_quick_id, model_sha256
 
     if not model_path or not os.path.isfile(model_path):
         return ModelIdentity()
+    if not kind:
+        known = known_identity(model_path, model_hash_cache())  # what this process knows of it now: no thread
+        if known is not None and (known[2] or not full):
+            return ModelIdentity(*known, "unknown")
+
     def quick() -> tuple[int, str, str]:
         size = os.path.getsize(model_path)
         digest = model_sha256(model_path, model_hash_cache()) if full else \

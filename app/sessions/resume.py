@@ -37,7 +37,7 @@ from app.sessions.target import HeldSession, ServerTarget
 from app.monitor.slots import RestoredSlot, SlotRow, held_tokens
 from app.server.client import ServerError, ServerUnreachable
 from app.server.statefile import StateFileError, read_state_header, version_mismatch_reason
-from app.store.catalog import Catalog, HistoryEvent, SessionRecord
+from app.store.catalog import Catalog, HistoryEvent, PendingVerdict, RestoreNoted, SessionRecord
 
 
 class ResumeRefused(Exception):
@@ -109,6 +109,7 @@ class ResumeResult:
     prediction: LoadPrediction | None = None
     hazard: str | None = None  # the resume went on into a slot holding another chat's checkpoints
     files: FilesCheck | None = None  # the park's files against what it wrote (went on with --yes when not)
+    noted: RestoreNoted | None = None  # what the catalog kept of it: its event, its pending verdict
 
 
 def find_session(catalog: Catalog, profile: str, name: str) -> SessionRecord:
@@ -232,7 +233,9 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
         return pf
     # the files are the ones this park wrote (a sidecar copied over from another chat is not): the
     # sidecar's positions every time, a hash only of a file written since it was last verified
-    pf.files = await asyncio.to_thread(files_check.look, target.catalog, record)
+    pf.files = files_check.look_unchanged(record)  # no file written since it was verified: no read, no thread
+    if pf.files is None:
+        pf.files = await asyncio.to_thread(files_check.look, target.catalog, record)
     pf.warnings.extend(pf.files.problems)
 
     # -- warnings
@@ -391,18 +394,26 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
     if record.n_tokens and n_restored != record.n_tokens:
         warnings.append(f"the server restored {n_restored:,} tokens, {record.n_tokens:,} were parked")
     now = time.time()
-    if record.id is not None:  # its verdict UNKNOWN until the next query on the slot is judged
-        target.catalog.note_restore(HistoryEvent(
+    noted = None
+    if record.id is not None:  # its verdict UNKNOWN until the next query on the slot is judged, by whoever
+        # watches the log (the pending note): in one commit, which a leased restore does not wait on the disk for
+        noted = target.catalog.note_restore(HistoryEvent(
             session_id=record.id, kind="resume", at=now, server_build=target.build, restore_ms=restore_ms,
             details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
                      "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}),
-            n_restored, RESTORED_NOT_JUDGED)
+            n_restored, RESTORED_NOT_JUDGED, pending=PendingVerdict(
+                session_id=record.id, profile=target.profile_name, server_url=target.url, slot_id=slot_id,
+                n_restored=n_restored, sidecar_status=str(record.sidecar_status),
+                sidecar_count=record.sidecar_count or None, ctx_checkpoints=target.ctx_checkpoints,
+                build_persists=target.catalog.build_persists_checkpoints(target.build), created_at=now),
+            durable=not leased)
     target.restored[slot_id] = RestoredSlot(n_restored, record.name, id_task_before)
     target.held_as[slot_id] = HeldSession(record.name, n_restored, id_task_before)
     loads = pf.prediction.loads if pf.prediction is not None else None
     if loads or not target.checkpoint_owners.get(slot_id) or target.behaviour is not Behaviour.FORK:
         target.checkpoint_owners[slot_id] = record.name  # its sidecar replaced the list, or it was cleared
-    return ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard, pf.files)
+    return ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard, pf.files,
+                        noted)
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,11 @@ class VerdictRelay:
         svc, rec = self._svc, result.record
         persists, ctx = svc.persists_checkpoints, svc.target.ctx_checkpoints
         note = None
-        if rec.id is not None:
+        if result.noted is not None:  # the resume wrote it with its own record (one commit)
+            note = result.noted.pending
+            for old in result.noted.replaced:
+                self._dropped(old, "a newer restore into the same slot replaced it")
+        elif rec.id is not None:
             try:
                 note, replaced = svc.catalog.add_pending_verdict(PendingVerdict(
                     session_id=rec.id, profile=self._profile, server_url=svc.target.url, slot_id=result.slot_id,

@@ -29,7 +29,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.core.restore_needs import CHECKPOINTED_KINDS
 from app.core.states import MemoryKind, SidecarStatus
@@ -163,6 +163,15 @@ class PendingVerdict:
     ctx_checkpoints: int | None = None
     build_persists: bool | None = None
     created_at: float = 0.0  # when the restore was done (time.time())
+
+
+class RestoreNoted(NamedTuple):
+    """What :meth:`Catalog.note_restore` wrote: the resume event, the pending verdict (None: none asked),
+    and the older notes on the same slot it replaced."""
+
+    event: HistoryEvent
+    pending: PendingVerdict | None
+    replaced: list[PendingVerdict]
 
 
 _SESSION_COLS = [f.name for f in fields(SessionRecord) if f.name != "id"]
@@ -499,6 +508,11 @@ class Catalog(SqliteFile):
         """Note a restore waiting for its verdict. An older note on the same slot of the
         same server (profile or URL) goes in the same transaction (a newer restore
         replaced it): it is returned second, so the caller can say so."""
+        with self._tx() as conn:
+            return self._insert_pending(conn, p)
+
+    def _insert_pending(self, conn: sqlite3.Connection, p: PendingVerdict) -> tuple[PendingVerdict,
+                                                                                   list[PendingVerdict]]:
         values = {c: getattr(p, c) for c in _PENDING_VERDICT_COLS}
         values["created_at"] = p.created_at or time.time()
         if p.build_persists is not None:
@@ -506,17 +520,16 @@ class Catalog(SqliteFile):
         values["sidecar_status"] = str(p.sidecar_status or "")
         same = "(profile = ? OR server_url = ?) AND slot_id = ?"
         key = (p.profile, p.server_url or p.profile, p.slot_id)
-        with self._tx() as conn:
-            older = [self._to_pending_verdict(r) for r in conn.execute(
-                f"SELECT * FROM pending_verdicts WHERE {same}", key)]
-            conn.execute(f"DELETE FROM pending_verdicts WHERE {same}", key)
-            try:
-                cur = conn.execute(f"INSERT INTO pending_verdicts ({', '.join(values)}) "
-                                   f"VALUES ({', '.join('?' for _ in values)})", tuple(values.values()))
-            except sqlite3.IntegrityError as exc:
-                raise CatalogError(f"no session with id {p.session_id}") from exc
-            row = conn.execute("SELECT * FROM pending_verdicts WHERE id = ?", (cur.lastrowid,)).fetchone()
-            return self._to_pending_verdict(row), older
+        older = [self._to_pending_verdict(r) for r in conn.execute(
+            f"SELECT * FROM pending_verdicts WHERE {same}", key)]
+        conn.execute(f"DELETE FROM pending_verdicts WHERE {same}", key)
+        try:
+            cur = conn.execute(f"INSERT INTO pending_verdicts ({', '.join(values)}) "
+                               f"VALUES ({', '.join('?' for _ in values)})", tuple(values.values()))
+        except sqlite3.IntegrityError as exc:
+            raise CatalogError(f"no session with id {p.session_id}") from exc
+        row = conn.execute("SELECT * FROM pending_verdicts WHERE id = ?", (cur.lastrowid,)).fetchone()
+        return self._to_pending_verdict(row), older
 
     def pending_verdicts(self, profile: str, slot_id: int | None = None, *,
                          server_url: str | None = None) -> list[PendingVerdict]:
@@ -559,18 +572,23 @@ class Catalog(SqliteFile):
         with self._tx() as conn:
             return self._insert_event(conn, ev)
 
-    def note_restore(self, ev: HistoryEvent, n_restored: int, verdict_reason: str) -> HistoryEvent:
+    def note_restore(self, ev: HistoryEvent, n_restored: int, verdict_reason: str, *,
+                     pending: PendingVerdict | None = None, durable: bool = True) -> RestoreNoted:
         """A restore, in one commit (it sits on the path of a request the proxy restored for): the
         session's last restore (``ev.restore_ms``, ``n_restored``, ``ev.at``), its verdict UNKNOWN until
-        the next query is judged (``verdict_reason``), and the resume event ``ev``; returns the event."""
-        with self._tx() as conn:
+        the next query is judged (``verdict_reason``), the resume event ``ev``, and ``pending``, the note
+        for whoever judges that query (:meth:`add_pending_verdict`). ``durable`` False: not waiting for the
+        disk (the proxy's restores, one per returning turn: a power cut may lose the note, never a park)."""
+        with self._tx(durable=durable) as conn:
             cur = conn.execute(
                 "UPDATE sessions SET last_restore_ms = ?, last_n_restored = ?, last_restore_at = ?, "
                 "last_verdict = ?, last_verdict_reason = ? WHERE id = ?",
                 (ev.restore_ms, n_restored, ev.at, str(VerdictKind.UNKNOWN), verdict_reason, ev.session_id))
             if cur.rowcount == 0:
                 raise CatalogError(f"no session with id {ev.session_id}")
-            return self._insert_event(conn, ev)
+            event = self._insert_event(conn, ev)
+            note, replaced = self._insert_pending(conn, pending) if pending is not None else (None, [])
+            return RestoreNoted(event, note, replaced)
 
     def _insert_event(self, conn: sqlite3.Connection, ev: HistoryEvent) -> HistoryEvent:
         if ev.kind not in EVENT_KINDS:

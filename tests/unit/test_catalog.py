@@ -14,6 +14,7 @@ from app.store.catalog import (
     Catalog,
     CatalogError,
     HistoryEvent,
+    PendingVerdict,
     SessionRecord,
 )
 
@@ -201,23 +202,34 @@ def test_update_restore_and_verdict(cat):
 
 
 def test_a_restore_is_noted_in_one_commit(cat):
-    """A restore's record (its last restore, its verdict back to UNKNOWN, the resume event) is one commit:
-    it sits on the path of a request the proxy restored for. Nothing of it lands for an unknown session."""
+    """A restore's record (its last restore, its verdict back to UNKNOWN, the resume event, the note for
+    whoever judges its first query) is one commit: it sits on the path of a request the proxy restored for.
+    Nothing of it lands for an unknown session, or when a part of it fails."""
     rec = cat.add_or_replace(full_record(last_verdict="resumed"))
+    older, _ = cat.add_pending_verdict(PendingVerdict(session_id=rec.id, profile="p", slot_id=2, n_restored=10))
     commits = cat.commits
-    ev = cat.note_restore(HistoryEvent(session_id=rec.id, kind="resume", at=1234.0, restore_ms=12.5,
-                                       details={"slot": 2}), 4_000, "no query on this slot since the restore yet")
+    noted = cat.note_restore(HistoryEvent(session_id=rec.id, kind="resume", at=1234.0, restore_ms=12.5,
+                                          details={"slot": 2}), 4_000, "no query on this slot since the restore yet",
+                             pending=PendingVerdict(session_id=rec.id, profile="p", slot_id=2, n_restored=4_000),
+                             durable=False)
     assert cat.commits == commits + 1
     got = cat.get_by_id(rec.id)
     assert (got.last_restore_ms, got.last_n_restored, got.last_restore_at) == (12.5, 4_000, 1234.0)
     assert got.last_verdict is VerdictKind.UNKNOWN
     assert got.last_verdict_reason == "no query on this slot since the restore yet"
+    ev = noted.event
     assert cat.history(rec.id) == [ev] and ev.details == {"slot": 2} and ev.id is not None
+    assert cat.pending_verdicts("p", 2) == [noted.pending] and noted.pending.n_restored == 4_000
+    assert noted.replaced == [older]  # the older note on the same slot went in the same commit
     with pytest.raises(CatalogError):
         cat.note_restore(HistoryEvent(session_id=9999, kind="resume", at=1.0), 1, "x")
     with pytest.raises(CatalogError):  # a bad event rolls the session's update back too
         cat.note_restore(HistoryEvent(session_id=rec.id, kind="bogus", at=2.0, restore_ms=1.0), 1, "x")
+    with pytest.raises(CatalogError):  # so does a pending note for no session
+        cat.note_restore(HistoryEvent(session_id=rec.id, kind="resume", at=3.0, restore_ms=2.0), 1, "x",
+                         pending=PendingVerdict(session_id=9999, profile="p", slot_id=3))
     assert cat.get_by_id(rec.id).last_restore_ms == 12.5 and len(cat.history(rec.id)) == 1
+    assert cat.pending_verdicts("p") == [noted.pending]
 
 
 def test_history_round_trip_oldest_first(cat):

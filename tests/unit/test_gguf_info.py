@@ -153,3 +153,25 @@ def test_real_gemma3_270m():
     assert info.architecture == "gemma3" and info.name == "Gemma 3 270m"
     assert info.memory_kind is MemoryKind.SLIDING_WINDOW and info.n_swa == 512
     assert info.context_length == 32768 and info.file_type == 15
+
+
+def test_an_identity_this_process_knows_is_told_without_reading_the_file(tmp_path):
+    """known_identity (a resume's path): the quick id and the full digest this process found for the file as
+    it is now, or that the hash cache had no digest and was not written since; None whenever a read is due."""
+    from app.server.gguf_info import cached_model_sha256, known_identity, model_quick_id
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"A" * 1000)
+    cache = tmp_path / "hashes.json"
+    assert known_identity(model, cache) is None  # nothing known yet
+    quick = model_quick_id(model)
+    assert known_identity(model, cache) is None  # the cache file not looked at yet
+    assert cached_model_sha256(model, cache) is None
+    assert known_identity(model, cache) == (1000, quick, "")  # looked at: no digest there
+    digest = model_sha256(model, cache)  # another process computes it: the cache file is written
+    assert known_identity(model, cache) is None  # so it is read again
+    assert cached_model_sha256(model, cache) == digest
+    assert known_identity(model, cache) == (1000, quick, digest)
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the model file changed
+    assert known_identity(model, cache) is None

@@ -215,6 +215,27 @@ def test_an_unchanged_file_is_not_read_again(tmp_path, catalog, monkeypatch):
     assert files_check.look(catalog, rec).status is FilesStatus.AS_PARKED
 
 
+def test_an_unchanged_park_is_told_from_its_stamps_and_a_changed_one_is_left_to_look(tmp_path, catalog):
+    """look_unchanged (a restore's path, on the event loop): the same answer as look while no file of the
+    park was written since it was verified, from stamps alone; None (look must read) as soon as one was,
+    or a sidecar came or went."""
+    y = _write_park(tmp_path, "Y.bin", Y_POSITIONS)
+    rec = _record(catalog, y, "Y")
+    quick = files_check.look_unchanged(rec)
+    assert quick is not None and quick == files_check.look(catalog, rec)
+    assert quick.status is FilesStatus.AS_PARKED
+    ckpt = Path(str(y) + ".ckpt")
+    x = _write_park(tmp_path / "x", "X.bin", X_POSITIONS)
+    shutil.copyfile(str(x) + ".ckpt", ckpt)  # another chat's sidecar over this one's
+    assert files_check.look_unchanged(catalog.get_by_id(rec.id)) is None
+    assert files_check.look(catalog, catalog.get_by_id(rec.id)).refuses
+    ckpt.unlink()  # gone
+    assert files_check.look_unchanged(catalog.get_by_id(rec.id)) is None
+    bare = _record(catalog, _write_park(tmp_path / "b", "B.bin", ()), "B")
+    Path(str(bare.state_path) + ".checkpoints").write_bytes(b"x")  # a sidecar where the park had none
+    assert files_check.look_unchanged(catalog.get_by_id(bare.id)) is None
+
+
 def test_recheck_shows_the_foreign_sidecar_as_invalid_with_the_parks_sentence(tmp_path, catalog):
     from app.sessions.sidecar_check import recheck
 
