@@ -16,8 +16,11 @@ import pytest
 
 from app.core.conversation import Cause
 
-from app.core.verdict import VerdictKind
-from tests.real.test_real_proxy import SYSTEMS, Proxied, turn
+from app.core.verdict import VerdictKind, tolerance
+from app.proxy.session_backend import shared_prefix
+from app.server.client import LlamaClient
+from tests.real.test_real_proxy import SYSTEMS, Proxied, sidecar_proxy_profile, turn  # noqa: F401 (fixture)
+from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.real_server
 
@@ -49,5 +52,47 @@ def test_a_park_whose_tokens_are_not_the_requests_is_not_restored(real_profile):
                                   {"role": "assistant", "content": "Pomme"}, {"role": "user", "content": "Next?"}],
                                  user="chat-x")
             assert nxt.conversation == first.conversation and nxt.verdict is VerdictKind.HIT, nxt
+
+    asyncio.run(go())
+
+
+def test_a_chat_that_continues_its_park_is_restored_unchecked_and_its_tokens_are_its_own(sidecar_proxy_profile,
+                                                                                        monkeypatch):
+    """The check is not made when the request's messages continue the request whose render the park holds
+    (app.proxy.session_backend.RestoreFor): A comes back with its history plus a turn, and the server is asked
+    to restore it without rendering the chat first. What the check would have found, on Gemma 3's own
+    template and tokenizer: the park's tokens are the start of the request's prompt, all but a few."""
+    asked: list[str] = []
+    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
+
+    async def rendering(self, body):
+        asked.append("render")
+        return await render(self, body)
+
+    async def restoring(self, slot, filename):
+        asked.append("restore")
+        return await restore(self, slot, filename)
+    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
+    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+
+    async def go():
+        async with Proxied(sidecar_proxy_profile) as p:
+            first = {}
+            for name in ("A", "B", "C"):  # two slots: A is parked to make room for C
+                first[name] = await p.ask(turn(SYSTEMS[name], question="What is the first word?"))
+            reply_a, rec_a = first["A"]
+            park = f"proxy-{rec_a.conversation}"
+            saved = await p.handle.sessions.parked_tokens(park)
+            assert saved, "A was not parked"
+            messages = turn(SYSTEMS["A"], ("What is the first word?", reply_a), question="And the second?")
+            asked.clear()
+            _, back = await p.ask(messages)
+            assert back.conversation == rec_a.conversation and back.restored_from == park, back
+            assert asked == ["restore"]  # restored without the chat rendered first
+            assert back.verdict is VerdictKind.HIT, back
+            prompt = await p.handle.client.token_ids(await render(p.handle.client, {"messages": messages}))
+            shared = shared_prefix(saved, prompt)
+            assert shared > tolerance(len(saved)), (shared, len(saved))
+            assert len(saved) - shared <= 8, (shared, len(saved))  # the park's tokens, but for its answer's end
 
     asyncio.run(go())
