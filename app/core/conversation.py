@@ -127,8 +127,8 @@ class Conversation:
     requests: int = 0
     time_saved_s: float = 0.0
     # Not stored (this process's knowledge): the hash chain of the request whose render its slot holds (set
-    # when a leased request of it is sent there; None when another request, passed through, may have run
-    # there), and that of its park, copied from the slot's when this process wrote the park (None: not known)
+    # when the server processed a leased request of it there; None when one did not run there), and that of
+    # its park, copied from the slot's when this process wrote the park (None: not known)
     slot_chain: list[str] | None = field(default=None, compare=False, repr=False)
     park_chain: list[str] | None = field(default=None, compare=False, repr=False)
 

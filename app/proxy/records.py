@@ -45,6 +45,7 @@ class Pending:
     settled: asyncio.Future | None = None  # with ``own``: done once ``after`` has seen what it did to the slots
     tasks_before: dict[int, object] | None = None  # with ``own``: each slot's id_task before the request
     slots_before: list | None = None  # with ``own``: the leases' view of the slots before the request
+    chain: list[str] | None = None  # with a lease: its messages' hash chain (what its slot holds once it ran)
 
 
 class RequestRecords:

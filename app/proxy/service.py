@@ -439,9 +439,8 @@ class ProxyService:
         out["id_slot"] = lease.slot
         out["cache_prompt"] = True
         conv.messages, conv.chain = messages, chain
-        conv.slot_chain = chain  # its slot holds this request's render from now on (a park of it, too)
         return out, Pending(conv, lease, messages, previous, expected, new, path, stream, body=body_seen,
-                             previous_body=previous_body, restore_hazard=hazard)
+                             previous_body=previous_body, restore_hazard=hazard, chain=chain)
 
     def _remember(self, conv_id: str, body: dict) -> dict | None:
         """Keep ``body`` as the conversation's last request; the one before it (None: not kept)."""
@@ -487,6 +486,9 @@ class ProxyService:
             n_tokens = await tokens_left(self.servers, self.target_id, lease.slot,
                                          streamed=p.stream)  # what a cut-short request left
         assert self.leases is not None
+        # its slot holds its render (and answer) once the server processed its prompt there, and so will a park
+        # of it (app.proxy.session_backend.RestoreFor); one that did not run there leaves that unknown
+        conv.slot_chain = p.chain if ok and t is not None and t.prompt_n is not None else None
         self.leases.release(lease, n_tokens or 0, ok=ok and bool(n_tokens))
         if self.metrics is not None:
             self.metrics.lease_given_back()

@@ -213,6 +213,46 @@ async def test_a_park_is_proven_by_the_request_that_filled_its_slot_not_by_the_c
         assert asked[:2] == ["and now?", "restore"]  # checked before the restore
 
 
+async def test_a_park_of_a_slot_whose_last_request_was_cut_short_is_checked_before_its_restore(profile,
+                                                                                            monkeypatch):
+    """A streamed request the client left before its end has no final timings: the server may not have
+    processed it at all, so what its slot holds is not known to follow its messages, and the park made of
+    that slot is checked before it is restored, even when the next request continues the conversation."""
+    from app.server.client import LlamaClient
+
+    monkeypatch.setenv("FAKE_GEN_TPS", "20")  # a long answer takes seconds: the client leaves it early
+    asked: list[str] = []
+    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
+
+    async def rendering(self, body):
+        asked.append(body["messages"][-1]["content"])
+        return await render(self, body)
+
+    async def restoring(self, slot, filename):
+        asked.append("restore")
+        return await restore(self, slot, filename)
+    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
+    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+    async with Proxied(profile.replace(cache_ram=0)) as p:
+        idle = asyncio.Event()
+        p.proxy.on_idle(idle.set)
+        reply, first = await p.ask(chat(system("A"), "hello"))
+        story = chat(system("A"), "hello", reply, "tell me a long story")
+        idle.clear()
+        stream = await p.client.chat.completions.create(model="m", messages=story, max_tokens=400, stream=True)
+        async for _ in stream:
+            break  # the first chunk, then the client goes
+        await stream.close()
+        await asyncio.wait_for(idle.wait(), 120)  # the proxy has seen it end (no verdict: no timings)
+        for name in "BC":  # A's slot is parked to make room
+            await p.ask(chat(system(name), "hello"))
+        assert p.proxy.conversations[first.conversation].parked_as == f"proxy-{first.conversation}"
+        asked.clear()
+        _, back = await p.ask(story + [{"role": "assistant", "content": "Once"}, {"role": "user", "content": "go on"}])
+        assert back.conversation == first.conversation and back.restored_from == f"proxy-{first.conversation}"
+        assert asked[:2] == ["go on", "restore"]  # checked before the restore
+
+
 async def test_a_restore_the_server_refuses_is_said_and_the_request_re_prefills(profile, monkeypatch):
     # no RAM prompt cache: it would bring the conversation back by itself (as llama-server's does)
     async with Proxied(profile.replace(cache_ram=0)) as p:
