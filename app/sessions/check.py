@@ -472,6 +472,7 @@ async def restart_server(ctx: CheckContext, restart: Restarter) -> None:
         raise CheckError(f"could not restart the server between probes: {exc}") from exc
     ctx.target.restored.clear()
     ctx.target.held_as.clear()
+    ctx.target.last_rows = None
     ctx.target.last_tasks.clear()
 
 

@@ -617,6 +617,7 @@ class SessionService:
                 t.model_kind_from_log = kind.value
         if ev.kind in (Kind.MODEL_LOADED, Kind.LISTENING):  # a new server process: nothing survives it
             t.checkpoint_owners.clear()
+            t.last_rows = None  # its slots are read anew
         elif isinstance(ev, SidecarMode):
             mode = ev.mode
             if mode and not t.build.endswith(f"+sidecars-{mode}"):
