@@ -298,6 +298,28 @@ def qt_garbage_on_the_main_thread(request):
 
 
 @pytest.fixture
+def server_asked(monkeypatch) -> list[str]:
+    """What the app asked its llama-server, in order, of what a restore's token check and the restore do:
+    each chat it had rendered (``/apply-template``, named by the chat's last message) and each restore
+    (``"restore"``). The calls still reach the server."""
+    from app.server.client import LlamaClient
+
+    asked: list[str] = []
+    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
+
+    async def rendering(self, body):
+        asked.append(body["messages"][-1]["content"])
+        return await render(self, body)
+
+    async def restoring(self, slot, filename):
+        asked.append("restore")
+        return await restore(self, slot, filename)
+    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
+    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+    return asked
+
+
+@pytest.fixture
 def qloop(qapp):
     """A qasync event loop on the test's QApplication (as the app runs)."""
     import asyncio

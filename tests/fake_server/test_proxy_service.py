@@ -140,26 +140,13 @@ async def test_the_next_conversation_to_leave_its_slot_is_parked_between_request
         assert on_path == ({} if ahead else {b: 1})
 
 
-async def test_a_chat_that_continues_what_its_park_holds_is_restored_without_its_prompt_rendered(profile,
-                                                                                                  monkeypatch):
+async def test_a_chat_that_continues_what_its_park_holds_is_restored_without_its_prompt_rendered(
+        profile, server_asked):
     """The token check before a restore (the server renders the chat and tokenises it) is not made when the
     messages prove the park is the request's own: they continue the request whose render and answer the park
     holds. A chat the client's name ties to the conversation, whose messages do not continue it, is checked
     (the fake has no /apply-template: the check ends at its 404 and the restore goes on)."""
-    from app.server.client import LlamaClient
-
-    asked: list[str] = []  # what the server was asked, in order: each chat rendered (its last message), restores
-    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
-
-    async def rendering(self, body):
-        asked.append(body["messages"][-1]["content"])
-        return await render(self, body)
-
-    async def restoring(self, slot, filename):
-        asked.append("restore")
-        return await restore(self, slot, filename)
-    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
-    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+    asked = server_asked  # each chat the server renders (its last message), each restore
     async with Proxied(profile.replace(cache_ram=0)) as p:
         firsts = {name: await p.ask(chat(system(name), "hello"), user=f"chat-{name}") for name in "ABC"}
         reply_a, rec_a = firsts["A"]
@@ -177,26 +164,13 @@ async def test_a_chat_that_continues_what_its_park_holds_is_restored_without_its
         assert asked[:2] == ["something else", "restore"]  # checked before the restore
 
 
-async def test_a_park_is_proven_by_the_request_that_filled_its_slot_not_by_the_conversations_last(profile,
-                                                                                                  monkeypatch):
+async def test_a_park_is_proven_by_the_request_that_filled_its_slot_not_by_the_conversations_last(
+        profile, server_asked):
     """What proves a park is the request whose render its slot held when it was parked. Here the client,
     under its chat's name, sends other messages to a slot of its own choosing (passed through untouched,
     elsewhere): the conversation's slot still holds its first chat, and so does the park made of it. The
     next request continues the other messages, not the park's: it is checked before the restore."""
-    from app.server.client import LlamaClient
-
-    asked: list[str] = []
-    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
-
-    async def rendering(self, body):
-        asked.append(body["messages"][-1]["content"])
-        return await render(self, body)
-
-    async def restoring(self, slot, filename):
-        asked.append("restore")
-        return await restore(self, slot, filename)
-    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
-    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+    asked = server_asked  # each chat the server renders (its last message), each restore
     async with Proxied(profile.replace(cache_ram=0)) as p:
         _, first = await p.ask(chat(system("A"), "hello"), user="chat-A")
         other_slot = 1 - first.slot
@@ -213,26 +187,13 @@ async def test_a_park_is_proven_by_the_request_that_filled_its_slot_not_by_the_c
         assert asked[:2] == ["and now?", "restore"]  # checked before the restore
 
 
-async def test_a_park_of_a_slot_whose_last_request_was_cut_short_is_checked_before_its_restore(profile,
-                                                                                            monkeypatch):
+async def test_a_park_of_a_slot_whose_last_request_was_cut_short_is_checked_before_its_restore(
+        profile, monkeypatch, server_asked):
     """A streamed request the client left before its end has no final timings: the server may not have
     processed it at all, so what its slot holds is not known to follow its messages, and the park made of
     that slot is checked before it is restored, even when the next request continues the conversation."""
-    from app.server.client import LlamaClient
-
-    monkeypatch.setenv("FAKE_GEN_TPS", "20")  # a long answer takes seconds: the client leaves it early
-    asked: list[str] = []
-    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
-
-    async def rendering(self, body):
-        asked.append(body["messages"][-1]["content"])
-        return await render(self, body)
-
-    async def restoring(self, slot, filename):
-        asked.append("restore")
-        return await restore(self, slot, filename)
-    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
-    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+    monkeypatch.setenv("FAKE_COMPLETION_DELAY", "1")  # each answer takes a second: the client leaves one early
+    asked = server_asked  # each chat the server renders (its last message), each restore
     async with Proxied(profile.replace(cache_ram=0)) as p:
         idle = asyncio.Event()
         p.proxy.on_idle(idle.set)
@@ -244,6 +205,7 @@ async def test_a_park_of_a_slot_whose_last_request_was_cut_short_is_checked_befo
             break  # the first chunk, then the client goes
         await stream.close()
         await asyncio.wait_for(idle.wait(), 120)  # the proxy has seen it end (no verdict: no timings)
+        assert p.judged.empty()  # not judged: it has no final timings
         for name in "BC":  # A's slot is parked to make room
             await p.ask(chat(system(name), "hello"))
         assert p.proxy.conversations[first.conversation].parked_as == f"proxy-{first.conversation}"

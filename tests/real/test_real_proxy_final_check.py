@@ -18,7 +18,6 @@ from app.core.conversation import Cause
 
 from app.core.verdict import VerdictKind, tolerance
 from app.proxy.session_backend import shared_prefix
-from app.server.client import LlamaClient
 from tests.real.test_real_proxy import SYSTEMS, Proxied, sidecar_proxy_profile, turn  # noqa: F401 (fixture)
 from tests.real.sidecar_bin import sidecar_server_bin  # noqa: F401  (fixture)
 
@@ -56,24 +55,12 @@ def test_a_park_whose_tokens_are_not_the_requests_is_not_restored(real_profile):
     asyncio.run(go())
 
 
-def test_a_chat_that_continues_its_park_is_restored_unchecked_and_its_tokens_are_its_own(sidecar_proxy_profile,
-                                                                                        monkeypatch):
+def test_a_continuing_chats_park_is_restored_unchecked(sidecar_proxy_profile, server_asked):  # noqa: F811
     """The check is not made when the request's messages continue the request whose render the park holds
     (app.proxy.session_backend.RestoreFor): A comes back with its history plus a turn, and the server is asked
     to restore it without rendering the chat first. What the check would have found, on Gemma 3's own
     template and tokenizer: the park's tokens are the start of the request's prompt, all but a few."""
-    asked: list[str] = []
-    render, restore = LlamaClient.apply_template, LlamaClient.restore_slot
-
-    async def rendering(self, body):
-        asked.append("render")
-        return await render(self, body)
-
-    async def restoring(self, slot, filename):
-        asked.append("restore")
-        return await restore(self, slot, filename)
-    monkeypatch.setattr(LlamaClient, "apply_template", rendering)
-    monkeypatch.setattr(LlamaClient, "restore_slot", restoring)
+    asked = server_asked  # each chat the server renders, each restore
 
     async def go():
         async with Proxied(sidecar_proxy_profile) as p:
@@ -90,7 +77,7 @@ def test_a_chat_that_continues_its_park_is_restored_unchecked_and_its_tokens_are
             assert back.conversation == rec_a.conversation and back.restored_from == park, back
             assert asked == ["restore"]  # restored without the chat rendered first
             assert back.verdict is VerdictKind.HIT, back
-            prompt = await p.handle.client.token_ids(await render(p.handle.client, {"messages": messages}))
+            prompt = await p.handle.client.token_ids(await p.handle.client.apply_template({"messages": messages}))
             shared = shared_prefix(saved, prompt)
             assert shared > tolerance(len(saved)), (shared, len(saved))
             assert len(saved) - shared <= 8, (shared, len(saved))  # the park's tokens, but for its answer's end
