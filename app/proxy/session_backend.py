@@ -52,10 +52,11 @@ PREFIX_CHARS_PER_TOKEN = 8
 
 class RestoreFor(NamedTuple):
     """The request a restore of a park is for (its final check): its path and body (the chat request it
-    amounts to), and whether its messages prove the park's tokens are its own: they continue the
-    conversation's last request (its hash chain extends that one's), whose render and answer the park
-    holds. Then the server's render starts with the park's tokens and the token check is not made; a
-    request the client's name alone tied to the conversation, or one that changed its history, is checked."""
+    amounts to), and whether its messages prove the park's tokens are its own: they continue the request
+    whose render and answer the park holds (its hash chain extends ``Conversation.park_chain``). Then the
+    server's render starts with the park's tokens and the token check is not made; a request the client's
+    name alone tied to the conversation, one that changed its history, or a park of unknown content (made
+    after a request cut short, or by an earlier process) is checked."""
 
     path: str
     body: dict
