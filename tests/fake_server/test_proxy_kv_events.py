@@ -113,19 +113,28 @@ async def test_a_conversation_is_in_its_slot_then_on_disk_then_back_and_a_restar
         assert s.view.seqs == list(range(s.view.seqs[0], s.view.seqs[-1] + 1))  # no batch lost
 
 
-async def test_a_new_proxy_says_the_parks_of_an_earlier_run(profile):
+@pytest.mark.parametrize("warm", [False, True], ids=["no-warm-start", "warm-start"])
+async def test_a_new_proxy_says_the_parks_of_an_earlier_run(profile, warm):
     """The app stopped (its proxy parked A first) and started again: the new proxy reads A's park from
-    its state file and a router hears of it on disk, before A's next turn."""
+    its state file and a router hears of it on disk, before A's next turn. With the warm start (the
+    setting's default) A is also restored into a slot before anyone asks, and the router hears that too."""
+    from app import settings
     from app.core.lifecycle import StopTrigger
 
+    settings.update(proxy_warm_start=warm)
     async with Subscribed(profile) as s:
         a = await s.tokens(prompt("A"))
         await s.ask(prompt("A"))
         await s.servers.park_then_stop(s.handle.id, StopTrigger.SERVE)
     async with Subscribed(profile) as s2:
+        if warm:
+            assert await asyncio.wait_for(s2.proxy.warming, 120)  # A restored into a free slot
         await s2.caught_up()
         assert s2.view.prefix("DISK", a) == len(a) // 16 * 16 > 0
-        assert s2.view.blocks.get("GPU", {}) == {}
+        if warm:
+            assert s2.view.prefix("GPU", a) == len(a) // 16 * 16
+        else:
+            assert s2.view.blocks.get("GPU", {}) == {}
 
 
 async def test_kv_events_are_off_unless_asked(profile):
