@@ -401,11 +401,7 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
             session_id=record.id, kind="resume", at=now, server_build=target.build, restore_ms=restore_ms,
             details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
                      "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}),
-            n_restored, RESTORED_NOT_JUDGED, pending=PendingVerdict(
-                session_id=record.id, profile=target.profile_name, server_url=target.url, slot_id=slot_id,
-                n_restored=n_restored, sidecar_status=str(record.sidecar_status),
-                sidecar_count=record.sidecar_count or None, ctx_checkpoints=target.ctx_checkpoints,
-                build_persists=target.catalog.build_persists_checkpoints(target.build), created_at=now),
+            n_restored, RESTORED_NOT_JUDGED, pending=pending_verdict(target, record, slot_id, n_restored, now),
             durable=not leased)
     target.restored[slot_id] = RestoredSlot(n_restored, record.name, id_task_before)
     target.held_as[slot_id] = HeldSession(record.name, n_restored, id_task_before)
@@ -414,6 +410,16 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
         target.checkpoint_owners[slot_id] = record.name  # its sidecar replaced the list, or it was cleared
     return ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard, pf.files,
                         noted)
+
+
+def pending_verdict(target: ServerTarget, record: SessionRecord, slot_id: int, n_restored: int,
+                    at: float) -> PendingVerdict:
+    """The note a restore of ``record`` leaves for whoever watches the server's log and judges the slot's next
+    query (app.sessions.wiring): the one place it is made."""
+    return PendingVerdict(session_id=record.id or 0, profile=target.profile_name, server_url=target.url,
+                          slot_id=slot_id, n_restored=n_restored, sidecar_status=str(record.sidecar_status),
+                          sidecar_count=record.sidecar_count or None, ctx_checkpoints=target.ctx_checkpoints,
+                          build_persists=target.catalog.build_persists_checkpoints(target.build), created_at=at)
 
 
 @dataclass(frozen=True)

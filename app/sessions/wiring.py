@@ -82,28 +82,14 @@ class VerdictRelay:
 
     # -- the resuming process ----------------------------------------------------
     def note_restore(self, result: ResumeResult) -> PendingVerdict | None:
-        """A resume of this service: leave the note for whoever watches the log, and
-        arm this service's own watcher too (it judges when it watches the log)."""
+        """A resume of this service: its note for whoever watches the log (written with the resume's own record,
+        :func:`app.sessions.resume.pending_verdict`), and this service's own watcher armed too (it judges when it
+        watches the log)."""
         svc, rec = self._svc, result.record
         persists, ctx = svc.persists_checkpoints, svc.target.ctx_checkpoints
-        note = None
-        if result.noted is not None:  # the resume wrote it with its own record (one commit)
-            note = result.noted.pending
-            for old in result.noted.replaced:
-                self._dropped(old, "a newer restore into the same slot replaced it")
-        elif rec.id is not None:
-            try:
-                note, replaced = svc.catalog.add_pending_verdict(PendingVerdict(
-                    session_id=rec.id, profile=self._profile, server_url=svc.target.url, slot_id=result.slot_id,
-                    n_restored=result.n_restored, sidecar_status=str(rec.sidecar_status),
-                    sidecar_count=rec.sidecar_count or None, ctx_checkpoints=ctx, build_persists=persists,
-                    created_at=time.time()))
-            except Exception:  # the resume itself worked: say why no verdict will come
-                log.exception("slot %d: cannot note the restore of session %s for its verdict", result.slot_id,
-                              rec.id)
-            else:
-                for old in replaced:
-                    self._dropped(old, "a newer restore into the same slot replaced it")
+        note = result.noted.pending if result.noted is not None else None
+        for old in result.noted.replaced if result.noted is not None else ():
+            self._dropped(old, "a newer restore into the same slot replaced it")
         svc.watcher.expect(result.slot_id, result.n_restored, rec.name, rec.sidecar_status, build_persists=persists,
                            ctx_checkpoints=ctx, sidecar_count=rec.sidecar_count or None,
                            behaviour=svc.target.behaviour, prediction=getattr(result, "prediction", None),

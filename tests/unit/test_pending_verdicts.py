@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from app.core.verdict import VerdictKind
-from app.sessions.resume import ResumeResult
+from app.core.verdict import RESTORED_NOT_JUDGED, VerdictKind
+from app.sessions.resume import ResumeResult, pending_verdict
 from app.sessions.service import SessionService
 from app.sessions.target import ServerTarget
 from app.server.client import LlamaClient
 from app.server.logparse import parse_line
 from app.server.supervisor import LogLine
-from app.store.catalog import Catalog, PendingVerdict, SessionRecord
+from app.store.catalog import Catalog, HistoryEvent, PendingVerdict, SessionRecord
 
 URL = "http://127.0.0.1:9"
 # a query after restoring 2,729 tokens into slot 1: 21 new tokens processed, the rest reused
@@ -71,8 +71,12 @@ def service(cat: Catalog, supervisor: FakeSupervisor | None = None, profile: str
 
 
 def resumed(svc: SessionService, rec: SessionRecord, slot: int = 1, n: int = 2729) -> PendingVerdict | None:
-    """What SessionService.resume does once the server restored the state file."""
-    return svc.relay.note_restore(ResumeResult(rec, slot, n, 5.0))
+    """What a resume does once the server restored the state file: its record and note in one commit
+    (app.sessions.resume), then the service's relay."""
+    noted = svc.catalog.note_restore(HistoryEvent(session_id=rec.id, kind="resume", at=time.time(), restore_ms=5.0),
+                                     n, RESTORED_NOT_JUDGED, pending=pending_verdict(svc.target, rec, slot, n,
+                                                                                     time.time()))
+    return svc.relay.note_restore(ResumeResult(rec, slot, n, 5.0, noted=noted))
 
 
 def test_a_note_round_trips_and_settles_once(db):
