@@ -18,6 +18,7 @@ A park from before the catalog kept digests is "not recorded": never refused.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -76,16 +77,8 @@ class ParkedFiles:
         this version cannot read (treated the same: not recorded, never refused)."""
         if not text:
             return None
-        try:
-            data = json.loads(text)
-            files = []
-            for suffix, d in sorted(data.items()):
-                cps = d.get("checkpoints")
-                files.append(ParkedFile(str(suffix), int(d["size"]), str(d["sha256"]),
-                                        None if cps is None else tuple(_position(p) for p in cps)))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None
-        return cls(tuple(files)) if any(f.suffix == STATE for f in files) else None
+        files = _parked_files(text)  # (immutable: the same text read once, a restore's check reads it per request)
+        return cls(files) if files is not None else None
 
 
 #: how a park whose files are not the ones it wrote is named when something leaves it parked (the
@@ -264,3 +257,17 @@ def foreign_rollback(pos_min: int | None, pos_max: int | None, n_restored: int |
            if parked else "it was parked without checkpoints")
     return (f"the server rolled back to a checkpoint at token {pos_max:,}, a position this park never had "
             f"({had}): that checkpoint is another save's, so the reused state may be another chat's")
+
+
+@functools.lru_cache(maxsize=1024)
+def _parked_files(text: str) -> tuple[ParkedFile, ...] | None:
+    try:
+        data = json.loads(text)
+        files = []
+        for suffix, d in sorted(data.items()):
+            cps = d.get("checkpoints")
+            files.append(ParkedFile(str(suffix), int(d["size"]), str(d["sha256"]),
+                                    None if cps is None else tuple(_position(p) for p in cps)))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return tuple(files) if any(f.suffix == STATE for f in files) else None

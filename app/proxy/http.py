@@ -118,6 +118,13 @@ class Interceptor(Protocol):
         request the client sends next may reach ``before`` ahead of ``after``)."""
         ...
 
+    def sent(self, ctx: object) -> None:
+        """Told once the request's body was handed to the upstream connection (at the latest with the
+        answer's head; never when it could not be sent): what ``before`` held back from the request's path
+        runs now, while the server works. Called inside the body's write: schedule, do not run, what costs.
+        An exception is logged."""
+        ...
+
 
 def is_loopback_host(host: str) -> bool:
     """True only for a host that listens on loopback alone ("" and 0.0.0.0 listen everywhere)."""
@@ -418,7 +425,8 @@ class ProxyServer:
             content = _upstream_body(body, given, sent)
             headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-type"]
             headers.append(("Content-Type", "application/json"))
-            resp, broken = await self._pass(request, target, _Pairs(headers), content, collector)
+            resp, broken = await self._pass(request, target, _Pairs(headers), content, collector,
+                                            on_sent=lambda: self._interceptor.sent(ctx))
             return resp
         except Exception as e:
             collector.error = collector.error or f"{type(e).__name__}: {e}"
@@ -473,7 +481,8 @@ class ProxyServer:
                 log.exception("the proxy's idle work failed after %s %s", method, path)
 
     async def _pass(self, request: web.Request, target: str, headers: Mapping[str, str], content: bytes,
-                    collector: _Collector | None, *, anonymous: bool = False) -> tuple[web.StreamResponse, bool]:
+                    collector: _Collector | None, *, anonymous: bool = False,
+                    on_sent: Callable[[], None] | None = None) -> tuple[web.StreamResponse, bool]:
         """Send the request upstream and stream its answer back, chunk by chunk. Returns the
         response and whether the upstream answer broke off after it had started (the caller then
         cuts the client's connection, so the client sees an incomplete answer, not a short one)."""
@@ -483,7 +492,7 @@ class ProxyServer:
         try:
             async with self._upstream.forward(request.method, target, headers=headers,
                                               content=content if content or request.method not in ("GET", "HEAD")
-                                              else None, anonymous=anonymous) as up:
+                                              else None, anonymous=anonymous, on_sent=on_sent) as up:
                 if collector is not None:
                     collector.answered = time.perf_counter()
                 resp = web.StreamResponse(status=up.status_code, reason=up.reason_phrase or None)

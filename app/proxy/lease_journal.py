@@ -9,6 +9,15 @@ followed by "saved") and drops that park. A store that cannot be written (full d
 not stop the requests. The store is written synchronously on the loop (a WAL commit without fsync, well
 under a millisecond): the order of the journal is the order of the changes, which a write from a worker
 thread would not guarantee.
+
+**Held entries** (issue #38: a commit is ~0.1 ms on a request's path): an entry a crash cannot make wrong
+is written ``later``: kept in order and committed with the next entry written at once, or by
+:meth:`LeaseJournal.flush`, which the proxy calls once the request is sent upstream (its bytes handed to
+the connection: the commit then runs while the server works). Two entries are held: "acquired" of a slot
+that keeps its dirty conversation (lost, the journal still says that conversation is there, dirty: a
+recovery that keeps the slot saves it before anyone takes it, as it must anyway) and "restored" (lost,
+the journal's last word on the slot is "restoring": a recovery takes the slot as FREE, its content
+unknown).
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ class LeaseJournal:
         self._clock = clock
         self._table = table
         self._writes = 0
+        self._held: list[tuple[JournalEntry, list[Conversation]]] = []  # written ``later``, in order
         #: told ``(event, conversation)`` of every journaled change (the proxy's KV events follow them)
         self.on_change: Callable[[str, str | None], None] | None = None
 
@@ -72,18 +82,34 @@ class LeaseJournal:
 
     def write(self, event: str, slot: Slot | None, *, conv_id: str | None = None, park: str | None = None,
               n_tokens: int | None = None, detail: str = "", state: SlotState | None = None,
-              touched: Iterable[Conversation | None] = ()) -> None:
+              touched: Iterable[Conversation | None] = (), later: bool = False) -> None:
+        """``later``: held, written with the next entry or by :meth:`flush` (the module's doc says which)."""
         if self.on_change is not None:
             self.on_change(event, conv_id or (slot.holder if slot is not None else None))
         if self._store is None:
             return
         entry = self.entry(event, slot, conv_id=conv_id, park=park, n_tokens=n_tokens, detail=detail, state=state)
-        try:
-            self._store.journal(entry, conversations=[c for c in touched if c is not None])
-        except ConversationStoreError as e:
-            log.error("slot lease journal not written (%s %s): %s", event, entry.conversation, e)
+        self._held.append((entry, [c for c in touched if c is not None]))
+        if not later:
+            self.flush()
+
+    @property
+    def held(self) -> bool:
+        return bool(self._held)
+
+    def flush(self) -> None:
+        """Write the held entries (none: nothing to do)."""
+        if not self._held:
             return
-        self._writes += 1
+        items, self._held = self._held, []
+        assert self._store is not None
+        try:
+            self._store.append_journal(items)
+        except ConversationStoreError as e:
+            log.error("slot lease journal not written (%s): %s",
+                      ", ".join(f"{entry.event} {entry.conversation}" for entry, _ in items), e)
+            return
+        self._writes += len(items)
         if self._writes >= JOURNAL_COMPACT_EVERY:
             self._compact()
 

@@ -149,7 +149,8 @@ class SlotParks:
             return 0
         slot.n_tokens = n
         conv.n_tokens = n
-        self._journal.write("restored", slot, park=name, n_tokens=n, touched=[conv])
+        # held until the request is sent (app.proxy.lease_journal): lost, "restoring" leaves the slot unknown
+        self._journal.write("restored", slot, park=name, n_tokens=n, touched=[conv], later=True)
         return n
 
     def _restore_failed(self, slot: Slot, conv: Conversation, lease: Lease, name: str, why: str) -> None:

@@ -37,7 +37,9 @@ The rules (each one is tested in tests/unit/test_proxy_leases.py):
   "acquired" before the request is sent), with the lease fields of the conversations it
   touched, in one transaction: after a crash :meth:`SlotLeases.recover` finds an interrupted
   save ("saving" never followed by "saved") and drops that park. A store that cannot be written
-  (full disk) is logged and does not stop the requests.
+  (full disk) is logged and does not stop the requests. Two entries no crash can make wrong (a
+  dirty slot's "acquired" by the conversation it holds, "restored") are held until the request is
+  sent and written while the server works (:meth:`SlotLeases.flush_journal`; app.proxy.lease_journal).
   The store is written synchronously on the loop (a
   WAL commit without fsync, well under a millisecond): the order of the journal is the order of
   the changes, which a write from a worker thread would not guarantee.
@@ -498,9 +500,22 @@ class SlotLeases:
             self._journal.write("acquired", slot, touched=[conv])
             return lease
         lease.slot_context = SlotContext(held=True, expected_tokens=slot.n_tokens)
+        # a dirty slot's "acquired" is held until the request is sent (app.proxy.lease_journal: a crash
+        # before it leaves the slot dirty with this conversation, as it is); a clean one's is not: lost, it
+        # would leave the slot clean, its park taken for its whole content
+        later = slot.state is SlotState.IDLE_DIRTY
         slot.set(SlotState.BUSY)
-        self._journal.write("acquired", slot, touched=[conv])
+        self._journal.write("acquired", slot, touched=[conv], later=later)
         return lease
+
+    @property
+    def journal_held(self) -> bool:
+        """Journal entries are held until the request is sent (app.proxy.lease_journal)."""
+        return self._journal.held
+
+    def flush_journal(self) -> None:
+        """Write the journal entries held until the request was sent (app.proxy.lease_journal)."""
+        self._journal.flush()
 
     async def _lease_new(self, slot: Slot, conv: Conversation, prompt_tokens: int | Callable[[], int],
                          evicted: str | None, dropped: bool) -> Lease:

@@ -46,6 +46,8 @@ class Pending:
     tasks_before: dict[int, object] | None = None  # with ``own``: each slot's id_task before the request
     slots_before: list | None = None  # with ``own``: the leases' view of the slots before the request
     chain: list[str] | None = None  # with a lease: its messages' hash chain (what its slot holds once it ran)
+    # the bookkeeping held off its path until it is sent upstream (ProxyService.sent): run once, in order
+    held: list[Callable[[], None]] = field(default_factory=list)
 
 
 class RequestRecords:

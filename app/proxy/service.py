@@ -58,6 +58,18 @@ OUTSIDE = explain_mod.OUTSIDE
 ROUTER_SETUP = "router-"
 
 
+def run_held(held: list[Callable[[], None]], who: str) -> None:
+    """Run and empty ``held`` (the bookkeeping a request held until it was sent), in order; a failure is
+    logged and the rest still run."""
+    items = list(held)
+    held.clear()
+    for fn in items:
+        try:
+            fn()
+        except Exception:  # report: the request is not the one to fail for its bookkeeping
+            log.exception("%s: the bookkeeping held until a request was sent failed", who)
+
+
 def _path_turn(p: Pending) -> str:
     """How a request reached its slot, as ``kvvalet_proxy_path_seconds`` labels it (app.proxy.metrics)."""
     if p.lease is None:
@@ -324,6 +336,22 @@ class ProxyService:
             ctx.settled = asyncio.get_running_loop().create_future()
             self._unsettled.add(ctx.settled)
 
+    def sent(self, ctx: object) -> None:
+        """The request is sent upstream: the bookkeeping held off its path runs next, while the server works
+        (the journal entries held, a restore's catalog note: app.proxy.lease_journal, app.sessions.resume)."""
+        if isinstance(ctx, Pending) and ctx.held or self.leases is not None and self.leases.journal_held:
+            asyncio.get_running_loop().call_soon(self._run_held, ctx)
+
+    def _run_held(self, ctx: object) -> None:
+        """What was held until the request was sent (at the latest in its ``after``); each failure logged."""
+        if self.leases is not None:
+            try:
+                self.leases.flush_journal()
+            except Exception:  # report: the next entry written tries again
+                log.exception("proxy %s: the lease journal's held entries were not written", self.target_id)
+        if isinstance(ctx, Pending):
+            run_held(ctx.held, f"proxy {self.target_id}")
+
     def _settled(self, p: Pending) -> None:
         if p.settled is not None:
             self._unsettled.discard(p.settled)
@@ -407,23 +435,28 @@ class ProxyService:
             return body, Pending(conv, None, messages, previous, 0 if new else conv.n_tokens, new, path, stream,
                                   body=body_seen, previous_body=previous_body)
 
-        def estimate() -> int:  # only when a restore is weighed: a whole history serialised again costs
-            return max(1, len(json.dumps(body_seen.get("messages") or body.get("prompt") or "")) // CHARS_PER_TOKEN)
+        def estimate() -> int:  # only when a restore is weighed: from the texts' lengths (no serialising again)
+            return max(1, sum(len(m.content) + len(m.reasoning) for m in messages) // CHARS_PER_TOKEN)
         held_before = conv.n_tokens  # what it held after its last reply, wherever that is now
         assert self.leases is not None
         # for the final check of a restore: messages that continue the request whose render (and answer) the
         # park holds prove the park's tokens are this request's own
         held = conv.park_chain
         proven = held is not None and chain[:len(held)] == held
-        self._backend.requests[park_name(conv.id)] = RestoreFor(path, body_seen, proven)
+        held: list[Callable[[], None]] = []  # run once the request is sent (``sent``)
+        self._backend.requests[park_name(conv.id)] = RestoreFor(path, body_seen, proven, held.append)
         try:
-            lease = await self.leases.acquire(conv, estimate)
-        finally:
-            self._backend.requests.pop(park_name(conv.id), None)
-        if self.metrics is not None:
-            self.metrics.lease_taken(conv.id)
-        if self.watch is not None:
-            await self.watch.before_dispatch()  # the server clears idle slots: the others are saved first
+            try:
+                lease = await self.leases.acquire(conv, estimate)
+            finally:
+                self._backend.requests.pop(park_name(conv.id), None)
+            if self.metrics is not None:
+                self.metrics.lease_taken(conv.id)
+            if self.watch is not None:
+                await self.watch.before_dispatch()  # the server clears idle slots: the others are saved first
+        except BaseException:  # not sent: what was held runs now (a restore's note, the journal's entries)
+            self._run_held(Pending(conv, None, messages, previous, 0, new, path, stream, held=held))
+            raise
         hazard = None
         if lease.restored_from:
             lease.restore_had_checkpoints = self._backend.checkpoints_loaded.get(lease.slot)
@@ -440,7 +473,7 @@ class ProxyService:
         out["cache_prompt"] = True
         conv.messages, conv.chain = messages, chain
         return out, Pending(conv, lease, messages, previous, expected, new, path, stream, body=body_seen,
-                             previous_body=previous_body, restore_hazard=hazard, chain=chain)
+                             previous_body=previous_body, restore_hazard=hazard, chain=chain, held=held)
 
     def _remember(self, conv_id: str, body: dict) -> dict | None:
         """Keep ``body`` as the conversation's last request; the one before it (None: not kept)."""
@@ -464,6 +497,7 @@ class ProxyService:
     async def after(self, ctx: object, result: Result) -> None:
         p = ctx
         assert isinstance(p, Pending)
+        self._run_held(p)  # (never sent: not run yet)
         if self.metrics is not None and result.own_s is not None:
             self.metrics.observe_path(result.own_s, _path_turn(p))
         if p.conv is None:

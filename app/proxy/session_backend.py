@@ -61,6 +61,8 @@ class RestoreFor(NamedTuple):
     path: str
     body: dict
     proven: bool = False
+    # takes the restore's bookkeeping to run once the request is sent (app.sessions.protocol.Sessions.resume)
+    later: Callable[[Callable[[], None]], None] | None = None
 
 
 class SessionBackend:
@@ -99,7 +101,8 @@ class SessionBackend:
         return name[len("proxy-"):] if name.startswith("proxy-") else name
 
     async def _observed(self, kind: str, name: str, op):
-        """Await ``op`` (a park or a restore of ``name``) and tell the metrics how it went."""
+        """Await ``op`` (a park or a restore of ``name``) and tell the metrics how it went (the park's size from
+        the record it returns)."""
         t0 = time.monotonic()
         try:
             result = await op
@@ -110,8 +113,9 @@ class SessionBackend:
                 getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), 0.0, 0, ok=False)
             raise
         if self.metrics is not None:
-            getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), time.monotonic() - t0,
-                                                    self.parked_size(name), ok=True)
+            rec = result.record
+            size = rec.state_size + rec.sidecar_size if rec is not None else 0
+            getattr(self.metrics, f"observe_{kind}")(self._conv_of(name), time.monotonic() - t0, size, ok=True)
         return result
 
     #: the proxy's disk budget (bytes; None: no limit): a park predicted larger is refused before it runs
@@ -123,9 +127,10 @@ class SessionBackend:
         return result.record.n_tokens if result.record is not None else 0
 
     async def restore(self, slot: int, name: str) -> int:
-        path = None
+        path = later = None
         request = self.requests.get(name)
         if request is not None:
+            later = request.later
             path = request.path
             if not request.proven:
                 await self._check_tokens(name, request.path, request.body)
@@ -137,7 +142,8 @@ class SessionBackend:
             # nor a park whose files are not the ones it wrote (another chat's sidecar copied over its own);
             # on a host its own kv-valet makes the same checks
             result = await self._observed("restore", name, (await self._sessions()).resume(
-                name, slot, force=True, avoid_hazard=True, avoid_useless=probe, avoid_mismatch=True, leased=True))
+                name, slot, force=True, avoid_hazard=True, avoid_useless=probe, avoid_mismatch=True, leased=True,
+                later=later))
         except ResumeMismatch as e:
             raise RestoreAvoided(f"{explain_mod.FOREIGN_FILES}: {'; '.join(e.problems)}") from None
         except ResumeUseless as e:

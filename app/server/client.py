@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from json import loads as _json_loads
 from typing import Any
 
 import httpx
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 10.0
 SLOT_ACTION_TIMEOUT = 30 * 60.0  # 100K-token states: minutes, not seconds
@@ -123,8 +126,9 @@ class LlamaClient:
 
     @contextlib.asynccontextmanager
     async def forward(self, method: str, path: str, *, headers: Mapping[str, str], content: bytes | None,
-                      params: Mapping[str, str] | None = None,
-                      timeout: float | None = None, anonymous: bool = False) -> AsyncIterator[httpx.Response]:
+                      params: Mapping[str, str] | None = None, timeout: float | None = None,
+                      anonymous: bool = False, on_sent: Callable[[], None] | None = None
+                      ) -> AsyncIterator[httpx.Response]:
         """Send a request as a proxy passes it on, and yield the response unread (streaming): the
         caller reads ``status_code``, ``headers`` and ``aiter_raw()`` chunks as they come.
 
@@ -143,8 +147,14 @@ class LlamaClient:
         a request that meets a pooled connection the server closed before answering is sent again
         on another, at most ``STALE_RETRIES`` times.
 
+        ``on_sent``: called once, as soon as the request's body was handed to the connection (over
+        aiohttp: the server has it to work on while the caller does what it held back), at the latest
+        with the answer's head (no body, or over httpx); an exception it raises is logged.
+
         Errors: ``ServerUnreachable`` when the server cannot be reached or the connection breaks
         (also while the caller reads the body); ``ValueError`` for a path that is not a path."""
+        if on_sent is not None:
+            on_sent = _once(on_sent)
         if not path.startswith("/"):
             raise ValueError(f"not a path: {path[:80]!r}")
         listed = {t.strip().lower() for k, v in headers.items() if k.lower() == "connection" for t in v.split(",")}
@@ -152,7 +162,7 @@ class LlamaClient:
                if (low := k.lower()) not in NOT_FORWARDED and low not in listed and not low.startswith("proxy-")]
         out.append(("accept-encoding", "identity"))
         if self._plain_tcp and params is None:
-            async with self._forward_aio(method, path, out, content, timeout, anonymous) as r:
+            async with self._forward_aio(method, path, out, content, timeout, anonymous, on_sent) as r:
                 yield r
             return
         base = self._client.base_url
@@ -165,6 +175,8 @@ class LlamaClient:
         for attempt in range(STALE_RETRIES + 1):
             try:
                 r = await self._client.send(request, stream=True)
+                if on_sent is not None:
+                    on_sent()
                 break
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
                 if attempt == STALE_RETRIES:  # not a stale connection: the server breaks them
@@ -198,7 +210,8 @@ class LlamaClient:
 
     @contextlib.asynccontextmanager
     async def _forward_aio(self, method: str, path: str, headers: list[tuple[str, str]], content: bytes | None,
-                           timeout: float | None, anonymous: bool) -> AsyncIterator["_Forwarded"]:
+                           timeout: float | None, anonymous: bool,
+                           on_sent: Callable[[], None] | None = None) -> AsyncIterator["_Forwarded"]:
         """forward() over aiohttp, with httpx's behaviour: no redirect followed, no ``Content-Type``
         made up for a body sent without one, the same errors, retries and connection handling."""
         import aiohttp
@@ -210,10 +223,15 @@ class LlamaClient:
         t = aiohttp.ClientTimeout(total=None, sock_connect=DEFAULT_TIMEOUT,
                                   sock_read=COMPLETION_TIMEOUT if timeout is None else timeout)
         session = self._session()
+        data: Any = content
+        if on_sent is not None and content:
+            data = _telling_payload()(content, on_sent)
         for attempt in range(STALE_RETRIES + 1):
             try:
-                r = await session.request(method, url, headers=headers, data=content, timeout=t,
+                r = await session.request(method, url, headers=headers, data=data, timeout=t,
                                           allow_redirects=False, skip_auto_headers=("Content-Type",))
+                if on_sent is not None:
+                    on_sent()  # (no body: with the answer's head)
                 break
             except aiohttp.ClientConnectorError as e:
                 raise ServerUnreachable(self.base_url, _aio_reason(e)) from None
@@ -491,3 +509,43 @@ def _transport_reason(e: Exception) -> str:
     if "Connection refused" in text or "ConnectError" in type(e).__name__:
         return "connection refused (is the server running?)"
     return text
+
+
+def _once(cb: Callable[[], None]) -> Callable[[], None]:
+    """``cb`` called at its first call only, an exception it raises logged (it runs inside the body's write)."""
+    told = False
+
+    def call() -> None:
+        nonlocal told
+        if told:
+            return
+        told = True
+        try:
+            cb()
+        except Exception:  # report: the request goes on; the caller's own work failed
+            log.exception("the work held until a forwarded request was sent failed")
+    return call
+
+
+_TELLING: Any = None
+
+
+def _telling_payload() -> Any:
+    """aiohttp's bytes body that calls ``on_sent`` once its bytes are written (made at the first use: aiohttp
+    is imported by the first forward)."""
+    global _TELLING
+    if _TELLING is None:
+        from aiohttp import payload
+
+        class TellingBytes(payload.BytesPayload):
+            def __init__(self, value: bytes, on_sent: Callable[[], None]):
+                super().__init__(value)
+                self._on_sent = on_sent
+
+            async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+                await super().write_with_length(writer, content_length)
+                self._on_sent()
+
+        _TELLING = TellingBytes
+    return _TELLING
+

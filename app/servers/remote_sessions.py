@@ -367,12 +367,14 @@ class RemoteSessions:
 
     async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
                      avoid_hazard: bool = False, avoid_useless: str | None = None,
-                     avoid_mismatch: bool = False, leased: bool = False) -> ResumeResult:
+                     avoid_mismatch: bool = False, leased: bool = False,
+                     later: Callable[[Callable[[], None]], None] | None = None) -> ResumeResult:
         """Resume through the host's ``kv-valet resume --json``; what it asks to confirm is asked
         here (NeedsConfirmation), and ``force`` answers it (``--yes``). The ``avoid_…`` refusals are
         the host's own checks (``--unless-hazard``, ``--unless-useless``, ``--unless-files-changed``),
         raised here as a server here raises them (ResumeHazard, ResumeUseless, ResumeMismatch).
-        ``leased`` changes nothing here: the host's kv-valet reads its own /slots."""
+        ``leased`` and ``later`` change nothing here: the host's kv-valet reads its own /slots and notes
+        the restore in its own catalog before it answers."""
         from app.remote.host import RemoteError
         from app.core.confirmation import NeedsConfirmation
         from app.sessions.resume import ResumeFailed, ResumeHazard, ResumeMismatch, ResumeUseless

@@ -83,11 +83,15 @@ class Sessions(Protocol):
 
     async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
                      avoid_hazard: bool = False, avoid_useless: str | None = None,
-                     avoid_mismatch: bool = False, leased: bool = False) -> "ResumeResult":
+                     avoid_mismatch: bool = False, leased: bool = False,
+                     later: "Callable[[Callable[[], None]], None] | None" = None) -> "ResumeResult":
         """Resume ``name``; raises ResumeRefused, NeedsConfirmation (unless ``force``), ResumeFailed.
         Even with ``force``, a caller that re-processes instead asks to leave it parked (ResumeHazard,
         ResumeUseless for the ``avoid_useless`` probe "chat" or "exact", ResumeMismatch). ``leased``: the
-        caller holds ``slot_id`` (the proxy's lease), so what it holds now need not be read first."""
+        caller holds ``slot_id`` (the proxy's lease), so what it holds now need not be read first.
+        ``later``: takes the restore's bookkeeping (its catalog note, the verdict's watch armed) to run
+        once the caller has sent the request the restore is for (the proxy: before the server can answer
+        it); without it, that runs before this returns."""
 
     async def check(self, name: str, slot_id: int | None = None, *, force: bool = False):
         """Restore ``name`` and judge a first query (capabilities.check); raises ServiceError."""

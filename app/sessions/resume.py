@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from app.core.confirmation import NeedsConfirmation
 from app.core.park_files import FilesCheck
@@ -36,7 +38,7 @@ from app.sessions.slots import Purpose, SlotError, default_slot, find_row, no_de
 from app.sessions.target import HeldSession, ServerTarget
 from app.monitor.slots import RestoredSlot, SlotRow, held_tokens
 from app.server.client import ServerError, ServerUnreachable
-from app.server.statefile import StateFileError, read_state_header, version_mismatch_reason
+from app.server.statefile import StateFileError, StateHeader, read_state_header, version_mismatch_reason
 from app.store.catalog import Catalog, HistoryEvent, PendingVerdict, RestoreNoted, SessionRecord
 
 
@@ -110,6 +112,7 @@ class ResumeResult:
     hazard: str | None = None  # the resume went on into a slot holding another chat's checkpoints
     files: FilesCheck | None = None  # the park's files against what it wrote (went on with --yes when not)
     noted: RestoreNoted | None = None  # what the catalog kept of it: its event, its pending verdict
+    restored_at: float = 0.0  # time.time() once the server answered the restore (its log after it is the next task's)
 
 
 def find_session(catalog: Catalog, profile: str, name: str) -> SessionRecord:
@@ -205,16 +208,27 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
     path = record.state_path
     if target.save_dir is None:
         pf.refusals.append("the server's --slot-save-path folder is not known: choose it first")
-    elif Path(record.save_dir).resolve() != Path(target.save_dir).resolve():
+    elif str(record.save_dir) != str(target.save_dir) and \
+            Path(record.save_dir).resolve() != Path(target.save_dir).resolve():
         pf.refusals.append(f"the session's file is in {record.save_dir}, but this server reads "
                            f"{target.save_dir} (--slot-save-path)")
     header = None
-    if not path.is_file():
+    # the park's files as they were when found to be the parked ones (a stat of each, no read; None: one was
+    # written since, or came or went)
+    unchanged = files_check.look_unchanged(record)
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
         pf.refusals.append(f"the state file is missing: {path}")
     else:
-        size = path.stat().st_size
+        size = st.st_size
+        # the state file the park verified (its header: this build's version, the parked token count), not
+        # written since: not read again (issue #38: it is on a returning request's path)
+        verified = unchanged is not None and not unchanged.problems and record.server_build == target.build
         try:
-            header = read_state_header(path)
+            header = None if verified else _state_header(path, st)
         except StateFileError as e:
             pf.refusals.append(f"the state file is unusable: {e}")
         if record.state_size and size < record.state_size:
@@ -233,7 +247,7 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
         return pf
     # the files are the ones this park wrote (a sidecar copied over from another chat is not): the
     # sidecar's positions every time, a hash only of a file written since it was last verified
-    pf.files = files_check.look_unchanged(record)  # no file written since it was verified: no read, no thread
+    pf.files = unchanged  # no file written since it was verified: no read, no thread
     if pf.files is None:
         pf.files = await asyncio.to_thread(files_check.look, target.catalog, record)
     pf.warnings.extend(pf.files.problems)
@@ -270,6 +284,25 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
         if cause:
             _reprefill_warning(pf, target, record, cause, per_build=False)
     return pf
+
+
+#: state file headers read, by path, with the file's stamp then (a restore's preflight reads one per request)
+_HEADERS: dict[str, tuple[tuple[int, int, int], StateHeader]] = {}
+_HEADERS_KEPT = 256
+
+
+def _state_header(path: Path, st: os.stat_result) -> StateHeader:
+    """:func:`read_state_header` of ``path`` (whose ``stat`` is ``st``), not read again while its stamp (inode,
+    size, mtime) is the one it had when it was read."""
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    kept = _HEADERS.get(str(path))
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    header = read_state_header(path)
+    if len(_HEADERS) >= _HEADERS_KEPT:
+        _HEADERS.pop(next(iter(_HEADERS)))
+    _HEADERS[str(path)] = (stamp, header)
+    return header
 
 
 def _reprefill_warning(pf: Preflight, target: ServerTarget, record: SessionRecord, cause: str, *,
@@ -316,7 +349,8 @@ def clean_slot(target: ServerTarget, rows: list[SlotRow], record: SessionRecord)
 async def resume_session(target: ServerTarget, name: str, slot_id: int | None = None, *,
                          force: bool = False, avoid_hazard: bool = False,
                          avoid_useless: str | None = None, avoid_mismatch: bool = False,
-                         leased: bool = False) -> ResumeResult:
+                         leased: bool = False, later: Callable[[Callable[[], None]], None] | None = None
+                         ) -> ResumeResult:
     """Restore session ``name`` into ``slot_id`` (None: :func:`app.sessions.slots.default_slot`).
 
     Raises ResumeRefused (cannot work), NeedsConfirmation (would work, with
@@ -331,11 +365,14 @@ async def resume_session(target: ServerTarget, name: str, slot_id: int | None = 
     read first when an earlier read of this server process showed the slot (its n_ctx is fixed). The slot's
     task id kept for the restore is then that read's: the slot's task id now, or an earlier one, which the
     restore's bookkeeping takes for a task run since (a copy parked again, never a task taken for none).
+    ``later``: takes the catalog's note of the restore (its event, the verdict UNKNOWN, the pending verdict),
+    to run once the caller sent the request the restore is for; ``ResumeResult.noted`` is set then. Without
+    it the note is written before this returns.
     """
     record = find_session(target.catalog, target.profile_name, name)
     label = f"Resume '{name}'" + (f" into slot {slot_id}" if slot_id is not None else "")
     return await target.queue.run(label, lambda: _resume(target, record, slot_id, force, avoid_hazard,
-                                                         avoid_useless, avoid_mismatch, leased))
+                                                         avoid_useless, avoid_mismatch, leased, later))
 
 
 def useless_restore(target: ServerTarget, pf: Preflight, probe: str):
@@ -349,7 +386,8 @@ def useless_restore(target: ServerTarget, pf: Preflight, probe: str):
 
 async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | None, force: bool,
                   avoid_hazard: bool = False, avoid_useless: str | None = None,
-                  avoid_mismatch: bool = False, leased: bool = False) -> ResumeResult:
+                  avoid_mismatch: bool = False, leased: bool = False,
+                  later: Callable[[Callable[[], None]], None] | None = None) -> ResumeResult:
     known = target.last_rows if leased and slot_id is not None else None
     # (a slot that had run no task then has no task id to keep: read now)
     earlier = known is not None and any(r.id == slot_id and r.id_task is not None for r in known)
@@ -394,22 +432,29 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
     if record.n_tokens and n_restored != record.n_tokens:
         warnings.append(f"the server restored {n_restored:,} tokens, {record.n_tokens:,} were parked")
     now = time.time()
-    noted = None
-    if record.id is not None:  # its verdict UNKNOWN until the next query on the slot is judged, by whoever
-        # watches the log (the pending note): in one commit, which a leased restore does not wait on the disk for
-        noted = target.catalog.note_restore(HistoryEvent(
-            session_id=record.id, kind="resume", at=now, server_build=target.build, restore_ms=restore_ms,
-            details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
-                     "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}),
-            n_restored, RESTORED_NOT_JUDGED, pending=pending_verdict(target, record, slot_id, n_restored, now),
-            durable=not leased)
     target.restored[slot_id] = RestoredSlot(n_restored, record.name, id_task_before)
     target.held_as[slot_id] = HeldSession(record.name, n_restored, id_task_before)
     loads = pf.prediction.loads if pf.prediction is not None else None
     if loads or not target.checkpoint_owners.get(slot_id) or target.behaviour is not Behaviour.FORK:
         target.checkpoint_owners[slot_id] = record.name  # its sidecar replaced the list, or it was cleared
-    return ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard, pf.files,
-                        noted)
+    result = ResumeResult(record, slot_id, n_restored, restore_ms, warnings, pf.prediction, pf.hazard, pf.files,
+                          restored_at=now)
+    if record.id is None:
+        return result
+    pending = pending_verdict(target, record, slot_id, n_restored, now)
+
+    def note() -> None:  # its verdict UNKNOWN until the next query on the slot is judged, by whoever watches the
+        # log (the pending note): in one commit, which a leased restore does not wait on the disk for
+        result.noted = target.catalog.note_restore(HistoryEvent(
+            session_id=record.id, kind="resume", at=now, server_build=target.build, restore_ms=restore_ms,
+            details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,
+                     "reprefill_tokens": pf.reprefill_tokens, "warnings": warnings}),
+            n_restored, RESTORED_NOT_JUDGED, pending=pending, durable=not leased)
+    if later is None:
+        note()
+    else:
+        later(note)
+    return result
 
 
 def pending_verdict(target: ServerTarget, record: SessionRecord, slot_id: int, n_restored: int,

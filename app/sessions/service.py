@@ -404,19 +404,33 @@ class SessionService:
     # -- resume ------------------------------------------------------------------
     async def resume(self, name: str, slot_id: int | None = None, *, force: bool = False,
                      avoid_hazard: bool = False, avoid_useless: str | None = None,
-                     avoid_mismatch: bool = False, leased: bool = False) -> ResumeResult:
+                     avoid_mismatch: bool = False, leased: bool = False,
+                     later: Callable[[Callable[[], None]], None] | None = None) -> ResumeResult:
         """Restore session ``name`` into ``slot_id`` (None: the default slot).
 
         Raises ResumeRefused (cannot work), NeedsConfirmation (works, with
         costs: pass force=True), ResumeFailed (the server refused). On success the
         session's verdict is UNKNOWN until the next query on the slot is judged.
+        ``later`` (the proxy, issue #38): the restore's catalog note and the verdict's watch are handed
+        to it, run once the request the restore is for is sent (app.sessions.protocol.Sessions.resume).
         """
         self._refuse_router()
+        noted: list[Callable[[], None]] = []
         result = await resume_session(self.target, name, slot_id, force=force, avoid_hazard=avoid_hazard,
-                                      avoid_useless=avoid_useless, avoid_mismatch=avoid_mismatch, leased=leased)
-        self.relay.note_restore(result)  # the verdict: this service's watcher, or another process's
-        self._restored.emit(result.slot_id, self.target.restored[result.slot_id])
-        self._changed.emit()
+                                      avoid_useless=avoid_useless, avoid_mismatch=avoid_mismatch, leased=leased,
+                                      later=noted.append if later is not None else None)
+        restored = self.target.restored[result.slot_id]
+
+        def told() -> None:
+            for note in noted:
+                note()  # the catalog's note first: the relay arms the watcher from it
+            self.relay.note_restore(result)  # the verdict: this service's watcher, or another process's
+            self._restored.emit(result.slot_id, restored)
+            self._changed.emit()
+        if later is None:
+            told()
+        else:
+            later(told)
         return result
 
     async def resume_all(self) -> list[ResumeAllOutcome]:

@@ -93,11 +93,15 @@ class ResumeWatcher:
                build_persists: bool | None = None, ctx_checkpoints: int | None = 32,
                saved_tokens: list[int] | None = None, sidecar_count: int | None = None,
                sidecar_loaded: int | None = None, behaviour=None, prediction=None,
-               note: str | None = None, parked_positions: tuple | None = None) -> Expectation:
+               note: str | None = None, parked_positions: tuple | None = None,
+               since: float | None = None) -> Expectation:
         """Register a restore of ``n_restored`` tokens into ``slot_id``; the next task
-        on that slot is judged. A sidecar load logged just before is picked up."""
+        on that slot is judged. A sidecar load logged just before is picked up. ``since``: when the restore
+        ended (``time.time()``; default now): a line read before it is an earlier task's."""
         exp = Expectation(slot_id, int(n_restored), session_name, sidecar_status, build_persists, ctx_checkpoints,
                           saved_tokens, sidecar_count)
+        if since is not None:
+            exp.since = since
         exp.behaviour, exp.prediction, exp.note = behaviour, prediction, note
         exp.parked_positions = parked_positions
         if sidecar_loaded is not None:

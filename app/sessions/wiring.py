@@ -95,7 +95,9 @@ class VerdictRelay:
                            behaviour=svc.target.behaviour, prediction=getattr(result, "prediction", None),
                            note=("resumed into a slot that held another chat's checkpoints"
                                  if getattr(result, "hazard", None) else None),
-                           parked_positions=parked_positions(rec.parked_files))
+                           parked_positions=parked_positions(rec.parked_files),
+                           # its log lines since the restore (this may run once the next request was sent)
+                           since=getattr(result, "restored_at", 0.0) or None)
         if note is not None:
             self._armed[result.slot_id] = note
         else:

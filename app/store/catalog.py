@@ -312,6 +312,10 @@ class Catalog(SqliteFile):
     SCHEMA_VERSION = SCHEMA_VERSION
     MIGRATIONS = _MIGRATIONS
 
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path)
+        self._rates: dict[str, tuple[tuple[int, int], float | None]] = {}  # prefill_rate's, with ``changes()``
+
     @staticmethod
     def _to_record(row: sqlite3.Row) -> SessionRecord:
         data = dict(row)
@@ -676,14 +680,18 @@ class Catalog(SqliteFile):
         sped up by a partial cache hit) should not move the estimate. None until a
         sample exists.
         """
+        changes = self.changes()  # read again only when the file changed (it is asked on a request's path)
+        kept = self._rates.get(profile)
+        if kept is not None and kept[0] == changes:
+            return kept[1]
         rows = self._read(
             "SELECT n_tokens, ms FROM prefill_samples WHERE profile = ? "
             "ORDER BY id DESC LIMIT ?",
             (profile, PREFILL_WINDOW),
         )
-        if not rows:
-            return None
-        return statistics.median(r["n_tokens"] * 1000.0 / r["ms"] for r in rows)
+        rate = statistics.median(r["n_tokens"] * 1000.0 / r["ms"] for r in rows) if rows else None
+        self._rates[profile] = (changes, rate)
+        return rate
 
     # -- pending-operations journal
 

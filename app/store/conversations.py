@@ -376,10 +376,18 @@ class ConversationStore(SqliteFile):
     def journal(self, entry: JournalEntry, *, conversations: Iterable[Any] = ()) -> int:
         """Write one journal entry and, in the same transaction, the lease fields (slot, n_tokens,
         parked_as, last_used) of the ``conversations`` it changed; the entry's id."""
+        return self.append_journal([(entry, conversations)])[-1]
+
+    def append_journal(self, items: Iterable[tuple[JournalEntry, Iterable[Any]]]) -> list[int]:
+        """Write journal entries in their order, each with the lease fields of the conversations it changed,
+        in one transaction; their ids."""
+        ids = []
         with self._tx() as conn:
-            for conv in conversations:
-                self._update_lease_fields(conn, conv, entry.profile)
-            return self._insert_entry(conn, entry)
+            for entry, conversations in items:
+                for conv in conversations:
+                    self._update_lease_fields(conn, conv, entry.profile)
+                ids.append(self._insert_entry(conn, entry))
+        return ids
 
     def journal_entries(self, profile: str, after_id: int = 0) -> list[JournalEntry]:
         """The journal of ``profile``, oldest first."""

@@ -72,6 +72,7 @@ class SqliteFile:
             fileio.touch_private(self.path)
         self._lock = threading.Lock()
         self.commits = 0  # since the last checkpoint this connection made (counted while deferred)
+        self._writes = 0  # every commit this connection made (see ``changes``)
         self._deferred = False
         # isolation_level=None: BEGIN/COMMIT are issued here, so transactions are exactly what the code says
         try:
@@ -201,6 +202,7 @@ class SqliteFile:
                     yield conn
                     conn.execute("COMMIT")
                     self.commits += 1
+                    self._writes += 1
                     done = True
                 except BaseException:
                     if conn.in_transaction:
@@ -218,6 +220,12 @@ class SqliteFile:
                     except sqlite3.Error:
                         if done:  # else the write's own error is the one raised
                             raise
+
+    def changes(self) -> tuple[int, int]:
+        """A value that differs once anything was committed to the file since it was last taken, by this
+        connection or another (SQLite's ``data_version``): what a cached read checks, in microseconds."""
+        with self._lock:
+            return self._writes, self._conn.execute("PRAGMA data_version").fetchone()[0]
 
     def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -469,6 +469,65 @@ def test_a_leased_resume_takes_the_slot_from_an_earlier_read(fake_server, tmp_pa
         run(go())
 
 
+def test_an_unchanged_parks_state_file_is_not_read_again_before_its_restore(fake_server, tmp_path, monkeypatch):
+    """The state file the park verified (its header: this build's version, the parked token count), not written
+    since (its stamps), is not read before a restore (issue #38: that is a returning request's path); written
+    since, it is, and a foreign one is refused."""
+    from app.sessions import resume as resume_mod
+
+    write_model(tmp_path, dense=True)
+    with fake_server(FAKE_MODEL_KIND="dense") as (url, _):
+        run(fill_and_park(url, tmp_path, name="s"))
+        real = resume_mod.read_state_header
+        reads = []
+
+        def counted(path):
+            reads.append(path)
+            return real(path)
+        monkeypatch.setattr(resume_mod, "read_state_header", counted)
+
+        async def go():
+            t = await connect(url, tmp_path)
+            try:
+                return await resume_session(t, "s", 1, force=True)
+            finally:
+                await close(t)
+        assert run(go()).n_restored > 0 and reads == []
+        state = tmp_path / "slots" / "s.bin"
+        state.write_bytes(b"JUNK" + state.read_bytes()[4:])  # the same size, written since
+        reasons = _refusal(url, tmp_path)
+    assert reads == [state] and any("not a llama.cpp slot state file" in r for r in reasons)
+
+
+def test_a_restores_note_handed_to_later_is_written_when_that_runs(fake_server, tmp_path):
+    """``later`` (the proxy: run once the request is sent) takes the restore's catalog note: nothing of the
+    restore is in the catalog until it runs, then all of it (its event, the verdict UNKNOWN, the pending
+    verdict) and ``ResumeResult.noted``."""
+    write_model(tmp_path, dense=True)
+    with fake_server(FAKE_MODEL_KIND="dense") as (url, _):
+        run(fill_and_park(url, tmp_path, name="s"))
+
+        async def go():
+            t = await connect(url, tmp_path)
+            try:
+                held = []
+                res = await resume_session(t, "s", 1, force=True, leased=True, later=held.append)
+                rec = t.catalog.get("fake", "s")
+                before = ([e.kind for e in t.catalog.history(rec.id)], t.catalog.pending_verdicts("fake", 1),
+                          res.noted)
+                assert len(held) == 1 and res.n_restored > 0
+                held[0]()
+                after = ([e.kind for e in t.catalog.history(rec.id)], t.catalog.pending_verdicts("fake", 1),
+                         res.noted, t.catalog.get("fake", "s").last_verdict)
+                return before, after
+            finally:
+                await close(t)
+        before, after = run(go())
+    assert "resume" not in before[0] and before[1] == [] and before[2] is None
+    assert after[0].count("resume") == 1 and [n.slot_id for n in after[1]] == [1]
+    assert after[2] is not None and after[2].pending == after[1][0] and str(after[3]) == "UNKNOWN"
+
+
 # --------------------------------------------------------------------------- resume
 
 

@@ -38,6 +38,7 @@ class Recorder:
         self.fail_after = fail_after
         self.seen: list[tuple[str, dict]] = []
         self.results: list[tuple[object, Result]] = []
+        self.sent_ctx: list[object] = []
         self._done: asyncio.Queue[tuple[object, Result]] = asyncio.Queue()
 
     async def before(self, path, headers, body):
@@ -50,6 +51,9 @@ class Recorder:
 
     def ended(self, ctx):
         pass
+
+    def sent(self, ctx):
+        self.sent_ctx.append(ctx)
 
     async def after(self, ctx, result):
         self.results.append((ctx, result))
@@ -456,6 +460,38 @@ async def test_upstream_down_is_a_502(caplog):
         err = resp.json()["error"]
         assert err["code"] == 502 and err["type"] == "unavailable_error" and "unreachable" in err["message"]
     assert result.status == 502 and result.error and result.final is None and not result.disconnected
+    assert rec.sent_ctx == []  # never sent: never told so
+
+
+async def test_the_interceptor_is_told_once_the_request_is_sent_before_its_answer():
+    """``sent`` (where the proxy runs what it held off the request's path, issue #38) comes once the body is
+    on its way, before the answer: the upstream here reads the body, then answers only once it was told."""
+    told = asyncio.Event()
+    bodies: list[bytes] = []
+
+    async def handler(request):
+        bodies.append(await request.read())
+        await asyncio.wait_for(told.wait(), WAIT)
+        return web.json_response({"content": "ok"})
+
+    class Telling(Recorder):
+        def sent(self, ctx):
+            super().sent(ctx)
+            told.set()
+
+    rec = Telling(slot=1)
+    async with served(handler) as (port, client):
+        proxy = ProxyServer(client, interceptor=rec)
+        await proxy.start("127.0.0.1", 0)
+        try:
+            async with httpx.AsyncClient(base_url=proxy.url, timeout=WAIT) as h:
+                r = await h.post("/completion", json={"prompt": PROMPT, "n_predict": 2})
+            ctx, result = await rec.next_result()
+        finally:
+            await proxy.stop()
+    assert r.status_code == 200 and r.json() == {"content": "ok"} and result.status == 200
+    assert rec.sent_ctx == [ctx]  # once, for that request
+    assert json.loads(bodies[0]) == {"prompt": PROMPT, "n_predict": 2, "id_slot": 1, "cache_prompt": True}
 
 
 @contextlib.asynccontextmanager

@@ -215,6 +215,33 @@ async def test_a_park_of_a_slot_whose_last_request_was_cut_short_is_checked_befo
         assert asked[:2] == ["go on", "restore"]  # checked before the restore
 
 
+async def test_a_restores_bookkeeping_is_done_once_its_request_is_sent_before_the_answer(profile, monkeypatch):
+    """What a restore writes after it (its catalog note, the verdict's watch, the journal's "restored") is held
+    off the request's path until the request is sent upstream (issue #38), and done then, while the server
+    works: what was written is looked at right after, in the same turn of the loop, before any answer."""
+    async with Proxied(profile.replace(cache_ram=0)) as p:
+        firsts = {name: await p.ask(chat(system(name), "hello")) for name in "ABC"}
+        reply_a, rec_a = firsts["A"]
+        park = f"proxy-{rec_a.conversation}"
+        sessions = p.handle.sessions
+        rec = sessions.catalog.get(sessions.profile_name, park)
+        assert rec is not None and "resume" not in [e.kind for e in sessions.catalog.history(rec.id)]
+        seen = []
+        told = p.proxy.sent
+
+        def telling(ctx):
+            told(ctx)
+            asyncio.get_running_loop().call_soon(lambda: seen.append((  # right after what ``sent`` scheduled
+                [e.kind for e in sessions.catalog.history(rec.id)],
+                [e.event for e in p.proxy.store.journal_entries(p.proxy.profile)], asking.done())))
+        monkeypatch.setattr(p.proxy, "sent", telling)
+        asking = asyncio.ensure_future(p.ask(chat(system("A"), "hello", reply_a, "again")))
+        _, back = await asking
+    assert back.restored_from == park
+    kinds, journal, answered = seen[-1]
+    assert kinds.count("resume") == 1 and journal[-1] == "restored" and not answered
+
+
 async def test_a_restore_the_server_refuses_is_said_and_the_request_re_prefills(profile, monkeypatch):
     # no RAM prompt cache: it would bring the conversation back by itself (as llama-server's does)
     async with Proxied(profile.replace(cache_ram=0)) as p:

@@ -277,6 +277,23 @@ def test_build_persistence_logic(cat):
     assert cat.build_persists_checkpoints("b2") is None
 
 
+def test_the_prefill_rate_is_read_again_once_any_connection_wrote(cat, db_path, monkeypatch):
+    """It is asked on a proxied request's path: kept while the file is unchanged, read again after a
+    sample this connection or another process wrote."""
+    cat.record_prefill("p", 1000, 1000.0)
+    assert cat.prefill_rate("p") == 1000.0
+    reads = []
+    real = cat._read
+    monkeypatch.setattr(cat, "_read", lambda sql, args=(): reads.append(sql) or real(sql, args))
+    assert cat.prefill_rate("p") == 1000.0 and reads == []  # nothing written since
+    with Catalog(db_path) as other:  # another process's connection
+        other.record_prefill("p", 3000, 1000.0)
+    assert cat.prefill_rate("p") == 2000.0 and len(reads) == 1
+    cat.record_prefill("p", 4000, 1000.0)
+    assert cat.prefill_rate("p") == 3000.0 and len(reads) == 2
+    assert cat.prefill_rate("q") is None
+
+
 def test_prefill_rate_ignores_noise_and_uses_median(cat):
     assert cat.prefill_rate("p") is None
     cat.record_prefill("p", 10, 1.0)  # too few tokens

@@ -723,3 +723,49 @@ async def test_forget_erases_the_slot_and_the_park(store):
     assert gone is not None and gone.id == "A" and store.get("A") is None
     assert ("erase", 0) in be.calls and "proxy-A" not in be.parks
     assert leases.state(0) is SlotState.FREE
+
+
+# -- the entries held until the request is sent (issue #38) -------------------------------------------
+
+
+async def test_entries_no_crash_can_make_wrong_wait_for_the_send_and_keep_their_order(store):
+    """A dirty slot kept by its conversation and a restore's end are journaled once the request is sent
+    (``flush_journal``), or with the next entry written at once, in their order; a clean slot's "acquired"
+    is written at once (lost, the slot would stay clean, its park taken for all it holds)."""
+    be = FakeBackend(store)
+    leases = make(2, backend=be, store=store)
+    a, b, c = conv("A"), conv("B"), conv("C")
+
+    def events():
+        return [(e.event, e.conversation) for e in store.journal_entries(PROFILE)]
+
+    await turn(leases, be, a, 100)
+    kept = await leases.acquire(a, 110)  # its dirty slot, kept: held
+    assert kept.slot_context.held and leases.journal_held
+    assert events()[-1] == ("released", "A")
+    leases.flush_journal()
+    assert events()[-1] == ("acquired", "A") and not leases.journal_held
+    leases.release(kept, 120, ok=True)
+
+    again = await leases.acquire(a, 130)  # held, then written ahead of the next entry written at once
+    leases.release(again, 140, ok=True)
+    assert events()[-2:] == [("acquired", "A"), ("released", "A")]
+
+    await turn(leases, be, b, 200)
+    await turn(leases, be, c, 300)  # A parked, C in its slot
+    back = await leases.acquire(a, 150)  # B parked, A restored: "restored" held after "restoring"
+    assert back.restored_from == "proxy-A"
+    assert events()[-1] == ("restoring", "A") and leases.journal_held
+    leases.flush_journal()
+    assert events()[-1] == ("restored", "A")
+    leases.release(back, 160, ok=True)
+
+    # a clean slot kept by its conversation (parked since its last request): "acquired" at once
+    leases2 = make(1, backend=FakeBackend(store), store=store)
+    d = conv("D")
+    await turn(leases2, leases2._parks.backend, d, 50)
+    await leases2.save_dirty()
+    assert leases2.state(0) is SlotState.IDLE_CLEAN
+    lease = await leases2.acquire(d, 60)
+    assert not leases2.journal_held and events()[-1] == ("acquired", "D")
+    leases2.release(lease, 60, ok=True)
