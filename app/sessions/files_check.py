@@ -21,9 +21,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 
 from app.core.confirmation import NeedsConfirmation
@@ -89,8 +91,14 @@ def stamp_files(catalog: Catalog, rec: SessionRecord) -> None:
 
 
 def _verified_stamps(rec: SessionRecord) -> dict[str, list]:
+    return dict(_stamps_text(rec.files_verified or "{}"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _stamps_text(text: str) -> dict[str, list]:
+    """(Read once per text: a restore's check reads it per request. Copied by its caller.)"""
     try:
-        data = json.loads(rec.files_verified or "{}")
+        data = json.loads(text)
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
@@ -108,13 +116,15 @@ def look_unchanged(rec: SessionRecord) -> FilesCheck | None:
     found: dict[str, FoundFile] = {}
     for suffix in SUFFIXES:
         p = _path(state, suffix)
-        st = _stamp(p)
-        if st is None:
+        try:
+            now = os.stat(p)
+        except OSError:
             if suffix in stamps:
                 return None  # gone since
             continue
         was = parked.get(suffix)
-        if was is None or stamps.get(suffix) != st or not p.is_file():
+        st = [now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns, now.st_ctime_ns]  # (:func:`_stamp`)
+        if was is None or stamps.get(suffix) != st or not stat.S_ISREG(now.st_mode):
             return None
         found[suffix] = FoundFile(suffix, p.name, st[2], was.sha256, was.checkpoints)
     if set(found) != set(stamps):

@@ -325,6 +325,7 @@ async def _park(target: ServerTarget, slot_id: int | None, name: str | None, on_
     resume = behaviour.resume_prediction(target, sidecar_usable=usable)
     warnings = park_warnings(report, memory_kind, n_tokens, resp, resume) + recovered
     target.held_as[slot_id] = HeldSession(stored.name, n_tokens, slot.id_task)
+    target.parked_here[stored.name] = (stored.id, stored.updated_at)
     return ParkResult(stored, report, warnings, slot_id)
 
 

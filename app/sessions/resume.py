@@ -193,7 +193,11 @@ async def preflight(target: ServerTarget, record: SessionRecord, slot_id: int, *
     # the model the server loaded, as /props said when the service connected (a restarted
     # server is a new connection): no second HTTP call per resume
     live_model = str(target.model_path or "")
-    why = await _same_model(target, record, live_model)
+    # a park this server process made is of the model it runs, whatever the file on disk became since (the
+    # process is known: a launched server's start time, and the parks it made are forgotten with it)
+    here = target.started_at is not None and record.updated_at >= target.started_at and \
+        target.parked_here.get(record.name) == (record.id, record.updated_at)
+    why = None if here else await _same_model(target, record, live_model)
     if why:
         pf.refusals.append(why)
     for which, want, have in (("K", record.cache_type_k, target.cache_type_k),
@@ -441,10 +445,9 @@ async def _resume(target: ServerTarget, record: SessionRecord, slot_id: int | No
                           restored_at=now)
     if record.id is None:
         return result
-    pending = pending_verdict(target, record, slot_id, n_restored, now)
-
     def note() -> None:  # its verdict UNKNOWN until the next query on the slot is judged, by whoever watches the
         # log (the pending note): in one commit, which a leased restore does not wait on the disk for
+        pending = pending_verdict(target, record, slot_id, n_restored, now)
         result.noted = target.catalog.note_restore(HistoryEvent(
             session_id=record.id, kind="resume", at=now, server_build=target.build, restore_ms=restore_ms,
             details={"slot": slot_id, "n_restored": n_restored, "profile": target.profile_name,

@@ -483,6 +483,7 @@ class SessionService:
             self.restarting = False
         self.target.restored.clear()
         self.target.held_as.clear()
+        self.target.parked_here.clear()
         self.target.last_rows = None
         self.target.last_tasks.clear()
         self.target.checkpoint_owners.clear()
@@ -631,6 +632,7 @@ class SessionService:
                 t.model_kind_from_log = kind.value
         if ev.kind in (Kind.MODEL_LOADED, Kind.LISTENING):  # a new server process: nothing survives it
             t.checkpoint_owners.clear()
+            t.parked_here.clear()
             t.last_rows = None  # its slots are read anew
         elif isinstance(ev, SidecarMode):
             mode = ev.mode

@@ -68,6 +68,9 @@ class ServerTarget:
     checkpoint_owners: dict[int, str] = field(default_factory=dict)
     # What each slot was last parked as or restored from (app.sessions.park_choice.choose_parks).
     held_as: dict[int, HeldSession] = field(default_factory=dict)
+    # The parks this server process made (a session's name -> its row's id and updated_at then): a restore of
+    # one into it needs no look at the model file (app.sessions.resume.preflight). Emptied with the process.
+    parked_here: dict[str, tuple[int | None, float]] = field(default_factory=dict)
     # When the server process started (epoch s; None: not known): parks and restores another
     # KV Valet process recorded since then describe what its slots hold.
     started_at: float | None = None

@@ -387,6 +387,38 @@ def test_refuse_other_model(fake_server, tmp_path):
     assert any("first 16 MiB" in r for r in reasons)
 
 
+def test_a_park_this_server_process_made_is_restored_without_a_look_at_the_model_file(fake_server, tmp_path):
+    """The server runs the model it loaded whatever the file became since: a park the same process made is of
+    that model, so the file on disk (here rewritten since) is not compared (issue #38: the look is on a returning
+    request's path). A park of an earlier process, or any park once the process is not known, is compared."""
+    write_model(tmp_path, dense=True)
+    with fake_server(FAKE_MODEL_KIND="dense") as (url, _):
+        async def go():
+            t = await connect(url, tmp_path, model_path=str(tmp_path / "model.gguf"), started_at=time.time())
+            try:
+                await t.client.completion(PROMPT, slot_id=0, n_predict=4)
+                parked = (await park_slot(t, 0, "s")).record
+                assert t.parked_here["s"] == (parked.id, parked.updated_at)
+                model = tmp_path / "model.gguf"
+                model.write_bytes(model.read_bytes() + b"\0" * 64)  # another file at the same path
+                rec = t.catalog.get("fake", "s")
+                here = await preflight(t, rec, 1)
+                t.parked_here.clear()  # what a new server process starts from
+                new_process = await preflight(t, rec, 1)
+                t.parked_here["s"] = (parked.id, parked.updated_at)
+                t.started_at = rec.updated_at + 1  # parked before this process started
+                earlier = await preflight(t, rec, 1)
+                t.started_at = None  # an attached server: its process is not known
+                unknown = await preflight(t, rec, 1)
+                return here, new_process, earlier, unknown
+            finally:
+                await close(t)
+        here, new_process, earlier, unknown = run(go())
+    assert here.refusals == []
+    for pf in (new_process, earlier, unknown):
+        assert any("changed" in r for r in pf.refusals), pf.refusals
+
+
 def test_background_model_hash_fills_sessions_without_changing_compatibility(fake_server, tmp_path):
     write_model(tmp_path)
     with fake_server() as (url, _):
