@@ -32,3 +32,18 @@ def test_late_lines_of_an_earlier_task_are_not_judged():
     for i, line in enumerate(NEXT):
         v = w.feed(LogLine(10 + i, time.time(), parse_line(line))) or v
     assert v is not None and v.kind == "PARTIAL" and v.cache_n == 2205
+
+
+def test_a_restore_armed_after_its_query_was_sent_takes_the_lines_read_since_it_ended():
+    """The proxy arms the watch once the request the restore was for is sent (issue #38): on a busy machine the
+    reader thread has read that query's first lines by then. ``since`` (the restore's end) takes them; lines read
+    before it are still an earlier task's."""
+    w = ResumeWatcher()
+    ended = time.time() - 1.0
+    w.expect(1, 2729, "long chat", "present", build_persists=True, sidecar_count=2, since=ended)
+    for i, line in enumerate(EARLIER):
+        assert w.feed(LogLine(i, ended - 0.5, parse_line(line))) is None  # read before the restore ended
+    v = None
+    for i, line in enumerate(NEXT):
+        v = w.feed(LogLine(10 + i, ended + 0.1, parse_line(line))) or v  # read before the watch was armed
+    assert v is not None and v.kind == "PARTIAL" and v.cache_n == 2205
