@@ -135,8 +135,24 @@ def sidecar_proxy_profile(real_profile, sidecar_server_bin, monkeypatch):
 def test_with_sidecars_a_conversation_comes_back_warm_after_the_server_and_the_app_restart(sidecar_proxy_profile):
     async def go():
         async with Proxied(sidecar_proxy_profile) as p:
+            sessions = p.handle.sessions
+            watched: dict[str, asyncio.Future] = {}  # the Sessions tab's verdicts, by park
+
+            def told(slot, name, v):
+                fut = watched.setdefault(name, asyncio.get_running_loop().create_future())
+                if not fut.done():
+                    fut.set_result(v)
+            sessions.on_verdict(told)
             first, back, _ = await rotate(p)
             assert back.verdict is VerdictKind.HIT, back  # restored with its checkpoints
+            # the restore's catalog note and its verdict's watch are done once the request is sent (issue #38):
+            # the watch reads the same query in the server's log and says the same
+            park = back.restored_from
+            resume = await asyncio.wait_for(watched.setdefault(park, asyncio.get_running_loop().create_future()),
+                                            120)
+            assert resume.kind is VerdictKind.HIT, resume.reason
+            rec = sessions.catalog.get(sessions.profile_name, park)
+            assert [e.kind for e in sessions.catalog.history(rec.id)].count("resume") == 1
             reply_b, rec_b = first["B"]
             report = await p.stop()
             assert report.stopped and report.complete
