@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from app.proxy.http import INTERCEPTED, ProxyRefused, ProxyServer, Result, is_loopback_host
-from app.server.client import LlamaClient, ServerUnreachable
+from app.server.client import LlamaClient, ServerError, ServerUnreachable
 from tests.conftest import free_port
 from tests.fake_server.conftest import run_fake_server
 
@@ -633,6 +633,72 @@ async def test_forward_says_unreachable():
                 pass
     finally:
         await client.aclose()
+
+
+async def test_once_the_client_forwarded_its_own_requests_take_that_session_with_the_same_answers_and_errors():
+    """The proxy's client: after its first forward, its reads of /slots, its restores and parks (on a request's
+    path, issue #38) go over the forward's aiohttp session. Each call answers as over httpx, to the byte:
+    the JSON, the server's error (status, message, type), a body that is not JSON, and no server at all."""
+    seen: list[tuple[str, str, str, str, str, bytes]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.read()
+        seen.append((request.method, request.path_qs, request.headers.get("User-Agent", ""),
+                     request.headers.get("Content-Type", ""), request.headers.get("Authorization", ""), body))
+        if request.path == "/slots/0":
+            return web.json_response({"id_slot": 0, "n_restored": 7})
+        if request.path == "/slots/1":
+            return web.json_response({"error": {"code": 400, "message": "failed to restore slot",
+                                                "type": "invalid_request_error"}}, status=400)
+        if request.path == "/props":
+            return web.Response(text="<html>not json</html>", content_type="text/html")
+        if request.path == "/tokenize":
+            return web.Response(status=500, text="boom")
+        return web.json_response([{"id": 0}])
+
+    async def calls(client: LlamaClient) -> list[object]:
+        out: list[object] = []
+        for call in (lambda: client.restore_slot(0, "c1.bin"), lambda: client.restore_slot(1, "c\u00e9.bin"),
+                     client.props, lambda: client.tokenize("hi"), client.slots):
+            try:
+                out.append(await call())
+            except ServerError as e:
+                out.append((type(e).__name__, e.status, e.message, e.type, e.path))
+        return out
+
+    async with served(handler, api_key="server-key") as (port, client):
+        over_httpx = await calls(client)
+        async with client.forward("GET", "/health", headers={}, content=None) as r:
+            await r.aread()
+        seen.pop()
+        over_aiohttp = await calls(client)
+    assert over_aiohttp == over_httpx
+    assert over_httpx[0] == {"id_slot": 0, "n_restored": 7} and over_httpx[4] == [{"id": 0}]
+    assert over_httpx[1] == ("ServerError", 400, "failed to restore slot", "invalid_request_error", "/slots/1")
+    assert over_httpx[2][:2] == ("ServerError", 200) and "not JSON" in over_httpx[2][2]
+    assert over_httpx[3] == ("ServerError", 500, "boom", "", "/tokenize")
+    first, then = seen[:5], seen[5:]
+    assert [s[2].split("/")[0] for s in first] == ["python-httpx"] * 5
+    assert all("aiohttp" in s[2] for s in then)  # the forward's session
+    for a, b in zip(first, then):  # the same request: method, path and query, body, type, the server's key
+        assert (a[0], a[1], a[3], a[4]) == (b[0], b[1], b[3], b[4]) and json.loads(a[5] or b"null") == json.loads(
+            b[5] or b"null")
+    assert then[1][1] == "/slots/1?action=restore" and json.loads(then[1][5]) == {"filename": "c\u00e9.bin"}
+    assert then[0][3] == "application/json" and then[0][4] == "Bearer server-key"
+    # no server: unreachable, in the same words
+    gone = LlamaClient(f"http://127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(ServerUnreachable) as before:
+            await gone.slots()
+        with pytest.raises(ServerUnreachable):
+            async with gone.forward("GET", "/health", headers={}, content=None):
+                pass
+        assert gone._aio is not None  # (the session exists: the next call takes it)
+        with pytest.raises(ServerUnreachable) as after:
+            await gone.slots()
+    finally:
+        await gone.aclose()
+    assert after.value.reason == before.value.reason == "connection refused (is the server running?)"
 
 
 def test_the_intercepted_paths():
