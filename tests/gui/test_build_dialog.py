@@ -59,13 +59,15 @@ def test_cancel_stops_the_build_and_caches_nothing(qtbot, qloop, fake):
     qtbot.addWidget(d)
     d.show()
     d.extra.setText("-DFAKE_HANG=ON")  # the fake tree's link then never ends
-    compiling = signal_future(d.sig_progress, lambda p: p.step == "compile" and p.done >= 1)
+    said: list[tuple[int, str]] = []  # what the user saw when the first file compiled (a busy loop may have linked since)
+    compiling = signal_future(d.sig_progress, lambda p: p.step == "compile" and p.done >= 1
+                              and not said.append((d.progress.maximum(), d.step_label.text())))
     finished = signal_future(d.sig_finished)
     # what this worker already runs (an earlier test's session fixture: the SSH group's sshd) is not the build's
     before = set(psutil.Process().children(recursive=True))
     qtbot.mouseClick(d.build_button, Qt.LeftButton)
     run(qloop, compiling, 120)
-    assert d.progress.maximum() > 1 and "Compiling" in d.step_label.text()
+    assert said[0][0] > 1 and "Compiling" in said[0][1]
     children = [c for c in psutil.Process().children(recursive=True) if c not in before]
     assert children  # cmake, ninja, the compiler or the never-ending pre-link step
     qtbot.mouseClick(d.cancel_button, Qt.LeftButton)
