@@ -99,6 +99,17 @@ class LogBuffer:
         out.reverse()
         return out
 
+    def read_since(self, at: float, limit: int = 4096) -> list[LogLine]:
+        """The lines read at ``at`` (``time.time()``) or later, oldest first; read from the end, at most
+        ``limit`` of them."""
+        out = []
+        for item in reversed(self._lines):
+            if item.at < at or len(out) >= limit:
+                break
+            out.append(item)
+        out.reverse()
+        return out
+
     def tail(self, n: int) -> list[str]:
         return [item.event.line for item in list(self._lines)[-n:]]
 

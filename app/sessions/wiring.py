@@ -29,6 +29,7 @@ from typing import Callable, Protocol
 from app.core.park_files import parked_positions
 from app.core.verdict import Verdict, time_saved
 from app.server.logparse import Kind
+from app.server.supervisor import LogBuffer
 from app.sessions.resume import ResumeResult
 from app.sessions.target import ServerTarget
 from app.sessions.watch import ResumeWatcher
@@ -61,6 +62,7 @@ def attach_verdicts(service: VerdictOwner, supervisor) -> None:
     time-saved ledger and the prefill-rate samples. Notes older than the server's
     start are dropped now."""
     service.relay.server_started_at = lambda: getattr(supervisor, "started_at", None)
+    service.relay.fed = getattr(supervisor, "log", None)
     service.relay.drop_stale()
     supervisor.on_line(service.feed_log)
 
@@ -75,6 +77,9 @@ class VerdictRelay:
         self.server_started_at: Callable[[], float | None] | None = None
         self._armed: dict[int, PendingVerdict] = {}  # slot -> the note its watcher expectation judges
         self._trace_lines = False  # the log shows "new prompt" lines (-lv 4)
+        # The lines the service was fed (the supervisor's LogBuffer), set by attach_verdicts: what a watch armed
+        # after its query ran takes from there (see note_restore)
+        self.fed: LogBuffer | None = None
 
     @property
     def _profile(self) -> str:
@@ -102,6 +107,15 @@ class VerdictRelay:
             self._armed[result.slot_id] = note
         else:
             self._armed.pop(result.slot_id, None)
+        since = getattr(result, "restored_at", 0.0)
+        if since and self.fed is not None:
+            # Armed once the query was sent (the proxy, issue #38), a quick server may have run it already and
+            # its lines been fed before this: the watcher takes the slot's lines read since the restore ended.
+            for line in self.fed.read_since(since):
+                if line.event.slot == result.slot_id:
+                    svc.watcher.feed(line)
+                    if result.slot_id not in svc.watcher.pending():
+                        break  # judged
         return note
 
     # -- the process that watches the log -----------------------------------------

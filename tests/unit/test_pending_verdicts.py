@@ -18,7 +18,7 @@ from app.sessions.service import SessionService
 from app.sessions.target import ServerTarget
 from app.server.client import LlamaClient
 from app.server.logparse import parse_line
-from app.server.supervisor import LogLine
+from app.server.supervisor import LogBuffer
 from app.store.catalog import Catalog, HistoryEvent, PendingVerdict, SessionRecord
 
 URL = "http://127.0.0.1:9"
@@ -32,19 +32,19 @@ QUERY = [
 
 
 class FakeSupervisor:
-    """What attach_verdicts needs of the server a process runs: its start time and its log."""
+    """What attach_verdicts needs of the server a process runs: its start time and its log (each line kept in
+    its buffer, then given to the listeners, as the supervisor delivers it)."""
 
     def __init__(self, started_at: float):
         self.started_at = started_at
         self.cbs = []
-        self.seq = 0
+        self.log = LogBuffer()
 
     def on_line(self, cb) -> None:
         self.cbs.append(cb)
 
-    def emit(self, line: str) -> None:
-        self.seq += 1
-        item = LogLine(self.seq, time.time(), parse_line(line))
+    def emit(self, line: str, at: float | None = None) -> None:
+        item = self.log.append_event(parse_line(line), time.time() if at is None else at)
         for cb in self.cbs:
             cb(item)
 
@@ -70,13 +70,14 @@ def service(cat: Catalog, supervisor: FakeSupervisor | None = None, profile: str
     return svc
 
 
-def resumed(svc: SessionService, rec: SessionRecord, slot: int = 1, n: int = 2729) -> PendingVerdict | None:
+def resumed(svc: SessionService, rec: SessionRecord, slot: int = 1, n: int = 2729,
+            ended: float | None = None) -> PendingVerdict | None:
     """What a resume does once the server restored the state file: its record and note in one commit
-    (app.sessions.resume), then the service's relay."""
-    noted = svc.catalog.note_restore(HistoryEvent(session_id=rec.id, kind="resume", at=time.time(), restore_ms=5.0),
-                                     n, RESTORED_NOT_JUDGED, pending=pending_verdict(svc.target, rec, slot, n,
-                                                                                     time.time()))
-    return svc.relay.note_restore(ResumeResult(rec, slot, n, 5.0, noted=noted))
+    (app.sessions.resume), then the service's relay. ``ended``: when the restore ended (default now)."""
+    ended = time.time() if ended is None else ended
+    noted = svc.catalog.note_restore(HistoryEvent(session_id=rec.id, kind="resume", at=ended, restore_ms=5.0),
+                                     n, RESTORED_NOT_JUDGED, pending=pending_verdict(svc.target, rec, slot, n, ended))
+    return svc.relay.note_restore(ResumeResult(rec, slot, n, 5.0, noted=noted, restored_at=ended))
 
 
 def test_a_note_round_trips_and_settles_once(db):
@@ -133,6 +134,36 @@ async def test_a_resume_in_another_process_is_judged_by_the_process_that_reads_t
         assert stored.last_verdict is VerdictKind.HIT and "2,729" in stored.last_verdict_reason
         assert stored.last_time_saved_s == pytest.approx(2.729)
         assert serve_cat.pending_verdicts("p") == []
+
+
+async def test_a_watch_armed_after_its_query_ran_takes_the_lines_already_fed(db):
+    """The proxy arms a restore's watch once the request it is for was sent (issue #38). A quick server can run
+    that query, and the reader thread deliver its lines, before the watch is armed (seen 2 times in 36 under
+    load on the fake): the watch takes the slot's lines read since the restore ended from the log it was fed,
+    and the earlier task's lines, read before that, stay out."""
+    earlier = ["0.10.000.000 I slot print_timing: id  1 | task 50 | prompt eval time =    4513.00 ms /  2736 tokens",
+               "0.10.000.100 I slot      release: id  1 | task 50 | stop processing: n_tokens = 2737, truncated = 0"]
+    with Catalog(db) as cat:
+        rec = add_session(cat)
+        sup = FakeSupervisor(started_at=time.time() - 10)
+        serve = service(cat, sup)
+        seen = []
+        serve.on_verdict(lambda slot, name, v: seen.append((slot, name, v.kind, v.cache_n)))
+        ended = time.time() - 1.0
+        for line in earlier:  # read before the restore ended (a late batch of the slot's last task)
+            sup.emit(line, at=ended - 0.5)
+        for line in QUERY:  # the query's lines, read and fed before the watch is armed
+            sup.emit(line, at=ended + 0.1)
+        sup.emit("0.21.000.000 I slot print_timing: id  0 | task 61 | prompt eval time =  9.00 ms / 9 tokens",
+                 at=ended + 0.2)  # another slot's task: not this watch's
+        assert seen == []
+        resumed(serve, rec, ended=ended)
+        assert seen == [(1, "chat", VerdictKind.HIT, 2729)]  # the query's: 21 processed, 2,729 reused
+        for line in QUERY:  # the same lines again, live: nothing more to judge
+            sup.emit(line)
+        await serve.aclose()
+        assert len(seen) == 1
+        assert cat.get_by_id(rec.id).last_verdict is VerdictKind.HIT and cat.pending_verdicts("p") == []
 
 
 async def test_a_resume_that_named_the_server_by_its_url_is_judged_too(db):
